@@ -1,0 +1,23 @@
+# Compiles the Locret extension into the `llama` target.
+#
+# Included from llama.cpp's src/CMakeLists.txt by the hook patch
+# patches/0001-build-compile-the-Locret-extension-into-libllama.patch, after the target exists.
+# The parent project (our top-level CMakeLists.txt) sets LOCRET_GGML_EXT_DIR, LOCRET_VERSION and
+# LOCRET_PATCH_SERIES; a plain llama.cpp build never includes this file.
+
+if (NOT LOCRET_VERSION OR NOT LOCRET_PATCH_SERIES)
+    message(FATAL_ERROR "locret: LOCRET_VERSION and LOCRET_PATCH_SERIES must be set by the parent project")
+endif()
+
+set(LOCRET_EXT_SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-version.cpp
+)
+
+configure_file(${CMAKE_CURRENT_LIST_DIR}/src/locret-build-config.h.in
+               ${CMAKE_CURRENT_BINARY_DIR}/locret/locret-build-config.h @ONLY)
+
+target_sources(llama PRIVATE ${LOCRET_EXT_SOURCES})
+# our sources are few and include llama.cpp internals; keep them out of the unity batches
+set_source_files_properties(${LOCRET_EXT_SOURCES} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+target_include_directories(llama PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/locret)
+target_include_directories(llama PUBLIC  ${CMAKE_CURRENT_LIST_DIR}/include)

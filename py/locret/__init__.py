@@ -1,0 +1,29 @@
+"""Locret for llama.cpp: long-context inference in bounded KV memory with trained retaining heads.
+
+Importing this package points llama-cpp-python at the patched libllama built by this project, so
+import it before ``llama_cpp``::
+
+    import locret
+    import llama_cpp   # now runs the patched library
+"""
+from __future__ import annotations
+
+from importlib.metadata import version as _dist_version
+
+from ._library import LibraryError, library_path, point_llama_cpp_at_our_library, tool_path
+
+__version__ = _dist_version("locret")
+
+point_llama_cpp_at_our_library()
+
+
+def native_version() -> tuple[str, str]:
+    """(version, patch series) of the libllama that llama_cpp loaded; proves it is ours."""
+    import llama_cpp.llama_cpp as _llama_cpp
+
+    from ._library import native_version as _native_version
+
+    return _native_version(_llama_cpp._lib)
+
+
+__all__ = ["LibraryError", "library_path", "native_version", "tool_path", "__version__"]

@@ -1,0 +1,76 @@
+"""Find the patched libllama that this checkout built, and prove a loaded library is ours.
+
+llama-cpp-python is installed without its own copy of llama.cpp (CMAKE_ARGS=-DLLAMA_BUILD=OFF);
+it loads whatever libllama LLAMA_CPP_LIB_PATH names. `import locret` sets that variable to our
+build before llama_cpp is imported, so one llama.cpp build serves the C tools and Python alike.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import warnings
+from pathlib import Path
+
+# py/locret/_library.py -> repository root (the package is installed in editable mode)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LIB_NAME = "libllama.so" if sys.platform != "darwin" else "libllama.dylib"
+
+
+class LibraryError(RuntimeError):
+    """Our libllama is missing, or the process already loaded another one."""
+
+
+def build_dir() -> Path:
+    """Folder holding the built binaries and shared libraries ($LOCRET_BUILD_DIR, else build/)."""
+    return Path(os.environ.get("LOCRET_BUILD_DIR", REPO_ROOT / "build")).resolve()
+
+
+def library_dir() -> Path:
+    return build_dir() / "bin"
+
+
+def library_path() -> Path:
+    return library_dir() / LIB_NAME
+
+
+def tool_path(name: str) -> Path:
+    """Path of a built llama.cpp tool, e.g. tool_path('llama-cli')."""
+    path = library_dir() / name
+    if not path.is_file():
+        raise LibraryError(f"{name} is not built at {path}: run `bash scripts/setup.sh`")
+    return path
+
+
+def point_llama_cpp_at_our_library() -> None:
+    """Make the next `import llama_cpp` load our libllama (and libmtmd) from the build folder."""
+    lib = library_path()
+    if not lib.is_file():
+        # not fatal here: model management works without a build; using llama_cpp will not
+        warnings.warn(f"the patched libllama is not built at {lib}: run `bash scripts/setup.sh`",
+                      stacklevel=3)
+        return
+    loaded = sys.modules.get("llama_cpp.llama_cpp")
+    if loaded is not None:
+        # too late to redirect it: say so unless it already loaded ours
+        if Path(loaded._lib._name).resolve() != lib:
+            raise LibraryError(
+                f"llama_cpp was imported before locret and loaded {loaded._lib._name}; "
+                "import locret first so that llama_cpp loads the patched library")
+        return
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(lib.parent)
+    os.environ.setdefault("MTMD_CPP_LIB", str(lib.parent))
+
+
+def native_version(lib: ctypes.CDLL) -> tuple[str, str]:
+    """(version, patch series) reported by a loaded libllama; LibraryError if it is not ours."""
+    try:
+        version_fn = lib.llama_locret_version
+        series_fn = lib.llama_locret_patch_series
+    except AttributeError:
+        raise LibraryError(f"{lib._name} is not the Locret-patched libllama (no llama_locret_version)")
+    version_fn.restype = ctypes.c_char_p
+    version_fn.argtypes = []
+    series_fn.restype = ctypes.c_char_p
+    series_fn.argtypes = []
+    return version_fn().decode(), series_fn().decode()

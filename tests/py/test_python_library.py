@@ -1,0 +1,67 @@
+"""`import locret; import llama_cpp` runs the libllama this checkout built, and nothing else."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import llama_tree
+from conftest import BIN, REPO, run
+
+PROBE = r"""
+import json, locret, llama_cpp
+import llama_cpp.llama_cpp as L
+maps = [line.split()[-1] for line in open("/proc/self/maps") if "libllama" in line or "libggml" in line]
+print(json.dumps({"lib": L._lib._name, "native": locret.native_version(),
+                  "version": locret.__version__, "mapped": sorted(set(maps))}))
+"""
+
+
+def _probe(env_extra=None):
+    env = dict(os.environ)
+    env.pop("LLAMA_CPP_LIB_PATH", None)
+    env.update(env_extra or {})
+    return run([sys.executable, "-c", PROBE], env=env, timeout=120)
+
+
+def test_import_locret_loads_our_library():
+    proc = _probe()
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(info["lib"]).resolve() == (BIN / "libllama.so").resolve()
+    # every llama/ggml library mapped into the process comes from our build folder
+    assert info["mapped"], "no libllama/libggml mapped"
+    for path in info["mapped"]:
+        assert Path(path).resolve().parent == BIN.resolve(), f"{path} is not from {BIN}"
+    native_version, native_series = info["native"]
+    assert native_version == info["version"], "libllama and the locret package disagree on the version"
+    # the library was built from exactly the patch series in patches/ (a stale build fails here)
+    assert native_series == llama_tree.series_fingerprint(REPO / "patches")
+
+
+def test_llama_cpp_imported_first_with_another_library_is_refused(tmp_path):
+    # a second copy of the libraries is "another libllama" for the purpose of this check
+    for lib in BIN.glob("lib*.so*"):
+        shutil.copy2(lib, tmp_path / lib.name)
+    code = ("import llama_cpp\n"
+            "try:\n    import locret\n"
+            "except RuntimeError as e:\n    print('REFUSED:', e)\n")
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(tmp_path))
+    proc = run([sys.executable, "-c", code], env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "REFUSED:" in proc.stdout and "import locret first" in proc.stdout, proc.stdout
+
+
+def test_llama_cpp_python_completes_with_our_library(model_path):
+    import locret  # noqa: F401  (must come first)
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_threads=2, seed=42, verbose=False)
+    try:
+        out = llm.create_completion("The capital of France is", max_tokens=12, temperature=0.0)
+    finally:
+        llm.close()
+    assert "Paris" in out["choices"][0]["text"], out
+    assert Path(llama_cpp.llama_cpp._lib._name).resolve() == (BIN / "libllama.so").resolve()
