@@ -291,7 +291,9 @@ def prepare(tree: Path, patches_dir: Path, sdist: Path, sdist_sha256: str, force
         shutil.rmtree(tree)
     stamp_path(tree).unlink(missing_ok=True)
     log(f"extracting {VENDOR_PREFIX} of {sdist.name} into {tree}")
-    tmp = Path(tempfile.mkdtemp(prefix=".llama-tree-", dir=tree.parent if tree.parent.exists() else None))
+    # build the tree beside its final place and rename it at the end: no half-made tree on failure
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".llama-tree-", dir=tree.parent))
     try:
         shutil.rmtree(tmp)
         extract_vendor_tree(sdist, tmp)
