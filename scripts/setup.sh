@@ -5,6 +5,7 @@
 #
 #   bash scripts/setup.sh                 CPU build in build/
 #   bash scripts/setup.sh --cuda 89       CUDA build for that architecture (89 RTX 4090, 87 Jetson Orin)
+#   --build-dir DIR                       build there instead of build/ (then export LOCRET_BUILD_DIR=DIR)
 #
 # Environment: PYTHON (interpreter for the venv, default python3), LOCRET_CACHE_DIR (downloads,
 # default ~/.cache/locret), LOCRET_JOBS (build jobs, default nproc).
@@ -14,11 +15,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 CUDA_ARCH=""
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+BUILD="$ROOT/build"
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --cuda) [[ $# -ge 2 ]] || { echo "setup.sh: --cuda needs an architecture (e.g. 89)" >&2; exit 2; }
                 CUDA_ARCH="$2"; shift 2 ;;
+        --build-dir) [[ $# -ge 2 ]] || { echo "setup.sh: --build-dir needs a folder" >&2; exit 2; }
+                BUILD="$(realpath -m "$2")"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -30,7 +34,7 @@ fi
 PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
-BUILD="$ROOT/build"
+export LOCRET_BUILD_DIR="$BUILD"   # the package and the final version check use this build
 JOBS="${LOCRET_JOBS:-$(nproc)}"
 export CCACHE_BASEDIR="$ROOT"   # cache hits across clones of this repository
 START=$SECONDS
@@ -89,6 +93,14 @@ step "build (libllama, tools, C++ tests) with $JOBS jobs"
 cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release)
 if [[ -n "$CUDA_ARCH" ]]; then
     cmake_args+=(-DLOCRET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
+    # a toolkit installed from PyPI wheels has nvcc but no cuBLAS: add the matching nvidia-cublas wheel
+    if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
+        cuda_ver=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')
+        echo "the CUDA toolkit ($cuda_ver) has no cuBLAS: installing nvidia-cublas==${cuda_ver}.* into .venv"
+        "${PIP[@]}" install -q --no-deps "nvidia-cublas==${cuda_ver}.*"
+        cublas_dir=$("$VPY" -c "import nvidia, pathlib; print(next(p for p in (pathlib.Path(d) / 'cu${cuda_ver%%.*}' for d in nvidia.__path__) if (p / 'include' / 'cublas_v2.h').exists()))")
+        cmake_args+=("-DLOCRET_CUBLAS_DIR=$cublas_dir")
+    fi
 else
     cmake_args+=(-DLOCRET_CUDA=OFF)
 fi

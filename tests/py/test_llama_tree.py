@@ -58,7 +58,7 @@ def fixture_sdist(tmp_path):
 
 def test_series_applies_to_fresh_tree_and_regenerates_identically(tmp_path):
     sdist = llama_tree.fetch_sdist(llama_tree.default_cache_dir(), llama_tree.SDIST_SHA256)
-    tree = tmp_path / "llama.cpp"
+    tree = tmp_path / "third_party" / "llama.cpp"  # as in a fresh clone: the parent does not exist yet
     patches = REPO / "patches"
     llama_tree.prepare(tree, patches, sdist, llama_tree.SDIST_SHA256, force=False)
     assert not (tree / ".git").is_file(), "the vendored .git pointer file must not be extracted"
