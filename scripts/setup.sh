@@ -16,7 +16,7 @@ cd "$ROOT"
 
 CUDA_ARCH=""
 BUILD="$ROOT/build"
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --cuda) [[ $# -ge 2 ]] || { echo "setup.sh: --cuda needs an architecture (e.g. 89)" >&2; exit 2; }
