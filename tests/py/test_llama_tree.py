@@ -70,8 +70,9 @@ def test_series_applies_to_fresh_tree_and_regenerates_identically(tmp_path):
     assert [p.name for p in regen] == [p.name for p in llama_tree.list_patches(patches)]
     for new in regen:
         assert new.read_bytes() == (patches / new.name).read_bytes(), f"{new.name} regenerates differently"
-    # applying the same series on another machine gives the same commits (stable build info)
-    assert llama_tree.read_stamp(tree)["head"] == llama_tree.read_stamp(REPO / "third_party" / "llama.cpp")["head"]
+    # fixed identities and dates: every machine gets the same commits (stable build info, ccache hits)
+    idents = llama_tree.git(tree, "log", "--format=%cn %ce %cI", "HEAD").stdout.split("\n")
+    assert {row for row in idents if row} == {"locret locret@localhost 2000-01-01T00:00:00+00:00"}
 
 
 def test_build_tree_has_not_drifted_from_patches():
