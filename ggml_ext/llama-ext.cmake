@@ -11,6 +11,9 @@ endif()
 
 set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-version.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-heads.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-graph.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-context.cpp
 )
 
 configure_file(${CMAKE_CURRENT_LIST_DIR}/src/locret-build-config.h.in
@@ -19,5 +22,6 @@ configure_file(${CMAKE_CURRENT_LIST_DIR}/src/locret-build-config.h.in
 target_sources(llama PRIVATE ${LOCRET_EXT_SOURCES})
 # our sources are few and include llama.cpp internals; keep them out of the unity batches
 set_source_files_properties(${LOCRET_EXT_SOURCES} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
-target_include_directories(llama PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/locret)
+# ggml_ext/src holds locret-hooks.h, which the hook patches include from llama.cpp's sources
+target_include_directories(llama PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/locret ${CMAKE_CURRENT_LIST_DIR}/src)
 target_include_directories(llama PUBLIC  ${CMAKE_CURRENT_LIST_DIR}/include)

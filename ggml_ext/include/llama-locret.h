@@ -6,6 +6,10 @@
 
 #include "llama.h"
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -18,6 +22,74 @@ LLAMA_API const char * llama_locret_version(void);
 // built from; scripts/llama_tree.py computes the same value from patches/, so a stale build can be
 // detected.
 LLAMA_API const char * llama_locret_patch_series(void);
+
+// Message of the last failed call of this API on this thread ("" if none).
+LLAMA_API const char * llama_locret_last_error(void);
+
+//
+// Retaining heads (format: convert/HEADS-FORMAT.md)
+//
+
+struct llama_locret_heads;
+
+// 1 if the GGUF file at `path` carries retaining heads (a heads file or a model with embedded
+// heads), 0 if it does not, -1 if it cannot be read as GGUF.
+LLAMA_API int32_t llama_locret_file_has_heads(const char * path);
+
+// Load the retaining heads in the GGUF file at `path` (a standalone heads file or a model GGUF with
+// embedded heads) for `model`. Every layer's tensors are placed on the same backend as that layer.
+// Returns NULL if the file cannot be read or does not match the model; the reason is logged and
+// available from llama_locret_last_error().
+LLAMA_API struct llama_locret_heads * llama_locret_heads_load(const struct llama_model * model, const char * path);
+
+LLAMA_API void llama_locret_heads_free(struct llama_locret_heads * heads);
+
+// d_R, the width of the heads' hidden layer.
+LLAMA_API int32_t llama_locret_heads_hidden_size(const struct llama_locret_heads * heads);
+
+// Recommended inference settings stored in the file (0 where the file has none).
+struct llama_locret_settings {
+    uint32_t budget;      // retained units per layer and KV head (b)
+    uint32_t chunk;       // prefill chunk (B)
+    uint32_t stabilizers; // n_s
+    uint32_t local;       // n_loc
+};
+LLAMA_API struct llama_locret_settings llama_locret_heads_recommended(const struct llama_locret_heads * heads);
+
+// Attach heads to a context (NULL detaches them); the heads must outlive the context or be
+// detached first. From the next decode on, every ubatch computes the causal importance scores
+// (CIS) of its tokens in the graph, from each layer's pre-RoPE Q, K and V.
+// Returns 0, or -1 if the heads were loaded for another model.
+LLAMA_API int32_t llama_locret_set_heads(struct llama_context * ctx, const struct llama_locret_heads * heads);
+
+// Heads the way the llama.cpp tools choose them (--locret-heads): loaded from `heads_path` when it
+// is non-empty, else from the model file `model_path` when the model embeds heads, else none.
+// The heads found are attached to `ctx` and returned in *out (NULL when none apply); the caller
+// frees them after the context. Returns 0, or -1 on error (see llama_locret_last_error()).
+LLAMA_API int32_t llama_locret_attach_default(struct llama_context * ctx, const char * model_path,
+                                              const char * heads_path, struct llama_locret_heads ** out);
+
+// The heads attached to a context, or NULL.
+LLAMA_API const struct llama_locret_heads * llama_locret_get_heads(const struct llama_context * ctx);
+
+//
+// Reading the scores back (tests, retention heatmaps)
+//
+
+// Start (enable = true) or stop recording the CIS of every ubatch decoded on this context.
+// Starting clears what was recorded before. Recording copies the scores to host memory after
+// each ubatch, so leave it off when the scores are not read.
+LLAMA_API void llama_locret_record_scores(struct llama_context * ctx, bool enable);
+
+// Number of tokens recorded since recording started.
+LLAMA_API int32_t llama_locret_recorded_n_tokens(const struct llama_context * ctx);
+
+// Copy the recorded scores, in decode order:
+//   scores:    float  [n_layer][n_head_kv][n_tokens] (may be NULL)
+//   positions: int32  [n_tokens], each token's position as given in its batch (may be NULL)
+// `n_tokens` must equal llama_locret_recorded_n_tokens(). Returns n_tokens, or -1 on error.
+LLAMA_API int32_t llama_locret_recorded_scores(const struct llama_context * ctx, float * scores,
+                                               int32_t * positions, int32_t n_tokens);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,175 @@
+// Per-context Locret state: the attached heads and the optional score recorder.
+
+#include "locret-heads.h"
+#include "locret-hooks.h"
+
+#include "llama-batch.h"
+#include "llama-context.h"
+#include "llama-graph.h"
+#include "llama-impl.h"
+#include "llama-model.h"
+
+#include <vector>
+
+struct llama_locret_context {
+    const llama_locret_heads * heads = nullptr;
+
+    // score recorder: token-major, [n_recorded][n_layer][n_head_kv]; positions [n_recorded]
+    bool record = false;
+    std::vector<float>   scores;
+    std::vector<int32_t> positions;
+    std::vector<float>   staging; // one layer of one ubatch: [n_tokens][n_head_kv]
+    size_t rec_n_layer   = 0;     // layout of the recorded scores (the heads may be detached later)
+    size_t rec_n_head_kv = 0;
+};
+
+// the patch makes this struct a friend of llama_context, so the state pointer stays private there
+struct llama_locret_access {
+    static llama_locret_context *& state(llama_context * ctx) { return ctx->locret; }
+    static const llama_locret_context * state(const llama_context * ctx) { return ctx->locret; }
+};
+
+static llama_locret_context & locret_of(llama_context * ctx) {
+    llama_locret_context *& lctx = llama_locret_access::state(ctx);
+    if (lctx == nullptr) {
+        lctx = new llama_locret_context();
+    }
+    return *lctx;
+}
+
+void llama_locret_context_free(llama_locret_context * lctx) {
+    delete lctx;
+}
+
+const llama_locret_heads * llama_locret_context_heads(const llama_locret_context * lctx) {
+    return lctx ? lctx->heads : nullptr;
+}
+
+int32_t llama_locret_set_heads(llama_context * ctx, const llama_locret_heads * heads) {
+    locret_set_error("");
+    if (heads != nullptr && heads->model != llama_get_model(ctx)) {
+        locret_set_error(format("retaining heads from '%s' were loaded for another model than this context's", heads->path.c_str()));
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
+        return -1;
+    }
+    locret_of(ctx).heads = heads;
+    return 0;
+}
+
+int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path, const char * heads_path,
+        llama_locret_heads ** out) {
+    *out = nullptr;
+    const llama_model * model = llama_get_model(ctx);
+    std::string path = heads_path ? heads_path : "";
+    if (path.empty()) {
+        // embedded heads: the model's metadata says so without reading the file again
+        char version[32];
+        if (model_path == nullptr || llama_model_meta_val_str(model, "locret.format_version", version, sizeof(version)) < 0) {
+            return 0;
+        }
+        path = model_path;
+    }
+    llama_locret_heads * heads = llama_locret_heads_load(model, path.c_str());
+    if (heads == nullptr) {
+        return -1;
+    }
+    if (llama_locret_set_heads(ctx, heads) != 0) {
+        llama_locret_heads_free(heads);
+        return -1;
+    }
+    *out = heads;
+    return 0;
+}
+
+const llama_locret_heads * llama_locret_get_heads(const llama_context * ctx) {
+    return llama_locret_context_heads(llama_locret_access::state(ctx));
+}
+
+bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph_result * res, int32_t n_layer) {
+    if (lctx == nullptr || lctx->heads == nullptr) {
+        return true;
+    }
+    for (int32_t il = 0; il < n_layer; ++il) {
+        if (il >= (int32_t) res->t_locret_cis.size() || res->t_locret_cis[il] == nullptr) {
+            const llama_model * model = lctx->heads->model;
+            locret_set_error(format("the '%s' graph does not compute layer %d's Q, K, V through build_qkv, "
+                    "so retaining heads cannot score it; Locret does not support this architecture",
+                    llm_arch_name(model->arch), il));
+            LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
+void llama_locret_after_ubatch(llama_locret_context * lctx, const llm_graph_result * res, const llama_ubatch & ubatch) {
+    if (lctx == nullptr || lctx->heads == nullptr || !lctx->record) {
+        return;
+    }
+    const size_t n_layer   = lctx->heads->layers.size();
+    const size_t n_head_kv = lctx->heads->n_head_kv;
+    const size_t n_tokens  = ubatch.n_tokens;
+    const size_t first     = lctx->positions.size();
+    lctx->rec_n_layer   = n_layer;
+    lctx->rec_n_head_kv = n_head_kv;
+
+    lctx->scores.resize((first + n_tokens) * n_layer * n_head_kv);
+    lctx->staging.resize(n_tokens * n_head_kv);
+    for (size_t il = 0; il < n_layer; ++il) {
+        ggml_tensor * cis = res->t_locret_cis[il]; // [n_head_kv, n_tokens]
+        GGML_ASSERT(cis != nullptr && (size_t) cis->ne[0] == n_head_kv && (size_t) cis->ne[1] == n_tokens);
+        ggml_backend_tensor_get(cis, lctx->staging.data(), 0, ggml_nbytes(cis));
+        for (size_t t = 0; t < n_tokens; ++t) {
+            float * dst = &lctx->scores[((first + t) * n_layer + il) * n_head_kv];
+            for (size_t h = 0; h < n_head_kv; ++h) {
+                dst[h] = lctx->staging[t * n_head_kv + h];
+            }
+        }
+    }
+    for (size_t t = 0; t < n_tokens; ++t) {
+        lctx->positions.push_back(ubatch.pos[t]);
+    }
+}
+
+void llama_locret_record_scores(llama_context * ctx, bool enable) {
+    llama_locret_context & lctx = locret_of(ctx);
+    lctx.record = enable;
+    if (enable) {
+        lctx.scores.clear();
+        lctx.positions.clear();
+    }
+}
+
+int32_t llama_locret_recorded_n_tokens(const llama_context * ctx) {
+    const llama_locret_context * lctx = llama_locret_access::state(ctx);
+    return lctx ? (int32_t) lctx->positions.size() : 0;
+}
+
+int32_t llama_locret_recorded_scores(const llama_context * ctx, float * scores, int32_t * positions, int32_t n_tokens) {
+    locret_set_error("");
+    const llama_locret_context * lctx = llama_locret_access::state(ctx);
+    const int32_t n_recorded = llama_locret_recorded_n_tokens(ctx);
+    if (n_tokens != n_recorded) {
+        locret_set_error(format("llama_locret_recorded_scores: asked for %d tokens but %d are recorded", n_tokens, n_recorded));
+        return -1;
+    }
+    if (n_recorded == 0) {
+        return 0;
+    }
+    if (positions != nullptr) {
+        std::copy(lctx->positions.begin(), lctx->positions.end(), positions);
+    }
+    if (scores != nullptr) {
+        const size_t n_layer   = lctx->rec_n_layer;
+        const size_t n_head_kv = lctx->rec_n_head_kv;
+        // token-major storage -> [n_layer][n_head_kv][n_tokens]
+        for (size_t t = 0; t < (size_t) n_tokens; ++t) {
+            for (size_t il = 0; il < n_layer; ++il) {
+                for (size_t h = 0; h < n_head_kv; ++h) {
+                    scores[(il * n_head_kv + h) * n_tokens + t] = lctx->scores[(t * n_layer + il) * n_head_kv + h];
+                }
+            }
+        }
+    }
+    return n_tokens;
+}

@@ -1,0 +1,154 @@
+"""Retaining heads through llama-cpp-python: attach heads to a `llama_cpp.Llama` and read the
+causal importance scores (CIS) that llama.cpp computes in its graph.
+
+    import locret
+    from locret import heads
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=..., n_ctx=2048, n_ubatch=512)
+    h = heads.attach(llm, "heads.gguf")          # or heads embedded in the model file: attach(llm)
+    heads.record_scores(llm)
+    llm.eval(llm.tokenize(b"some text"))
+    scores, positions = heads.recorded_scores(llm)   # [n_layer, n_head_kv, n_tokens], [n_tokens]
+
+The C API behind it is ggml_ext/include/llama-locret.h.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+
+import numpy as np
+
+from ._library import LibraryError
+
+
+class HeadsError(RuntimeError):
+    """Heads could not be loaded or attached; the message says why."""
+
+
+class _Settings(ctypes.Structure):
+    _fields_ = [("budget", ctypes.c_uint32), ("chunk", ctypes.c_uint32),
+                ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32)]
+
+
+_SIGNATURES = {
+    "llama_locret_last_error": ([], ctypes.c_char_p),
+    "llama_locret_file_has_heads": ([ctypes.c_char_p], ctypes.c_int32),
+    "llama_locret_heads_load": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
+    "llama_locret_heads_free": ([ctypes.c_void_p], None),
+    "llama_locret_heads_hidden_size": ([ctypes.c_void_p], ctypes.c_int32),
+    "llama_locret_heads_recommended": ([ctypes.c_void_p], _Settings),
+    "llama_locret_set_heads": ([ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int32),
+    "llama_locret_get_heads": ([ctypes.c_void_p], ctypes.c_void_p),
+    "llama_locret_record_scores": ([ctypes.c_void_p, ctypes.c_bool], None),
+    "llama_locret_recorded_n_tokens": ([ctypes.c_void_p], ctypes.c_int32),
+    "llama_locret_recorded_scores": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                                      ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
+}
+_lib_cache: ctypes.CDLL | None = None
+
+
+def _lib() -> ctypes.CDLL:
+    """The libllama that llama_cpp loaded (ours: `import locret` made sure), with our signatures."""
+    global _lib_cache
+    if _lib_cache is None:
+        import llama_cpp.llama_cpp as llama_cpp_lib
+
+        lib = llama_cpp_lib._lib
+        for name, (argtypes, restype) in _SIGNATURES.items():
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise LibraryError(f"{lib._name} has no {name}: it is not the Locret-patched libllama") from None
+            fn.argtypes = argtypes
+            fn.restype = restype
+        _lib_cache = lib
+    return _lib_cache
+
+
+def _last_error() -> str:
+    return (_lib().llama_locret_last_error() or b"").decode(errors="replace")
+
+
+def _handles(llm) -> tuple[int, int]:
+    """(llama_model *, llama_context *) of a llama_cpp.Llama."""
+    model = getattr(getattr(llm, "_model", None), "model", None)
+    ctx = getattr(getattr(llm, "_ctx", None), "ctx", None)
+    if not model or not ctx:
+        raise HeadsError("expected a loaded llama_cpp.Llama (its model or context is closed)")
+    return model, ctx
+
+
+def file_has_heads(path: str | os.PathLike) -> bool:
+    """True if the GGUF at `path` carries retaining heads (standalone or embedded in a model)."""
+    got = _lib().llama_locret_file_has_heads(os.fsencode(path))
+    if got < 0:
+        raise HeadsError(f"{path}: cannot be read as GGUF")
+    return got == 1
+
+
+class Heads:
+    """Retaining heads loaded for one model; freed when no longer referenced (after detaching)."""
+
+    def __init__(self, ptr: int, path: str):
+        self._ptr = ptr
+        self.path = path
+        self._finalizer = weakref.finalize(self, _lib().llama_locret_heads_free, ptr)
+
+    @property
+    def hidden_size(self) -> int:
+        return _lib().llama_locret_heads_hidden_size(self._ptr)
+
+    @property
+    def recommended(self) -> dict[str, int]:
+        s = _lib().llama_locret_heads_recommended(self._ptr)
+        return {"budget": s.budget, "chunk": s.chunk, "stabilizers": s.stabilizers, "local": s.local}
+
+
+def attach(llm, path: str | os.PathLike | None = None) -> Heads:
+    """Load heads from `path` (default: the model file's embedded heads) and attach them to `llm`.
+
+    The returned Heads is also kept on `llm`, so it lives as long as the Llama does."""
+    model, ctx = _handles(llm)
+    path = os.fspath(path if path is not None else llm.model_path)
+    ptr = _lib().llama_locret_heads_load(model, os.fsencode(path))
+    if not ptr:
+        raise HeadsError(_last_error() or f"cannot load retaining heads from {path}")
+    heads = Heads(ptr, path)
+    if _lib().llama_locret_set_heads(ctx, ptr) != 0:
+        raise HeadsError(_last_error())
+    llm._locret_heads = heads  # the context uses the heads: keep them alive with it
+    return heads
+
+
+def detach(llm) -> None:
+    _, ctx = _handles(llm)
+    _lib().llama_locret_set_heads(ctx, None)
+    llm._locret_heads = None
+
+
+def record_scores(llm, enable: bool = True) -> None:
+    """Start (clearing earlier records) or stop recording the CIS of every decoded ubatch."""
+    _, ctx = _handles(llm)
+    _lib().llama_locret_record_scores(ctx, enable)
+
+
+def recorded_scores(llm) -> tuple[np.ndarray, np.ndarray]:
+    """(scores [n_layer, n_head_kv, n_tokens] float32, positions [n_tokens] int32) recorded so far."""
+    import llama_cpp
+
+    model, ctx = _handles(llm)
+    n_tokens = _lib().llama_locret_recorded_n_tokens(ctx)
+    n_layer = llama_cpp.llama_model_n_layer(model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(model)
+    scores = np.zeros((n_layer, n_head_kv, n_tokens), dtype=np.float32)
+    positions = np.zeros(n_tokens, dtype=np.int32)
+    if n_tokens:
+        got = _lib().llama_locret_recorded_scores(
+            ctx, scores.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            positions.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n_tokens)
+        if got != n_tokens:
+            raise HeadsError(_last_error())
+    return scores, positions

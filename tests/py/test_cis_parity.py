@@ -1,0 +1,100 @@
+"""CIS computed in llama.cpp's graph match an independent PyTorch reference.
+
+Random heads in the published Locret checkpoint format go through our converter into GGUF;
+llama.cpp computes the scores of a >= 512-token input in its graph; PyTorch + transformers
+computes them from the dequantized model in Hugging Face order (tests/py/reference_cis.py).
+The converter's Q/K permutation is what makes the two agree: heads exported without it must fail
+the same check, which proves the check can tell.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+import zipfile
+
+import numpy as np
+import pytest
+from conftest import REPO, run
+from reference_cis import load_hf_model, reference_scores, spearman
+
+CONVERTER = REPO / "convert" / "heads_to_gguf.py"
+MIN_RANK_CORRELATION = 0.99
+N_TOKENS = 600
+UBATCH = 256  # several ubatches, so the recorder's stitching is checked too
+
+
+def _natural_text() -> str:
+    # long natural English that is on every machine: docstrings of standard-library modules
+    return "\n\n".join(m.__doc__ for m in (argparse, json, tarfile, zipfile) if m.__doc__)
+
+
+def _convert(*args) -> None:
+    proc = run([sys.executable, CONVERTER, *args], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def parity(tmp_path_factory, model_path):
+    import locret  # noqa: F401  (points llama_cpp at our library)
+    import llama_cpp
+    from safetensors.torch import load_file
+
+    from locret import heads
+
+    work = tmp_path_factory.mktemp("parity")
+    ckpt = work / "random-heads.safetensors"
+    _convert("make-random", "--base", model_path, "--d-r", "256", "--seed", "0", "-o", ckpt)
+    good, unpermuted = work / "heads.gguf", work / "heads-unpermuted.gguf"
+    _convert("--base", model_path, "--heads", ckpt, "-o", good)
+    _convert("--base", model_path, "--heads", ckpt, "-o", unpermuted, "--skip-qk-permutation")
+    weights = {k: v.float().numpy() for k, v in load_file(str(ckpt)).items()}
+
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_batch=1024, n_ubatch=UBATCH,
+                          n_threads=2, verbose=False)
+    tokens = llm.tokenize(_natural_text().encode())[:N_TOKENS]
+    assert len(tokens) == N_TOKENS
+
+    def llama_scores(path):
+        heads.attach(llm, path)
+        heads.record_scores(llm)
+        llm.reset()
+        llm.eval(tokens)
+        scores, positions = heads.recorded_scores(llm)
+        heads.record_scores(llm, False)
+        heads.detach(llm)
+        assert positions.tolist() == list(range(N_TOKENS))
+        return scores
+
+    got = llama_scores(good)
+    got_unpermuted = llama_scores(unpermuted)
+    llm.close()
+    want = reference_scores(load_hf_model(model_path), tokens, weights)
+    return got, got_unpermuted, want
+
+
+def _report(got, want):
+    n_layer, n_head_kv, _ = want.shape
+    corr = np.array([[spearman(got[il, h], want[il, h]) for h in range(n_head_kv)] for il in range(n_layer)])
+    return corr, float(np.abs(got - want).max()), float(np.abs(want).max())
+
+
+def test_llama_cpp_scores_match_the_pytorch_reference(parity):
+    got, _, want = parity
+    assert got.shape == want.shape == (30, 3, N_TOKENS)
+    corr, max_abs, scale = _report(got, want)
+    print(f"\nCIS parity (SmolLM2-135M Q4_1, {N_TOKENS} tokens, random heads d_R=256): "
+          f"max |llama.cpp - torch| = {max_abs:.4g} (max |score| {scale:.4g}); "
+          f"rank correlation min {corr.min():.5f}, median {np.median(corr):.5f}")
+    worst = np.unravel_index(np.argmin(corr), corr.shape)
+    assert corr.min() >= MIN_RANK_CORRELATION, f"layer {worst[0]} head {worst[1]}: rank correlation {corr.min():.4f}"
+
+
+def test_heads_without_the_qk_permutation_fail_the_same_check(parity):
+    _, got_unpermuted, want = parity
+    corr, max_abs, _ = _report(got_unpermuted, want)
+    failing = int((corr < MIN_RANK_CORRELATION).sum())
+    print(f"\nwithout the Q/K permutation: {failing}/{corr.size} (layer, head) pairs below "
+          f"{MIN_RANK_CORRELATION}, rank correlation min {corr.min():.4f}, max |diff| {max_abs:.4g}")
+    assert failing > corr.size // 2, "the parity check cannot tell permuted from unpermuted heads"
