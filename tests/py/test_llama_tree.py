@@ -70,9 +70,14 @@ def test_series_applies_to_fresh_tree_and_regenerates_identically(tmp_path):
     assert [p.name for p in regen] == [p.name for p in llama_tree.list_patches(patches)]
     for new in regen:
         assert new.read_bytes() == (patches / new.name).read_bytes(), f"{new.name} regenerates differently"
-    # fixed identities and dates: every machine gets the same commits (stable build info, ccache hits)
-    idents = llama_tree.git(tree, "log", "--format=%cn %ce %cI", "HEAD").stdout.split("\n")
-    assert {row for row in idents if row} == {"locret locret@localhost 2000-01-01T00:00:00+00:00"}
+    # fixed committer identity, committer date = the patch's author date (the pristine commit has a
+    # fixed date): every machine gets the same commits (stable build info, ccache hits)
+    rows = [r for r in llama_tree.git(tree, "log", "--format=%cn|%ce|%cI|%aI", "HEAD").stdout.split("\n") if r]
+    for row in rows:
+        name, email, committed, authored = row.split("|")
+        assert (name, email) == ("locret", "locret@localhost") and committed == authored, row
+    pristine = rows[-1]
+    assert pristine.endswith("|2000-01-01T00:00:00+00:00|2000-01-01T00:00:00+00:00"), pristine
 
 
 def test_build_tree_has_not_drifted_from_patches():
