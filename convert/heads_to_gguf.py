@@ -61,8 +61,9 @@ def convert_parser() -> Parser:
                              "shards); only model.layers.{i}.self_attn.fc1/fc2 tensors are read")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.gguf")
     parser.add_argument("--type", default="f16", choices=list(WEIGHT_TYPES),
-                        help="type of fc1/fc2 weights (default f16; biases are always f32; q8_0 falls back to "
-                             "f16 for a tensor whose rows are not a multiple of 32)")
+                        help="type of fc1/fc2 weights (default f16; bf16 keeps bf16 checkpoints exactly; biases "
+                             "are always f32; q8_0 falls back to f16 for a tensor whose rows are not a "
+                             "multiple of 32)")
     parser.add_argument("--budget", type=uint32, default=DEFAULT_BUDGET,
                         help=f"recommended retained units per layer and KV head (default {DEFAULT_BUDGET})")
     parser.add_argument("--chunk", type=uint32, default=DEFAULT_CHUNK,

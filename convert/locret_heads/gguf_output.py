@@ -33,6 +33,7 @@ INPUT_LAYOUT = "q,k,v pre-rope"
 WEIGHT_TYPES = {
     "f32": GGMLQuantizationType.F32,
     "f16": GGMLQuantizationType.F16,
+    "bf16": GGMLQuantizationType.BF16,  # lossless for the published (bf16) checkpoints
     "q8_0": GGMLQuantizationType.Q8_0,
 }
 Q8_0_BLOCK = 32  # Q8_0 quantises rows in blocks of 32 values
@@ -58,7 +59,7 @@ class KeyValue:
 @dataclass(frozen=True)
 class EncodedTensor:
     name: str
-    data: np.ndarray                 # float32/float16 values, or Q8_0 blocks as uint8
+    data: np.ndarray                 # float32/float16 values, or BF16 / Q8_0 rows as uint8
     ggml_type: GGMLQuantizationType
 
 
@@ -164,7 +165,8 @@ def _encode(name: str, values: np.ndarray, ggml_type: GGMLQuantizationType) -> n
         if not np.isfinite(half).all():
             raise ConversionError(f"{name} has values beyond the F16 range (|x| > 65504); use --type f32")
         return half
-    return quantize(values.astype(np.float32), GGMLQuantizationType.Q8_0)
+    # BF16 (round to nearest even) and Q8_0 come out of gguf-py as raw bytes per row
+    return quantize(values.astype(np.float32), ggml_type)
 
 
 def _add_key_values(writer: GGUFWriter, kvs: list[KeyValue]) -> None:

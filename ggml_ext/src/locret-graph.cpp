@@ -28,13 +28,11 @@ static ggml_tensor * locret_build_cis(ggml_context * ctx, const llama_locret_hea
         ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens) {
     const locret_head_layer & layer = heads.layers.at(il);
 
-    // x: [d_in, n_tokens] = concat(Q, K, V) per token, each flattened head-major
-    ggml_tensor * x = ggml_concat(ctx, locret_flatten_heads(ctx, q, n_tokens), locret_flatten_heads(ctx, k, n_tokens), 0);
-    x = ggml_concat(ctx, x, locret_flatten_heads(ctx, v, n_tokens), 0);
-    GGML_ASSERT(x->ne[0] == (int64_t) heads.d_in);
-
-    // h: [d_R, n_tokens]
-    ggml_tensor * h = ggml_mul_mat(ctx, layer.fc1_w, x);
+    // h: [d_R, n_tokens] = fc1 · concat(Q, K, V) + fc1_b, as three matmuls over the projections
+    // themselves (fc1 is stored split by input column), so no copy of Q, K, V is made
+    ggml_tensor * h = ggml_mul_mat(ctx, layer.fc1_q, locret_flatten_heads(ctx, q, n_tokens));
+    h = ggml_add(ctx, h, ggml_mul_mat(ctx, layer.fc1_k, locret_flatten_heads(ctx, k, n_tokens)));
+    h = ggml_add(ctx, h, ggml_mul_mat(ctx, layer.fc1_v, locret_flatten_heads(ctx, v, n_tokens)));
     if (layer.fc1_b) {
         h = ggml_add(ctx, h, layer.fc1_b);
     }
@@ -53,8 +51,8 @@ static ggml_tensor * locret_build_cis(ggml_context * ctx, const llama_locret_hea
 }
 
 uint32_t llama_locret_graph_n_nodes(uint32_t n_layer) {
-    // per layer: up to 3 flattening nodes (view, or cont + reshape), 2 concat, 2 mul_mat, 2 add and
-    // the activation, with room to spare
+    // per layer: up to 6 flattening nodes (view, or cont + reshape), 4 mul_mat, 4 add and the
+    // activation, with room to spare
     return 24 * n_layer;
 }
 

@@ -169,7 +169,10 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
     heads.path       = path;
     heads.model      = &model;
     heads.n_head_kv  = hp.n_head_kv(0);
-    heads.d_in       = (hp.n_head(0) + hp.n_head_kv(0)) * hp.n_embd_head_k(0) + hp.n_head_kv(0) * hp.n_embd_head_v(0);
+    heads.n_q        = hp.n_head(0) * hp.n_embd_head_k(0);
+    heads.n_k        = hp.n_head_kv(0) * hp.n_embd_head_k(0);
+    heads.n_v        = hp.n_head_kv(0) * hp.n_embd_head_v(0);
+    heads.d_in       = heads.n_q + heads.n_k + heads.n_v;
     heads.d_r        = kv.u32("locret.hidden_size");
     heads.activation = parse_activation(path, kv.str("locret.activation"));
     if (heads.d_r == 0) {
@@ -181,16 +184,24 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
     heads.recommended.local       = kv.u32("locret.recommended.local",       false);
 
     // validate every layer's tensors before allocating anything
-    const auto weight_types = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0 };
-    std::vector<locret_head_layer> meta_layers(n_layer);
+    const auto weight_types = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
+    struct file_layer { ggml_tensor * fc1_w, * fc1_b, * fc2_w, * fc2_b; }; // tensors as stored in the file
+    std::vector<file_layer> meta_layers(n_layer);
     for (uint32_t il = 0; il < n_layer; ++il) {
-        locret_head_layer & l = meta_layers[il];
+        file_layer & l = meta_layers[il];
         l.fc1_w = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc1.weight"), heads.d_in, heads.d_r,       weight_types, true);
         l.fc2_w = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc2.weight"), heads.d_r,  heads.n_head_kv, weight_types, true);
         l.fc1_b = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc1.bias"),   heads.d_r,       1, { GGML_TYPE_F32 }, false);
         l.fc2_b = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc2.bias"),   heads.n_head_kv, 1, { GGML_TYPE_F32 }, false);
         if ((l.fc1_b == nullptr) != (meta_layers[0].fc1_b == nullptr) || (l.fc2_b == nullptr) != (meta_layers[0].fc2_b == nullptr)) {
             throw std::runtime_error(format("%s: layer %u and layer 0 disagree on which biases exist", path.c_str(), il));
+        }
+        // fc1 is split at the Q | K | V column boundaries; a quantized row splits only at block boundaries
+        const int64_t blck = ggml_blck_size(l.fc1_w->type);
+        if (heads.n_q % blck != 0 || heads.n_k % blck != 0) {
+            throw std::runtime_error(format("%s: tensor '%s' is %s, whose blocks of %" PRId64 " values straddle the Q/K/V "
+                    "boundaries of this model; convert the heads with --type f16", path.c_str(),
+                    ggml_get_name(l.fc1_w), ggml_type_name(l.fc1_w->type), blck));
         }
     }
     const ggml_tensor * extra = ggml_get_tensor(meta.get(), layer_tensor_name(n_layer, "fc1.weight").c_str());
@@ -212,7 +223,7 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
             }
             heads.ctxs.emplace_back(ctx);
         }
-        const locret_head_layer & src = meta_layers[il];
+        const file_layer & src = meta_layers[il];
         locret_head_layer & dst = heads.layers[il];
         auto dup = [&](const ggml_tensor * t) -> ggml_tensor * {
             if (t == nullptr) {
@@ -222,7 +233,14 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
             ggml_set_name(d, ggml_get_name(t));
             return d;
         };
-        dst.fc1_w = dup(src.fc1_w);
+        auto fc1_part = [&](int64_t n_cols, const char * part) -> ggml_tensor * {
+            ggml_tensor * d = ggml_new_tensor_2d(ctx, src.fc1_w->type, n_cols, heads.d_r);
+            ggml_format_name(d, "%s.%s", ggml_get_name(src.fc1_w), part);
+            return d;
+        };
+        dst.fc1_q = fc1_part(heads.n_q, "q");
+        dst.fc1_k = fc1_part(heads.n_k, "k");
+        dst.fc1_v = fc1_part(heads.n_v, "v");
         dst.fc1_b = dup(src.fc1_b);
         dst.fc2_w = dup(src.fc2_w);
         dst.fc2_b = dup(src.fc2_b);
@@ -248,27 +266,51 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
     const size_t file_size = (size_t) std::ftell(f);
     const size_t data_offset = gguf_get_data_offset(gguf.get());
     std::vector<uint8_t> staging;
-    for (const locret_head_layer & l : heads.layers) {
-        for (ggml_tensor * t : { l.fc1_w, l.fc1_b, l.fc2_w, l.fc2_b }) {
-            if (t == nullptr) {
+    std::vector<uint8_t> part;
+    // read a file tensor into `staging`
+    auto read_tensor = [&](const ggml_tensor * t) {
+        const int64_t id = gguf_find_tensor(gguf.get(), ggml_get_name(t));
+        const size_t offset = data_offset + gguf_get_tensor_offset(gguf.get(), id);
+        const size_t nbytes = ggml_nbytes(t);
+        if (offset + nbytes > file_size) {
+            throw std::runtime_error(format("%s: tensor '%s' lies beyond the end of the file (truncated file)", path.c_str(), ggml_get_name(t)));
+        }
+        staging.resize(nbytes);
+        if (std::fseek(f, (long) offset, SEEK_SET) != 0 || std::fread(staging.data(), 1, nbytes, f) != nbytes) {
+            throw std::runtime_error(format("%s: failed to read tensor '%s'", path.c_str(), ggml_get_name(t)));
+        }
+    };
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        const file_layer & src = meta_layers[il];
+        const locret_head_layer & dst = heads.layers[il];
+
+        // fc1: each row (one hidden unit) is [Q cols | K cols | V cols]; copy the three column ranges
+        read_tensor(src.fc1_w);
+        const size_t row_bytes = src.fc1_w->nb[1];
+        size_t col_offset = 0;
+        for (ggml_tensor * t : { dst.fc1_q, dst.fc1_k, dst.fc1_v }) {
+            const size_t part_row_bytes = t->nb[1];
+            part.resize(ggml_nbytes(t));
+            for (int64_t row = 0; row < t->ne[1]; ++row) {
+                std::memcpy(part.data() + row * part_row_bytes, staging.data() + row * row_bytes + col_offset, part_row_bytes);
+            }
+            ggml_backend_tensor_set(t, part.data(), 0, part.size());
+            col_offset += part_row_bytes;
+        }
+        GGML_ASSERT(col_offset == row_bytes);
+
+        for (auto [file_t, dev_t] : { std::make_pair(src.fc1_b, dst.fc1_b), std::make_pair(src.fc2_w, dst.fc2_w),
+                                      std::make_pair(src.fc2_b, dst.fc2_b) }) {
+            if (file_t == nullptr) {
                 continue;
             }
-            const int64_t id = gguf_find_tensor(gguf.get(), ggml_get_name(t));
-            const size_t offset = data_offset + gguf_get_tensor_offset(gguf.get(), id);
-            const size_t nbytes = ggml_nbytes(t);
-            if (offset + nbytes > file_size) {
-                throw std::runtime_error(format("%s: tensor '%s' lies beyond the end of the file (truncated file)", path.c_str(), ggml_get_name(t)));
-            }
-            staging.resize(nbytes);
-            if (std::fseek(f, (long) offset, SEEK_SET) != 0 || std::fread(staging.data(), 1, nbytes, f) != nbytes) {
-                throw std::runtime_error(format("%s: failed to read tensor '%s'", path.c_str(), ggml_get_name(t)));
-            }
-            ggml_backend_tensor_set(t, staging.data(), 0, nbytes);
+            read_tensor(file_t);
+            ggml_backend_tensor_set(dev_t, staging.data(), 0, staging.size());
         }
     }
 
     LLAMA_LOG_INFO("%s: loaded retaining heads from '%s': %u layers, d_in = %u, d_R = %u, %s, %.2f MiB\n", __func__,
-            path.c_str(), n_layer, heads.d_in, heads.d_r, ggml_type_name(heads.layers[0].fc1_w->type), total_bytes / 1024.0 / 1024.0);
+            path.c_str(), n_layer, heads.d_in, heads.d_r, ggml_type_name(heads.layers[0].fc1_q->type), total_bytes / 1024.0 / 1024.0);
 }
 
 } // namespace

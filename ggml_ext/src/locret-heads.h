@@ -16,11 +16,15 @@ enum locret_activation {
     LOCRET_ACT_RELU,
 };
 
-// one layer's head: S = fc2_w · act(fc1_w · x + fc1_b) + fc2_b
+// one layer's head: S = fc2_w · act(fc1_w · x + fc1_b) + fc2_b with x = concat(Q, K, V).
+// fc1_w is stored split by input column into its Q, K and V parts, so that the graph computes
+// fc1_q · Q + fc1_k · K + fc1_v · V straight from the projections, without copying them into x.
 struct locret_head_layer {
-    ggml_tensor * fc1_w = nullptr; // [d_in, d_R]      F32, F16 or Q8_0
+    ggml_tensor * fc1_q = nullptr; // [n_head*head_dim_k,    d_R] F32, F16, BF16 or Q8_0
+    ggml_tensor * fc1_k = nullptr; // [n_head_kv*head_dim_k, d_R]
+    ggml_tensor * fc1_v = nullptr; // [n_head_kv*head_dim_v, d_R]
     ggml_tensor * fc1_b = nullptr; // [d_R]            F32, optional
-    ggml_tensor * fc2_w = nullptr; // [d_R, n_head_kv] F32, F16 or Q8_0
+    ggml_tensor * fc2_w = nullptr; // [d_R, n_head_kv] F32, F16, BF16 or Q8_0
     ggml_tensor * fc2_b = nullptr; // [n_head_kv]      F32, optional
 };
 
@@ -28,7 +32,10 @@ struct llama_locret_heads {
     const llama_model * model = nullptr; // the model the heads were validated against
 
     std::string path;
-    uint32_t d_in      = 0;
+    uint32_t d_in      = 0; // n_q + n_k + n_v
+    uint32_t n_q       = 0; // Q columns of fc1: n_head * head_dim_k
+    uint32_t n_k       = 0; // K columns: n_head_kv * head_dim_k
+    uint32_t n_v       = 0; // V columns: n_head_kv * head_dim_v
     uint32_t d_r       = 0;
     uint32_t n_head_kv = 0;
     locret_activation activation = LOCRET_ACT_SILU;

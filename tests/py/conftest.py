@@ -35,6 +35,16 @@ def tool(name: str) -> Path:
     return path
 
 
+def natural_text() -> str:
+    """Long natural English present on every machine: docstrings of standard-library modules."""
+    import argparse
+    import json
+    import tarfile
+    import zipfile
+
+    return "\n\n".join(m.__doc__ for m in (argparse, json, tarfile, zipfile) if m.__doc__)
+
+
 def run(cmd: list, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """Run a command with captured text output and a hard time limit (never hang a test run)."""
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,

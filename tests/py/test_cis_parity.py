@@ -8,26 +8,17 @@ the same check, which proves the check can tell.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tarfile
-import zipfile
 
 import numpy as np
 import pytest
-from conftest import REPO, run
+from conftest import REPO, natural_text, run
 from reference_cis import load_hf_model, reference_scores, spearman
 
 CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 MIN_RANK_CORRELATION = 0.99
 N_TOKENS = 600
 UBATCH = 256  # several ubatches, so the recorder's stitching is checked too
-
-
-def _natural_text() -> str:
-    # long natural English that is on every machine: docstrings of standard-library modules
-    return "\n\n".join(m.__doc__ for m in (argparse, json, tarfile, zipfile) if m.__doc__)
 
 
 def _convert(*args) -> None:
@@ -53,7 +44,7 @@ def parity(tmp_path_factory, model_path):
 
     llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_batch=1024, n_ubatch=UBATCH,
                           n_threads=2, verbose=False)
-    tokens = llm.tokenize(_natural_text().encode())[:N_TOKENS]
+    tokens = llm.tokenize(natural_text().encode())[:N_TOKENS]
     assert len(tokens) == N_TOKENS
 
     def llama_scores(path):

@@ -29,7 +29,8 @@ import heads_to_gguf  # noqa: E402  (convert/ is a script folder, not an install
 
 SCRIPT = REPO / "convert" / "heads_to_gguf.py"
 SUPPORTED = ["llama", "mistral3", "smollm3", "granite", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"]
-F32, F16, Q8_0 = GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.Q8_0
+F32, F16, BF16, Q8_0 = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
+                      GGMLQuantizationType.Q8_0)
 U32, STR, BOOL = [GGUFValueType.UINT32], [GGUFValueType.STRING], [GGUFValueType.BOOL]
 D_R = 64  # hidden width of the heads made for the real models (small: fast tests)
 
@@ -219,7 +220,7 @@ def expected_metadata(model: RealModel, checkpoint: Path) -> dict:
     }
 
 
-@pytest.mark.parametrize("weight_type", ["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("weight_type", ["f32", "f16", "bf16", "q8_0"])
 def test_round_trip_smollm2(weight_type, smollm2, smollm2_random, smollm2_converted):
     out = smollm2_converted(weight_type)
     reader = GGUFReader(out)
@@ -233,10 +234,10 @@ def test_round_trip_smollm2(weight_type, smollm2, smollm2_random, smollm2_conver
         assert fc1_shape == [dims.d_in, D_R] and fc2_shape == [D_R, dims.n_head_kv]  # ggml ne order
         want_fc1 = w1_in_llama_cpp_order(source[head_name(i, "fc1")], dims)
         want_fc2 = source[head_name(i, "fc2")]
-        expected_type = {"f32": F32, "f16": F16, "q8_0": Q8_0}[weight_type]
+        expected_type = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0}[weight_type]
         assert fc1_type == expected_type and fc2_type == expected_type
         for got, want in ((fc1, want_fc1), (fc2, want_fc2)):
-            if weight_type == "f32":
+            if weight_type in ("f32", "bf16"):  # the random checkpoint is bf16: BF16 is lossless
                 assert np.array_equal(got, want)
             elif weight_type == "f16":
                 assert np.array_equal(got, want.astype(np.float16).astype(np.float32))

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, run, tool
+from conftest import REPO, natural_text, run, tool
 from gguf import GGUFWriter
 
 CONVERTER = REPO / "convert" / "heads_to_gguf.py"
@@ -163,3 +163,40 @@ def test_python_api_refuses_with_the_reason(model_path, tmp_path):
             H.file_has_heads(tmp_path / "missing.gguf")
     finally:
         llm.close()
+
+
+def test_every_weight_type_loads_and_scores_like_f32(model_path, tmp_path):
+    """The loader splits fc1 at the Q/K/V column boundaries: check it for every stored type
+    (for Q8_0 the split is by whole blocks) against the F32 heads' scores."""
+    import locret  # noqa: F401
+    import llama_cpp
+
+    from locret import heads as H
+    from reference_cis import spearman
+
+    ckpt = tmp_path / "random.safetensors"
+    files = {}
+    for args in (["make-random", "--base", model_path, "--d-r", "64", "--seed", "2", "-o", ckpt],):
+        assert run([sys.executable, CONVERTER, *args], timeout=300).returncode == 0
+    for weight_type in ("f32", "f16", "bf16", "q8_0"):
+        files[weight_type] = tmp_path / f"heads-{weight_type}.gguf"
+        proc = run([sys.executable, CONVERTER, "--base", model_path, "--heads", ckpt, "-o", files[weight_type],
+                    "--type", weight_type], timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_ubatch=256, n_threads=2, verbose=False)
+    tokens = llm.tokenize(natural_text().encode())[:400]  # distinct tokens: rank correlation is meaningful
+    scores = {}
+    for weight_type, path in files.items():
+        H.attach(llm, path)
+        H.record_scores(llm)
+        llm.reset()
+        llm.eval(tokens)
+        scores[weight_type] = H.recorded_scores(llm)[0]
+    llm.close()
+    ref = scores["f32"]
+    for weight_type in ("f16", "bf16", "q8_0"):
+        got = scores[weight_type]
+        corr = min(spearman(got[il, h], ref[il, h]) for il in range(ref.shape[0]) for h in range(ref.shape[1]))
+        print(f"{weight_type}: min rank correlation with f32 heads {corr:.4f}")
+        assert corr >= 0.99, (weight_type, corr)
+        assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max(), weight_type
