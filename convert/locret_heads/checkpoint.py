@@ -36,6 +36,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from locret.files import sha256_file
 from safetensors import safe_open
 
 from .errors import ConversionError, first_line, note
@@ -105,14 +106,6 @@ def read_checkpoint(path: Path) -> Checkpoint:
     return checkpoint
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _read_safetensors(checkpoint: Checkpoint, file: Path, wanted: set[str] | None = None) -> dict[str, str]:
     """Register the head tensors of one safetensors file; return its __metadata__."""
     try:
@@ -160,7 +153,7 @@ def _read_directory(checkpoint: Checkpoint, directory: Path) -> None:
                                           "which is missing")
                 read_file(checkpoint, directory / shard, names)
             checkpoint.provenance = {"locret.training.source": f"{directory.name}/{index_name}",
-                                     "locret.training.source_sha256": sha256_of(index)}
+                                     "locret.training.source_sha256": sha256_file(index)}
             return
 
     files = sorted(directory.glob("*.safetensors"))
@@ -176,9 +169,9 @@ def _read_directory(checkpoint: Checkpoint, directory: Path) -> None:
     holders = checkpoint.files()
     if len(holders) == 1:
         checkpoint.provenance = {"locret.training.source": f"{directory.name}/{holders[0].name}",
-                                 "locret.training.source_sha256": sha256_of(holders[0])}
+                                 "locret.training.source_sha256": sha256_file(holders[0])}
     elif holders:
-        listing = "".join(f"{sha256_of(f)}  {f.name}\n" for f in holders)
+        listing = "".join(f"{sha256_file(f)}  {f.name}\n" for f in holders)
         checkpoint.provenance = {"locret.training.source": directory.name,
                                  "locret.training.source_sha256": hashlib.sha256(listing.encode()).hexdigest()}
 
@@ -200,7 +193,7 @@ def _shards_with_heads(index: Path) -> dict[str, set[str]]:
 
 
 def _file_provenance(file: Path) -> dict[str, str | int]:
-    return {"locret.training.source": file.name, "locret.training.source_sha256": sha256_of(file)}
+    return {"locret.training.source": file.name, "locret.training.source_sha256": sha256_file(file)}
 
 
 def _trainer_provenance(file: Path, metadata: dict[str, str]) -> dict[str, str | int]:

