@@ -128,7 +128,8 @@ def fetch_sdist(cache_dir: Path, expected_sha256: str) -> Path:
              f"{SDIST_NAME}=={SDIST_VERSION}", "-d", str(cache_dir)],
             capture_output=True, text=True)
         if proc.returncode != 0 or not path.exists():
-            # pip may refuse to prepare metadata without build isolation; try the plain way
+            # without scikit-build-core (the sdist's build backend; setup.sh installs it) pip cannot
+            # read the sdist's metadata in place: let it build an isolated environment (slower)
             proc = subprocess.run(
                 [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
                  "--disable-pip-version-check", "-q", f"{SDIST_NAME}=={SDIST_VERSION}", "-d", str(cache_dir)],

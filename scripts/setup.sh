@@ -129,7 +129,7 @@ EOF
 )
 if [[ "$lcp_ok" != "ok" ]]; then
     # LLAMA_BUILD=OFF: install only the Python bindings; `import locret` points them at build/bin
-    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "${PIP[@]}" install -q --force-reinstall --no-deps "$SDIST"
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" "${PIP[@]}" install -q --no-build-isolation --force-reinstall --no-deps "$SDIST"
     "${PIP[@]}" install -q "llama-cpp-python==0.3.36"   # its pure-Python dependencies
 else
     echo "llama-cpp-python 0.3.36 (bindings only) already installed"
