@@ -200,3 +200,17 @@ def test_every_weight_type_loads_and_scores_like_f32(model_path, tmp_path):
         print(f"{weight_type}: min rank correlation with f32 heads {corr:.4f}")
         assert corr >= 0.99, (weight_type, corr)
         assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max(), weight_type
+
+
+@pytest.mark.parametrize("tool_name", ["llama-cli", "llama-server", "llama-bench"])
+def test_other_tools_refuse_heads_that_do_not_fit(tool_name, model_path, tmp_path):
+    """llama-cli and llama-server get --locret-heads from common, llama-bench has its own."""
+    bad = write_heads(tmp_path / "bad.gguf", **{**SMOLLM, "n_head_kv": 4})
+    args = {
+        "llama-cli": ["-p", "hi", "-st", "--simple-io", "-n", "4", "-c", "256"],
+        "llama-server": ["--port", "0", "-c", "256"],
+        "llama-bench": ["-p", "16", "-n", "0", "-r", "1"],
+    }[tool_name]
+    proc = run([tool(tool_name), "-m", model_path, "--locret-heads", bad, *args], timeout=120)
+    assert proc.returncode > 0, (proc.returncode, proc.stderr[-2000:])
+    assert "n_head_kv is 4 in the heads file but 3 in the model" in proc.stdout + proc.stderr, proc.stderr[-3000:]
