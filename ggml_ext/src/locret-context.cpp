@@ -102,10 +102,13 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
     return true;
 }
 
-void llama_locret_after_ubatch(llama_locret_context * lctx, const llm_graph_result * res, const llama_ubatch & ubatch) {
+void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
+        const llama_ubatch & ubatch) {
     if (lctx == nullptr || lctx->heads == nullptr || !lctx->record) {
         return;
     }
+    // the graph may still be running on an asynchronous backend: wait before reading the scores
+    ggml_backend_sched_synchronize(sched);
     const size_t n_layer   = lctx->heads->layers.size();
     const size_t n_head_kv = lctx->heads->n_head_kv;
     const size_t n_tokens  = ubatch.n_tokens;

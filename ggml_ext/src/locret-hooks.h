@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+struct ggml_backend_sched;
 struct ggml_context;
 struct ggml_cgraph;
 struct ggml_tensor;
@@ -37,8 +38,10 @@ uint32_t llama_locret_graph_n_nodes(uint32_t n_layer);
 // error) if heads are attached but the model's graph did not produce CIS for every layer.
 bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph_result * res, int32_t n_layer);
 
-// llama_context::process_ubatch (patches/0004), after the graph was computed.
-void llama_locret_after_ubatch(llama_locret_context * lctx, const llm_graph_result * res, const llama_ubatch & ubatch);
+// llama_context::process_ubatch (patches/0004), after the graph was computed (perhaps asynchronously
+// on a GPU backend: the scheduler is passed so that reading results can wait for it).
+void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
+                               const llama_ubatch & ubatch);
 
 // llama_model_loader (patches/0002): true for tensor names that belong to embedded retaining heads,
 // which the model loader leaves to llama_locret_heads_load.
