@@ -256,7 +256,10 @@ def make_pristine_repo(tree: Path) -> None:
     git(tree, "tag", BASE_TAG)
 
 
-def prepare(tree: Path, patches_dir: Path, sdist: Path, sdist_sha256: str, force: bool) -> None:
+def prepare(tree: Path, patches_dir: Path, sdist: Path | None, sdist_sha256: str, force: bool,
+            cache_dir: Path | None = None) -> None:
+    """Make `tree` carry the pristine sdist tree plus `patches_dir`. The sdist is needed only when the
+    tree must be extracted again; when `sdist` is None it is then fetched into `cache_dir`."""
     patches = list_patches(patches_dir)
     want_series = series_fingerprint(patches_dir)
     stamp = read_stamp(tree)
@@ -284,6 +287,8 @@ def prepare(tree: Path, patches_dir: Path, sdist: Path, sdist_sha256: str, force
             write_stamp(tree, sdist_sha256, patches_dir)
             return
 
+    if sdist is None:
+        sdist = fetch_sdist(cache_dir or default_cache_dir(), sdist_sha256)
     verify_sdist(sdist, sdist_sha256)
     if tree.exists():
         if not force and (tree / ".git").is_dir() and tree_is_dirty(tree):
@@ -367,13 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             verify_sdist(sdist, args.sha256)
             print(sdist)
         elif args.command == "prepare":
-            # the sdist is only needed (and fetched) when the tree must be extracted again
-            stamp = read_stamp(args.tree)
-            need_sdist = not (stamp and stamp.get("sdist_sha256") == args.sha256 and (args.tree / ".git").is_dir())
-            sdist = args.sdist
-            if sdist is None and need_sdist:
-                sdist = fetch_sdist(args.cache_dir or default_cache_dir(), args.sha256)
-            prepare(args.tree.resolve(), args.patches.resolve(), sdist or Path(SDIST_FILE), args.sha256, args.force)
+            prepare(args.tree.resolve(), args.patches.resolve(), args.sdist, args.sha256, args.force,
+                    args.cache_dir)
         elif args.command == "export":
             export(args.tree.resolve(), args.patches.resolve())
         elif args.command == "check":

@@ -19,10 +19,9 @@ print(json.dumps({"lib": L._lib._name, "native": locret.native_version(),
 """
 
 
-def _probe(env_extra=None):
+def _probe():
     env = dict(os.environ)
     env.pop("LLAMA_CPP_LIB_PATH", None)
-    env.update(env_extra or {})
     return run([sys.executable, "-c", PROBE], env=env, timeout=120)
 
 
