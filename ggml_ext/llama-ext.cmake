@@ -14,6 +14,7 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-heads.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-graph.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-context.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-evict.cpp
 )
 
 configure_file(${CMAKE_CURRENT_LIST_DIR}/src/locret-build-config.h.in

@@ -91,6 +91,66 @@ LLAMA_API int32_t llama_locret_recorded_n_tokens(const struct llama_context * ct
 LLAMA_API int32_t llama_locret_recorded_scores(const struct llama_context * ctx, float * scores,
                                                int32_t * positions, int32_t n_tokens);
 
+//
+// Eviction (Locret Algorithm 1 inside llama.cpp's KV cache)
+//
+
+// Settings for the contexts created from a model. The chunk is the context's ubatch (n_ubatch).
+struct llama_locret_params {
+    const struct llama_locret_heads * heads; // scores the units; required when budget > 0
+    int32_t budget;      // b: units kept per layer and KV head; 0 = no eviction (heads only score)
+    int32_t stabilizers; // n_s: last units of a prefill chunk always kept (<= n_ubatch, < b); -1 = default
+    int32_t local;       // n_loc: last prompt tokens processed after compression (<= n_ubatch); -1 = default
+};
+
+// heads NULL, budget 0, stabilizers and local -1. Defaults, resolved when a context is created: the heads
+// file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped to n_ubatch, and n_s to b/2.
+LLAMA_API struct llama_locret_params llama_locret_params_default(void);
+
+// Contexts created from `model` after this call (llama_init_from_model) use these settings: with a budget,
+// their KV cache holds b + n_ubatch cells (padded to 256) whatever n_ctx is, and n_ctx becomes the logical
+// limit on positions. NULL (or budget 0 without heads) removes the settings. Settings that cannot work for
+// the context (stabilizers > n_ubatch, a sliding-window model, more than one sequence, ...) make context
+// creation fail with the reason in llama_locret_last_error(). Returns 0, or -1 on invalid settings.
+LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params);
+
+// The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local):
+// heads from `heads_path` when it is non-empty, else the ones embedded in `model_path`'s model, else none;
+// budget -1 means no eviction (heads, if any, only score), stabilizers/local -1 their defaults. Registers the
+// result with llama_locret_model_configure for the contexts created next from `model`. The heads found are
+// returned in *out (NULL when none); the caller frees them after those contexts.
+// Returns 0, or -1 on error (see llama_locret_last_error()).
+LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, const char * model_path,
+                                                 const char * heads_path, int32_t budget, int32_t stabilizers,
+                                                 int32_t local, struct llama_locret_heads ** out);
+
+struct llama_locret_stats {
+    bool     enabled;          // the context evicts
+    uint64_t n_evictions;      // evictions so far
+    uint64_t n_units_evicted;  // units evicted so far, summed over layers and KV heads
+    uint32_t n_cells_used;     // physical KV cells holding units
+    uint32_t n_cells;          // KV cells allocated
+    int64_t  pos_logical;      // logical position of the next token
+    uint64_t kv_bytes;         // bytes of the K and V cache tensors
+    uint32_t budget;           // resolved settings
+    uint32_t stabilizers;
+    uint32_t local;
+    uint32_t n_ubatch;
+};
+
+// All zero when the context does not evict.
+LLAMA_API struct llama_locret_stats llama_locret_get_stats(const struct llama_context * ctx);
+
+// Debug: logical positions of the units that layer il, KV head ih holds, in cell order (cell c has physical
+// position c). Copies them into logical_pos when it is not NULL (n_max must be large enough).
+// Returns the number of units, or -1 (see llama_locret_last_error()).
+LLAMA_API int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih,
+                                        int32_t * logical_pos, int32_t n_max);
+
+// Debug: layer il's K (read_v false) or V cache for cells [0, n_cells), dequantized to F32 as
+// [n_cells][n_embd_gqa] (keys as stored: after RoPE at their physical positions). Returns n_embd_gqa, or -1.
+LLAMA_API int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool read_v, float * out, int32_t n_cells);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,6 +2,7 @@
 
 #include "locret-heads.h"
 #include "locret-hooks.h"
+#include "locret-state.h"
 
 #include "llama-batch.h"
 #include "llama-context.h"
@@ -10,24 +11,6 @@
 #include "llama-model.h"
 
 #include <vector>
-
-struct llama_locret_context {
-    const llama_locret_heads * heads = nullptr;
-
-    // score recorder: token-major, [n_recorded][n_layer][n_head_kv]; positions [n_recorded]
-    bool record = false;
-    std::vector<float>   scores;
-    std::vector<int32_t> positions;
-    std::vector<float>   staging; // one layer of one ubatch: [n_tokens][n_head_kv]
-    size_t rec_n_layer   = 0;     // layout of the recorded scores (the heads may be detached later)
-    size_t rec_n_head_kv = 0;
-};
-
-// the patch makes this struct a friend of llama_context, so the state pointer stays private there
-struct llama_locret_access {
-    static llama_locret_context *& state(llama_context * ctx) { return ctx->locret; }
-    static const llama_locret_context * state(const llama_context * ctx) { return ctx->locret; }
-};
 
 static llama_locret_context & locret_of(llama_context * ctx) {
     llama_locret_context *& lctx = llama_locret_access::state(ctx);
@@ -52,7 +35,13 @@ int32_t llama_locret_set_heads(llama_context * ctx, const llama_locret_heads * h
         LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
         return -1;
     }
-    locret_of(ctx).heads = heads;
+    llama_locret_context & lctx = locret_of(ctx);
+    if (lctx.evicting && heads != lctx.heads) {
+        locret_set_error("this context evicts with the heads it was created with; they cannot be replaced or detached");
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
+        return -1;
+    }
+    lctx.heads = heads;
     return 0;
 }
 
@@ -74,6 +63,50 @@ int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path
         return -1;
     }
     if (llama_locret_set_heads(ctx, heads) != 0) {
+        llama_locret_heads_free(heads);
+        return -1;
+    }
+    *out = heads;
+    return 0;
+}
+
+int32_t llama_locret_configure_default(llama_model * model, const char * model_path, const char * heads_path,
+        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_heads ** out) {
+    *out = nullptr;
+    locret_set_error("");
+    if (budget < 0 && (stabilizers >= 0 || local >= 0)) {
+        locret_set_error("--locret-stabilizers and --locret-local need --locret-budget");
+        return -1;
+    }
+    if (budget >= 0 && budget < 1) {
+        locret_set_error(format("the Locret budget must be at least 1 unit (got %d)", budget));
+        return -1;
+    }
+    std::string path = heads_path ? heads_path : "";
+    if (path.empty()) {
+        char version[32];
+        if (model_path != nullptr && llama_model_meta_val_str(model, "locret.format_version", version, sizeof(version)) >= 0) {
+            path = model_path;
+        }
+    }
+    if (path.empty()) {
+        if (budget >= 0) {
+            locret_set_error("--locret-budget needs retaining heads: pass --locret-heads FILE (or a model with embedded heads)");
+            return -1;
+        }
+        llama_locret_model_configure(model, nullptr);
+        return 0;
+    }
+    llama_locret_heads * heads = llama_locret_heads_load(model, path.c_str());
+    if (heads == nullptr) {
+        return -1;
+    }
+    llama_locret_params params = llama_locret_params_default();
+    params.heads       = heads;
+    params.budget      = budget < 0 ? 0 : budget;
+    params.stabilizers = stabilizers;
+    params.local       = local;
+    if (llama_locret_model_configure(model, &params) != 0) {
         llama_locret_heads_free(heads);
         return -1;
     }
@@ -104,7 +137,7 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
 
 void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
         const llama_ubatch & ubatch) {
-    if (lctx == nullptr || lctx->heads == nullptr || !lctx->record) {
+    if (lctx == nullptr || lctx->heads == nullptr || (!lctx->record && !lctx->evicting)) {
         return;
     }
     // the graph may still be running on an asynchronous backend: wait before reading the scores
@@ -113,24 +146,34 @@ void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
     const size_t n_head_kv = lctx->heads->n_head_kv;
     const size_t n_tokens  = ubatch.n_tokens;
     const size_t first     = lctx->positions.size();
-    lctx->rec_n_layer   = n_layer;
-    lctx->rec_n_head_kv = n_head_kv;
-
-    lctx->scores.resize((first + n_tokens) * n_layer * n_head_kv);
+    if (lctx->record) {
+        lctx->rec_n_layer   = n_layer;
+        lctx->rec_n_head_kv = n_head_kv;
+        lctx->scores.resize((first + n_tokens) * n_layer * n_head_kv);
+    }
     lctx->staging.resize(n_tokens * n_head_kv);
     for (size_t il = 0; il < n_layer; ++il) {
         ggml_tensor * cis = res->t_locret_cis[il]; // [n_head_kv, n_tokens]
         GGML_ASSERT(cis != nullptr && (size_t) cis->ne[0] == n_head_kv && (size_t) cis->ne[1] == n_tokens);
         ggml_backend_tensor_get(cis, lctx->staging.data(), 0, ggml_nbytes(cis));
-        for (size_t t = 0; t < n_tokens; ++t) {
-            float * dst = &lctx->scores[((first + t) * n_layer + il) * n_head_kv];
-            for (size_t h = 0; h < n_head_kv; ++h) {
-                dst[h] = lctx->staging[t * n_head_kv + h];
+        if (lctx->evicting) {
+            llama_locret_kv_scores(lctx, (uint32_t) il, lctx->staging.data(), (uint32_t) n_tokens);
+        }
+        if (lctx->record) {
+            for (size_t t = 0; t < n_tokens; ++t) {
+                float * dst = &lctx->scores[((first + t) * n_layer + il) * n_head_kv];
+                for (size_t h = 0; h < n_head_kv; ++h) {
+                    dst[h] = lctx->staging[t * n_head_kv + h];
+                }
             }
         }
     }
-    for (size_t t = 0; t < n_tokens; ++t) {
-        lctx->positions.push_back(ubatch.pos[t]);
+    if (lctx->record) {
+        // logical positions: with eviction the ubatch now carries physical ones
+        const int32_t * logical = lctx->evicting ? lctx->ev.unit_pos[0].data() + lctx->ev.last_start : nullptr;
+        for (size_t t = 0; t < n_tokens; ++t) {
+            lctx->positions.push_back(logical ? logical[t] : ubatch.pos[t]);
+        }
     }
 }
 

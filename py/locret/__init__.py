@@ -26,4 +26,13 @@ def native_version() -> tuple[str, str]:
     return _native_version(_llama_cpp._lib)
 
 
-__all__ = ["LibraryError", "library_path", "native_version", "tool_path", "__version__"]
+def __getattr__(name: str):
+    # `locret.Llama` imports llama_cpp, which must come after the library was pointed at ours (above)
+    if name == "Llama":
+        from .llama import Llama
+
+        return Llama
+    raise AttributeError(name)
+
+
+__all__ = ["Llama", "LibraryError", "library_path", "native_version", "tool_path", "__version__"]

@@ -1,0 +1,97 @@
+"""Locret eviction through the C API (ggml_ext/include/llama-locret.h): register settings for a model,
+read a context's statistics, and (for tests and heatmaps) what each layer and KV head retains."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from .heads import Heads, HeadsError, _lib, _last_error
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [("heads", ctypes.c_void_p), ("budget", ctypes.c_int32),
+                ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("enabled", ctypes.c_bool), ("n_evictions", ctypes.c_uint64),
+                ("n_units_evicted", ctypes.c_uint64), ("n_cells_used", ctypes.c_uint32),
+                ("n_cells", ctypes.c_uint32), ("pos_logical", ctypes.c_int64),
+                ("kv_bytes", ctypes.c_uint64), ("budget", ctypes.c_uint32),
+                ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32),
+                ("n_ubatch", ctypes.c_uint32)]
+
+
+_SIGNATURES = {
+    "llama_locret_configure_default": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
+                                        ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p)],
+                                       ctypes.c_int32),
+    "llama_locret_model_configure": ([ctypes.c_void_p, ctypes.POINTER(_Params)], ctypes.c_int32),
+    "llama_locret_get_stats": ([ctypes.c_void_p], _Stats),
+    "llama_locret_retained": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
+                               ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_debug_read_kv": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_bool,
+                                    ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
+}
+_ready = False
+
+
+def _api() -> ctypes.CDLL:
+    global _ready
+    lib = _lib()
+    if not _ready:
+        for name, (argtypes, restype) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = restype
+        _ready = True
+    return lib
+
+
+def _arg(value: int | None) -> int:
+    return -1 if value is None else int(value)
+
+
+def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None,
+              budget: int | None = None, stabilizers: int | None = None, local: int | None = None) -> Heads | None:
+    """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
+    llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
+    to its default (`budget` None: no eviction). Returns the heads loaded (keep them while the contexts live)."""
+    out = ctypes.c_void_p()
+    heads_path = os.fsencode(heads) if heads is not None else b""
+    if _api().llama_locret_configure_default(model, os.fsencode(model_path), heads_path, _arg(budget),
+                                             _arg(stabilizers), _arg(local), ctypes.byref(out)) != 0:
+        raise HeadsError(_last_error())
+    if not out.value:
+        return None
+    return Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path))
+
+
+def stats(ctx: int) -> dict[str, int | bool]:
+    """enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used, n_cells,
+    pos_logical (next logical position), kv_bytes, and the resolved budget/stabilizers/local/n_ubatch."""
+    s = _api().llama_locret_get_stats(ctx)
+    return {name: getattr(s, name) for name, _ in _Stats._fields_}
+
+
+def retained(ctx: int, layer: int, head: int) -> np.ndarray:
+    """Logical positions of the units that (layer, KV head) holds, in cell order."""
+    n = _api().llama_locret_retained(ctx, layer, head, None, 0)
+    if n < 0:
+        raise HeadsError(_last_error())
+    out = np.zeros(n, dtype=np.int32)
+    if n and _api().llama_locret_retained(ctx, layer, head, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n) != n:
+        raise HeadsError(_last_error())
+    return out
+
+
+def read_kv(ctx: int, layer: int, n_cells: int, *, values: bool = False, width: int) -> np.ndarray:
+    """Layer's K (or V) cache for cells [0, n_cells), dequantized: float32 [n_cells, width]."""
+    out = np.zeros((n_cells, width), dtype=np.float32)
+    got = _api().llama_locret_debug_read_kv(ctx, layer, values, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                            n_cells)
+    if got != width:
+        raise HeadsError(_last_error() or f"read_kv: width {got} != {width}")
+    return out

@@ -1,0 +1,324 @@
+"""Locret eviction inside llama.cpp's KV cache, checked against independent numpy references.
+
+Small settings (b = 96, ubatch 32, n_s = 16, n_loc = 8) make a few hundred tokens go through dozens
+of evictions, so every rule of Algorithm 1 runs in seconds on SmolLM2.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+import pytest
+
+import locret  # noqa: F401  (points llama_cpp at our library)
+import llama_cpp
+from locret import eviction, heads as heads_api
+from locret.llama import Llama
+
+from conftest import REPO, natural_text, run, tool
+
+CONVERTER = REPO / "convert" / "heads_to_gguf.py"
+B, UB, NS, NLOC = 96, 32, 16, 8
+GGML_TYPE_F16, GGML_TYPE_Q8_0 = 1, 8
+
+
+@pytest.fixture(scope="module")
+def heads_file(tmp_path_factory, model_path):
+    work = tmp_path_factory.mktemp("evict")
+    ckpt, out = work / "random.safetensors", work / "heads.gguf"
+    for args in (["make-random", "--base", model_path, "--d-r", "64", "--seed", "3", "-o", ckpt],
+                 ["--base", model_path, "--heads", ckpt, "-o", out]):
+        proc = run([sys.executable, CONVERTER, *args], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompt_tokens(model_path):
+    llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
+    return llm.tokenize(natural_text().encode(), add_bos=True)
+
+
+def make(model_path, heads_file, **kw):
+    args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_heads=heads_file, locret_budget=B,
+                locret_stabilizers=NS, locret_local=NLOC, verbose=False, seed=1)
+    args.update(kw)
+    return Llama(model_path=str(model_path), **args)
+
+
+def decode(llm, tokens, n_past, output_last):
+    """One llama_decode call with explicit output flags (the clients' view: logical positions)."""
+    llm._batch.set_batch(batch=list(tokens), n_past=n_past, logits_all=False)
+    llm._batch.batch.logits[len(tokens) - 1] = bool(output_last)
+    rc = llama_cpp.llama_decode(llm._ctx.ctx, llm._batch.batch)
+    assert rc == 0, f"llama_decode returned {rc}"
+    return n_past + len(tokens)
+
+
+def last_logits(llm):
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm._model.model))
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
+
+
+class Algorithm1:
+    """Independent model of the cache: per (layer, head) a list of (logical position, score) in cell
+    order, evicted by the rules of Algorithm 1 with the ubatch as the chunk."""
+
+    def __init__(self, n_layer, n_head_kv, b, ub, n_s, n_loc):
+        self.units = [[[] for _ in range(n_head_kv)] for _ in range(n_layer)]
+        self.b, self.ub, self.n_s, self.n_loc, self.capacity = b, ub, n_s, n_loc, b + ub
+        self.prev_output = True
+
+    def split(self, n_tokens, output_last):
+        """The engine's ubatches for one batch: the local tail of a prompt end is its own ubatch."""
+        sizes, remaining = [], n_tokens
+        while remaining:
+            take = min(self.ub, remaining)
+            if output_last and self.n_loc and remaining > self.n_loc:
+                take = min(take, remaining - self.n_loc)
+            sizes.append(take)
+            remaining -= take
+        return sizes
+
+    def evict(self, n_keep, n_stab):
+        for layer in self.units:
+            for h, units in enumerate(layer):
+                n = len(units)
+                cand = np.arange(n - n_stab)
+                scores = np.array([u[1] for u in units[: n - n_stab]], dtype=np.float32)
+                order = np.lexsort((cand, -scores))  # score descending, earlier cell first on ties
+                keep = sorted(order[: n_keep - n_stab].tolist()) + list(range(n - n_stab, n))
+                layer[h] = [units[i] for i in keep]
+
+    def place(self, positions, scores_of, is_output):
+        n_used = len(self.units[0][0])
+        if not self.prev_output and n_used > self.b:
+            self.evict(self.b, 0 if is_output else min(self.n_s, n_used))
+        elif n_used + len(positions) > self.capacity:
+            self.evict(min(self.b, n_used), 0)
+        for il, layer in enumerate(self.units):
+            for h, units in enumerate(layer):
+                units.extend((int(p), float(scores_of[p][il, h])) for p in positions)
+        self.prev_output = is_output
+
+
+def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, heads_file, prompt_tokens):
+    tokens = prompt_tokens[:700]
+    plain = llama_cpp.Llama(model_path=str(model_path), n_ctx=2048, n_batch=256, n_ubatch=64, verbose=False)
+    plain.eval(tokens)
+    want = last_logits(plain)
+    llm = make(model_path, heads_file, n_ctx=2048, n_batch=256, n_ubatch=64, locret_budget=1024,
+               locret_stabilizers=32, locret_local=16)
+    llm.eval(tokens)
+    got = last_logits(llm)
+    assert llm.locret_stats()["n_evictions"] == 0
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
+    assert int(np.argmax(got)) == int(np.argmax(want))
+
+
+def test_retained_sets_match_algorithm_1_after_every_chunk(model_path, heads_file, prompt_tokens):
+    llm = make(model_path, heads_file)
+    heads_api.record_scores(llm)
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)
+
+    # a prompt in batches of one ubatch (the last asks for logits), then generation one token at a time,
+    # then a second prompt: the multi-turn case
+    prompt = prompt_tokens[:520]
+    calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
+    calls += [([t], True) for t in prompt_tokens[600:660]]
+    second = prompt_tokens[700:780]
+    calls += [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
+
+    n_past, checked = 0, 0
+    for tokens, output_last in calls:
+        n_past = decode(llm, tokens, n_past, output_last)
+        scores, positions = heads_api.recorded_scores(llm)
+        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
+        first = n_past - len(tokens)
+        offset = 0
+        for size in ref.split(len(tokens), output_last):
+            pos = list(range(first + offset, first + offset + size))
+            ref.place(pos, scores_of, output_last and offset + size == len(tokens))
+            offset += size
+        for il in range(n_layer):
+            for h in range(n_head_kv):
+                got = llm.locret_retained(il, h)
+                want = [u[0] for u in ref.units[il][h]]
+                assert got.tolist() == want, f"layer {il} head {h} after position {n_past}"
+                checked += 1
+        assert llm.locret_stats()["n_cells_used"] <= B + UB
+    stats = llm.locret_stats()
+    assert stats["n_evictions"] >= 15 and stats["pos_logical"] == n_past
+    # per-head eviction really differs between heads
+    assert any(llm.locret_retained(0, 0).tolist() != llm.locret_retained(il, h).tolist()
+               for il in range(n_layer) for h in range(n_head_kv))
+    assert checked == len(calls) * n_layer * n_head_kv
+
+
+def rope_norm(x, delta, base, n_rot):
+    """llama.cpp's normal (interleaved-pair) RoPE of rows x [n, d] by per-row position deltas."""
+    out = x.astype(np.float64).copy()
+    i = np.arange(n_rot // 2)
+    theta = delta[:, None].astype(np.float64) * base ** (-2.0 * i / n_rot)[None, :]
+    c, s = np.cos(theta), np.sin(theta)
+    x0, x1 = out[:, 0:n_rot:2].copy(), out[:, 1:n_rot:2].copy()
+    out[:, 0:n_rot:2] = x0 * c - x1 * s
+    out[:, 1:n_rot:2] = x0 * s + x1 * c
+    return out
+
+
+def hadamard(n):
+    h = np.array([[1.0]])
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h / np.sqrt(n)
+
+
+@pytest.mark.parametrize("type_k,flash", [(GGML_TYPE_F16, False), (GGML_TYPE_F16, True), (GGML_TYPE_Q8_0, True)],
+                         ids=["f16", "f16-flash-attn", "q8_0"])
+def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_tokens, type_k, flash):
+    llm = make(model_path, heads_file, type_k=type_k, type_v=type_k, flash_attn=flash)
+    model = llm._model.model
+    n_layer = llama_cpp.llama_model_n_layer(model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(model)
+    d_head = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
+    buf = ctypes.create_string_buffer(64)
+    assert llama_cpp.llama_model_meta_val_str(model, b"llama.rope.freq_base", buf, 64) > 0
+    base = float(buf.value)
+    width = n_head_kv * d_head
+
+    n_past = 0
+    for i in range(0, B + UB, UB):  # fill to b + B cells without an eviction yet
+        n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
+    assert llm.locret_stats()["n_evictions"] == 0 and llm.locret_stats()["n_cells_used"] == B + UB
+    before = {il: (eviction.read_kv(llm._ctx.ctx, il, B + UB, width=width),
+                   eviction.read_kv(llm._ctx.ctx, il, B + UB, values=True, width=width),
+                   [llm.locret_retained(il, h) for h in range(n_head_kv)]) for il in (0, 13, n_layer - 1)}
+    n_past = decode(llm, prompt_tokens[n_past:n_past + UB], n_past, False)  # evicts, then places this chunk
+    assert llm.locret_stats()["n_evictions"] == 1
+
+    quantized = type_k == GGML_TYPE_Q8_0
+    rot = hadamard(d_head) if quantized else np.eye(d_head)  # llama.cpp rotates quantized K caches
+    worst = 0.0
+    for il, (k0, v0, kept0) in before.items():
+        k1 = eviction.read_kv(llm._ctx.ctx, il, B, width=width)
+        v1 = eviction.read_kv(llm._ctx.ctx, il, B, values=True, width=width)
+        for h in range(n_head_kv):
+            kept = llm.locret_retained(il, h)[:B]
+            old = np.searchsorted(kept0[h], kept)  # cells the retained units came from
+            assert (kept0[h][old] == kept).all()
+            cols = slice(h * d_head, (h + 1) * d_head)
+            k_old = k0[old, cols] @ rot
+            want_k = rope_norm(k_old, np.arange(B) - old, base, d_head) @ rot
+            scale = np.abs(want_k).max()
+            tol = 0.02 if quantized else 2e-3
+            err = np.abs(k1[:, cols] - want_k).max() / scale
+            worst = max(worst, err)
+            assert err < tol, f"layer {il} head {h}: keys off by {err:.2e} of their scale"
+            np.testing.assert_allclose(v1[:, cols], v0[old, cols], rtol=0, atol=(0.02 if quantized else 0) *
+                                       np.abs(v0).max() + 1e-6)
+            # the move really rotated something
+            assert np.abs(k_old - k0[np.arange(B), cols]).max() > 0 or (old == np.arange(B)).all()
+
+
+def test_decode_time_eviction_keeps_cells_bounded(model_path, heads_file, prompt_tokens):
+    llm = make(model_path, heads_file)
+    n_past = 0
+    for i in range(0, 192, UB):
+        n_past = decode(llm, prompt_tokens[i:i + UB], n_past, i + UB >= 192)
+    peak, evictions_before = 0, llm.locret_stats()["n_evictions"]
+    token = int(np.argmax(last_logits(llm)))
+    for _ in range(400):
+        n_past = decode(llm, [token], n_past, True)
+        st = llm.locret_stats()
+        peak = max(peak, st["n_cells_used"])
+        assert st["n_cells_used"] <= B + UB and st["pos_logical"] == n_past
+        token = int(np.argmax(last_logits(llm)))
+    assert peak == B + UB
+    assert llm.locret_stats()["n_evictions"] - evictions_before >= 400 // UB
+
+
+def test_state_save_load_continues_identically(model_path, heads_file, prompt_tokens):
+    llm = make(model_path, heads_file)
+    n_past = 0
+    for i in range(0, 300, UB):
+        n_past = decode(llm, prompt_tokens[i:i + UB], n_past, i + UB >= 300)
+    assert llm.locret_stats()["n_evictions"] > 3
+    state = llm.save_state()
+    stats = llm.locret_stats()
+    decode(llm, prompt_tokens[300:305], n_past, True)
+    want = last_logits(llm)
+
+    other = make(model_path, heads_file)
+    other.load_state(state)
+    assert other.locret_stats() == stats
+    for il in (0, 29):
+        assert other.locret_retained(il, 2).tolist() == llm.locret_retained(il, 2)[:stats["n_cells_used"]].tolist()
+    decode(other, prompt_tokens[300:305], n_past, True)
+    np.testing.assert_allclose(last_logits(other), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_python_answers_over_an_input_longer_than_the_window_in_bounded_cells(model_path, heads_file, prompt_tokens):
+    llm = make(model_path, heads_file, n_ctx=1 << 16, n_batch=512, n_ubatch=128, locret_budget=256,
+               locret_stabilizers=None, locret_local=None)
+    tokens = (prompt_tokens[1:] * 8)[:9000]  # past SmolLM2's 8K window
+    llm.eval([prompt_tokens[0]] + tokens)
+    st = llm.locret_stats()
+    assert st["pos_logical"] == 9001 and st["n_cells_used"] <= 256 + 128 and st["n_cells"] == 512
+    assert (st["stabilizers"], st["local"]) == (128, 100)  # defaults from the file, fitted to the ubatch
+    logits = last_logits(llm)
+    assert np.isfinite(logits).all()
+
+
+BAD_SETTINGS = {
+    "budget-zero": (["--locret-budget", "0"], "at least 1"),
+    "budget-le-stabilizers": (["--locret-budget", "32", "--locret-stabilizers", "32"], "larger than the stabilizers"),
+    "stabilizers-above-ubatch": (["--locret-budget", "256", "--locret-stabilizers", "100", "-ub", "64"],
+                                 "must fit in one ubatch"),
+    "local-above-ubatch": (["--locret-budget", "256", "--locret-local", "100", "-ub", "64"], "must fit in one ubatch"),
+    "ubatch-above-context": (["--locret-budget", "256", "-c", "256", "-ub", "512", "-b", "512"], "larger than the context"),
+    "two-sequences": (["--locret-budget", "256", "-np", "2"], "one sequence"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SETTINGS))
+def test_tools_refuse_impossible_settings(case, model_path, heads_file):
+    flags, message = BAD_SETTINGS[case]
+    proc = run([tool("llama-completion"), "-m", model_path, "--locret-heads", heads_file, *flags, "-p", "hi",
+                "-n", "4", "-no-cnv"], timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Aborted" not in proc.stderr and proc.returncode > 0
+
+
+def test_tools_refuse_a_budget_without_heads(model_path):
+    proc = run([tool("llama-completion"), "-m", model_path, "--locret-budget", "256", "-p", "hi", "-n", "4",
+                "-no-cnv"], timeout=120)
+    assert proc.returncode != 0 and "needs retaining heads" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_sliding_window_models_are_refused(heads_file):
+    from locret import models
+
+    if not models.is_installed("gemma3-270m"):
+        pytest.skip("gemma3-270m is not installed")
+    gemma = models.resolve("gemma3-270m", fetch=False)
+    work = heads_file.parent
+    ckpt, out = work / "gemma.safetensors", work / "gemma-heads.gguf"
+    for args in (["make-random", "--base", gemma, "--d-r", "32", "--seed", "1", "-o", ckpt],
+                 ["--base", gemma, "--heads", ckpt, "-o", out]):
+        proc = run([sys.executable, CONVERTER, *args], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run([tool("llama-completion"), "-m", gemma, "--locret-heads", out, "--locret-budget", "256", "-p", "hi",
+                "-n", "4", "-no-cnv"], timeout=120)
+    assert proc.returncode != 0 and "sliding-window" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_python_api_refuses_with_the_reason(model_path, heads_file):
+    with pytest.raises(heads_api.HeadsError, match="larger than the stabilizers"):
+        make(model_path, heads_file, locret_budget=16, locret_stabilizers=16)
+    with pytest.raises(heads_api.HeadsError, match="needs retaining heads"):
+        Llama(model_path=str(model_path), n_ctx=512, locret_budget=64, verbose=False)
