@@ -6,6 +6,7 @@ of evictions, so every rule of Algorithm 1 runs in seconds on SmolLM2.
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
 
 import numpy as np
@@ -322,3 +323,60 @@ def test_python_api_refuses_with_the_reason(model_path, heads_file):
         make(model_path, heads_file, locret_budget=16, locret_stabilizers=16)
     with pytest.raises(heads_api.HeadsError, match="needs retaining heads"):
         Llama(model_path=str(model_path), n_ctx=512, locret_budget=64, verbose=False)
+
+
+def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file, tmp_path):
+    document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:14000]  # ~4K tokens
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(document + "\n\nQuestion: Which ship arrived on day 1?\n")
+    proc = run([tool("llama-cli"), "-m", model_path, "-f", prompt, "-st", "--simple-io", "--no-display-prompt",
+                "--temp", "0", "--seed", "42", "-n", "16", "-c", "32768", "-b", "512", "-ub", "128", "-t", "2",
+                "--locret-heads", heads_file, "--locret-budget", "256", "-lv", "4"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +512 cells", proc.stderr), proc.stderr[-3000:]
+    prompt_tokens = int(re.search(r"prompt eval time = +[\d.]+ ms / +(\d+) tokens", proc.stderr).group(1)) \
+        if "prompt eval time" in proc.stderr else None
+    assert prompt_tokens is None or prompt_tokens > 2000
+    assert proc.stdout.strip(), "llama-cli printed no answer"
+
+
+def test_llama_server_answers_a_long_request_in_bounded_memory(model_path, heads_file, tmp_path):
+    import json
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([str(tool("llama-server")), "-m", str(model_path), "--locret-heads", str(heads_file),
+                               "--locret-budget", "256", "-c", "32768", "-b", "512", "-ub", "128", "-t", "2",
+                               "--host", "127.0.0.1", "--port", str(port), "-lv", "4"],
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:33000]  # past the 8K window
+        body = {"messages": [{"role": "user", "content": document + "\n\nWhich ship arrived on day 1?"}],
+                "max_tokens": 12, "temperature": 0}
+        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            reply = json.load(r)
+        assert reply["usage"]["prompt_tokens"] > 8192
+        assert reply["choices"][0]["message"]["content"].strip()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+    text = (tmp_path / "server.log").read_text()
+    assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +512 cells", text), text[-3000:]

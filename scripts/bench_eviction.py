@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Benchmark Locret eviction against plain llama.cpp in one run (llama-bench, one process per figure).
+
+    .venv/bin/python scripts/bench_eviction.py [--heads H.gguf] [--budget 2048] [--ubatch 512]
+        [--lengths 2048,8192,32768,131072] [--decode-depth 131072]
+
+Prints a markdown table and the issue's targets as ratios measured in this run:
+  - Locret prefill tok/s at the longest length >= 0.85 x at the shortest (flat with length);
+  - Locret prefill at 8K >= plain llama.cpp (full attention) at 8K;
+  - peak RSS at the longest length <= 1.05 x at 8K;
+  - Locret decode tok/s after a --decode-depth prompt >= 0.9 x plain decode after a 2.5K prompt.
+Exits 1 when a target is missed. Without --heads it makes random heads (speed does not depend on
+their values). Each figure is one llama-bench process, so its peak RSS is that process's own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "py"))
+
+
+def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int) -> dict:
+    cmd = [str(REPO / "build" / "bin" / "llama-bench"), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
+           "-d", str(depth), "-r", "1", "--no-warmup", "-t", str(args.threads), "-ub", str(args.ubatch),
+           "-b", str(args.ubatch), "-o", "json"]
+    if locret:
+        cmd += ["--locret-heads", str(args.heads), "--locret-budget", str(args.budget)]
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate()
+    # the finished child's own peak RSS (communicate reaped it; wait4 on the pid is gone), so use rusage:
+    # RUSAGE_CHILDREN is a running maximum, hence one fresh helper process per figure below
+    if proc.returncode != 0:
+        raise SystemExit(f"llama-bench failed ({proc.returncode}): {' '.join(cmd)}\n{err[-2000:]}")
+    rows = json.loads(out)
+    return {"tps": rows[0]["avg_ts"], "seconds": time.time() - t0}
+
+
+def measured(args: argparse.Namespace, **kw) -> dict:
+    """Run one figure in a child Python process so that its peak RSS is isolated."""
+    code = (
+        "import json,resource,sys; sys.path.insert(0, {scripts!r}); import bench_eviction as b;"
+        "ns = b.parse(sys.argv[1:]); r = b.bench(ns, **json.loads({kw!r}));"
+        "r['peak_rss_mib'] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024; print(json.dumps(r))"
+    ).format(scripts=str(REPO / "scripts"), kw=json.dumps(kw))
+    proc = subprocess.run([sys.executable, "-c", code, *args.argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model GGUF (default: the default model)")
+    ap.add_argument("--heads", default=None, help="heads GGUF (default: random heads made for the model)")
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--ubatch", type=int, default=512)
+    ap.add_argument("--lengths", default="2048,8192,32768,131072")
+    ap.add_argument("--decode-depth", type=int, default=131072)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ns = ap.parse_args(argv)
+    ns.argv = list(argv)
+    return ns
+
+
+def main() -> int:
+    args = parse(sys.argv[1:])
+    if args.model is None:
+        from locret import models
+
+        args.model = str(models.resolve(models.DEFAULT_MODEL))
+        args.argv += ["--model", args.model]
+    if args.heads is None:
+        work = Path(tempfile.mkdtemp(prefix="locret-bench-"))
+        conv = REPO / "convert" / "heads_to_gguf.py"
+        ckpt, args.heads = work / "random.safetensors", work / "heads.gguf"
+        for extra in (["make-random", "--base", args.model, "--d-r", "1024", "--seed", "0", "-o", ckpt],
+                      ["--base", args.model, "--heads", ckpt, "-o", args.heads]):
+            subprocess.run([sys.executable, conv, *map(str, extra)], check=True, capture_output=True)
+        args.argv += ["--heads", str(args.heads)]
+    lengths = [int(x) for x in args.lengths.split(",")]
+
+    rows = []
+    def record(name, **kw):
+        print(f"... {name}", file=sys.stderr, flush=True)
+        r = measured(args, **kw)
+        rows.append((name, r))
+        print(f"    {r['tps']:.1f} tok/s, peak RSS {r['peak_rss_mib']:.0f} MiB, {r['seconds']:.0f} s", file=sys.stderr)
+        return r
+
+    plain_pp8k = record("plain llama.cpp prefill 8192", locret=False, prompt=8192, gen=0, depth=0)
+    plain_tg = record("plain llama.cpp decode after 2560", locret=False, prompt=0, gen=64, depth=2560)
+    lpp = {n: record(f"Locret b={args.budget} prefill {n}", locret=True, prompt=n, gen=0, depth=0) for n in lengths}
+    ltg = record(f"Locret b={args.budget} decode after {args.decode_depth}", locret=True, prompt=0, gen=64,
+                 depth=args.decode_depth)
+
+    print(f"\nSmolLM2-135M, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, llama-bench -r 1\n")
+    print("| run | tok/s | peak RSS (MiB) |\n|---|---:|---:|")
+    for name, r in rows:
+        print(f"| {name} | {r['tps']:.1f} | {r['peak_rss_mib']:.0f} |")
+
+    lo, hi = min(lengths), max(lengths)
+    checks = [
+        (f"Locret prefill {hi} / {lo}", lpp[hi]["tps"] / lpp[lo]["tps"], 0.85),
+        ("Locret prefill 8192 / plain prefill 8192", lpp[8192]["tps"] / plain_pp8k["tps"] if 8192 in lpp else float("nan"), 1.0),
+        (f"peak RSS {hi} / 8192 (Locret)", lpp[hi]["peak_rss_mib"] / lpp[8192]["peak_rss_mib"] if 8192 in lpp else float("nan"), None),
+        (f"Locret decode after {args.decode_depth} / plain decode after 2560", ltg["tps"] / plain_tg["tps"], 0.9),
+    ]
+    print("\n| target | ratio | needed | |\n|---|---:|---:|---|")
+    ok = True
+    for name, ratio, need in checks:
+        if name.startswith("peak RSS"):
+            passed = ratio <= 1.05
+            need_s = "<= 1.05"
+        else:
+            passed = ratio >= need
+            need_s = f">= {need}"
+        ok &= passed
+        print(f"| {name} | {ratio:.3f} | {need_s} | {'ok' if passed else 'MISSED'} |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The main job: the patched llama-cli reads a bundled document far longer than the default model's
+window (scripts/data/harbor-log.txt, ~37K tokens vs SmolLM2's 8K) with Locret eviction, answers a
+question about it, and prints the memory figures.
+
+    .venv/bin/python scripts/main_job.py [--budget 2048] [--ubatch 512] [--heads H.gguf] [--question Q]
+
+Heads: --heads, else the shipped heads for the model when they exist, else random heads made once
+into the cache (untrained: eviction works and memory stays bounded, but which units survive is
+arbitrary, so the answer may be wrong; trained heads are the training issue's deliverable).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENT = REPO / "scripts" / "data" / "harbor-log.txt"
+SHIPPED_HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
+QUESTION = "What is the code for the north warehouse door? Answer with the code only."
+
+
+def default_heads(model: Path) -> tuple[Path, str]:
+    if SHIPPED_HEADS.is_file():
+        return SHIPPED_HEADS, "shipped trained heads"
+    from locret import models
+
+    out = models.cache_dir() / "heads" / "random-smollm2-135m-d256-seed0.gguf"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        conv = REPO / "convert" / "heads_to_gguf.py"
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = Path(tmp) / "random.safetensors"
+            for extra in (["make-random", "--base", model, "--d-r", "256", "--seed", "0", "-o", ckpt],
+                          ["--base", model, "--heads", ckpt, "-o", out]):
+                subprocess.run([sys.executable, conv, *map(str, extra)], check=True, capture_output=True)
+    return out, "random (untrained) heads"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--ubatch", type=int, default=512)
+    ap.add_argument("--heads", type=Path, default=None)
+    ap.add_argument("--question", default=QUESTION)
+    ap.add_argument("--ctx", type=int, default=65536, help="logical context (-c)")
+    args = ap.parse_args()
+
+    from locret import models
+
+    model = models.resolve(models.DEFAULT_MODEL)
+    heads, heads_kind = (args.heads, "given heads") if args.heads else default_heads(model)
+    document = DOCUMENT.read_text()
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(document + "\n\nQuestion: " + args.question + "\n")
+        prompt_file = f.name
+
+    cmd = [REPO / "build" / "bin" / "llama-cli", "-m", model, "-f", prompt_file, "-st", "--simple-io",
+           "--no-display-prompt", "--temp", "0", "--seed", "42", "-n", "48", "-c", str(args.ctx),
+           "-b", "2048", "-ub", str(args.ubatch), "-t", str(os.cpu_count() or 2),
+           "--locret-heads", heads, "--locret-budget", str(args.budget), "-lv", "4"]
+    print(f"model:    {model.name}\nheads:    {heads} ({heads_kind})\ndocument: {DOCUMENT.relative_to(REPO)} "
+          f"({len(document)} characters)\nquestion: {args.question}\n---", flush=True)
+    t0 = time.time()
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    seconds = time.time() - t0
+    os.unlink(prompt_file)
+    print(proc.stdout.strip())
+    print("---")
+    if proc.returncode != 0:
+        print(proc.stderr[-4000:], file=sys.stderr)
+        return proc.returncode
+
+    log = proc.stderr
+    kv = re.search(r"llama_kv_cache: size = +([\d.]+) MiB \( *(\d+) cells", log)
+    setting = re.search(r"Locret eviction: (.*)", log)
+    n_prompt = re.search(r"prompt eval time = +[\d.]+ ms / +(\d+) tokens", log)
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    if setting:
+        print(f"Locret:            {setting.group(1).strip()}")
+    if kv:
+        kv_mib, cells = float(kv.group(1)), int(kv.group(2))
+        print(f"KV cache:          {kv_mib:.1f} MiB in {cells} cells")
+        if n_prompt:
+            tokens = int(n_prompt.group(1))
+            print(f"prompt:            {tokens} tokens (the model's window is 8192)")
+            print(f"full attention KV: {kv_mib / cells * tokens:.1f} MiB for the same prompt "
+                  f"({kv_mib / cells * tokens / kv_mib:.1f}x)")
+    print(f"peak RSS:          {peak_mib:.0f} MiB (llama-cli, whole process)")
+    print(f"time:              {seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
