@@ -66,6 +66,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--lengths", default="2048,8192,32768,131072")
     ap.add_argument("--decode-depth", type=int, default=131072)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--d-r", type=int, default=256,
+                    help="hidden size of the random heads made without --heads (default 256: 5.5%% of SmolLM2's "
+                         "per-token work, the paper's 2.5-8%% range; its d_R = 1024 is for 3.8B-8B models)")
     ns = ap.parse_args(argv)
     ns.argv = list(argv)
     return ns
@@ -82,10 +85,11 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix="locret-bench-"))
         conv = REPO / "convert" / "heads_to_gguf.py"
         ckpt, args.heads = work / "random.safetensors", work / "heads.gguf"
-        for extra in (["make-random", "--base", args.model, "--d-r", "1024", "--seed", "0", "-o", ckpt],
+        for extra in (["make-random", "--base", args.model, "--d-r", str(args.d_r), "--seed", "0", "-o", ckpt],
                       ["--base", args.model, "--heads", ckpt, "-o", args.heads]):
             subprocess.run([sys.executable, conv, *map(str, extra)], check=True, capture_output=True)
         args.argv += ["--heads", str(args.heads)]
+    print(f"heads: {args.heads}", file=sys.stderr)
     lengths = [int(x) for x in args.lengths.split(",")]
 
     rows = []
