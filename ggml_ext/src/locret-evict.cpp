@@ -61,9 +61,9 @@ int32_t llama_locret_model_configure(struct llama_model * model, const struct ll
         err = "a Locret budget needs retaining heads (--locret-heads, or a model with embedded heads)";
     } else if (params->heads->model != model) {
         err = format("retaining heads from '%s' were loaded for another model", params->heads->path.c_str());
-    } else if (params->budget < 1) {
+    } else if (params->budget < 0) {
         err = format("the Locret budget must be at least 1 unit (got %d)", params->budget);
-    } else if (params->stabilizers >= 0 && params->stabilizers >= params->budget) {
+    } else if (params->budget > 0 && params->stabilizers >= 0 && params->stabilizers >= params->budget) {
         err = format("the Locret budget (%d) must be larger than the stabilizers (%d)", params->budget, params->stabilizers);
     }
     if (!err.empty()) {
