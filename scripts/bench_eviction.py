@@ -34,18 +34,16 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
     if locret:
         cmd += ["--locret-heads", str(args.heads), "--locret-budget", str(args.budget)]
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate()
-    # the finished child's own peak RSS (communicate reaped it; wait4 on the pid is gone), so use rusage:
-    # RUSAGE_CHILDREN is a running maximum, hence one fresh helper process per figure below
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"llama-bench failed ({proc.returncode}): {' '.join(cmd)}\n{err[-2000:]}")
-    rows = json.loads(out)
+        raise SystemExit(f"llama-bench failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    rows = json.loads(proc.stdout)
     return {"tps": rows[0]["avg_ts"], "seconds": time.time() - t0}
 
 
 def measured(args: argparse.Namespace, **kw) -> dict:
-    """Run one figure in a child Python process so that its peak RSS is isolated."""
+    """Run one figure in a child Python process: RUSAGE_CHILDREN is a running maximum over all children,
+    so a fresh process per figure isolates each llama-bench's peak RSS."""
     code = (
         "import json,resource,sys; sys.path.insert(0, {scripts!r}); import bench_eviction as b;"
         "ns = b.parse(sys.argv[1:]); r = b.bench(ns, **json.loads({kw!r}));"
@@ -82,12 +80,10 @@ def main() -> int:
         args.model = str(models.resolve(models.DEFAULT_MODEL))
         args.argv += ["--model", args.model]
     if args.heads is None:
-        work = Path(tempfile.mkdtemp(prefix="locret-bench-"))
-        conv = REPO / "convert" / "heads_to_gguf.py"
-        ckpt, args.heads = work / "random.safetensors", work / "heads.gguf"
-        for extra in (["make-random", "--base", args.model, "--d-r", str(args.d_r), "--seed", "0", "-o", ckpt],
-                      ["--base", args.model, "--heads", ckpt, "-o", args.heads]):
-            subprocess.run([sys.executable, conv, *map(str, extra)], check=True, capture_output=True)
+        from locret import heads
+
+        args.heads = heads.make_random(args.model, Path(tempfile.mkdtemp(prefix="locret-bench-")) / "heads.gguf",
+                                       d_r=args.d_r, seed=0)
         args.argv += ["--heads", str(args.heads)]
     print(f"heads: {args.heads}", file=sys.stderr)
     lengths = [int(x) for x in args.lengths.split(",")]

@@ -30,17 +30,12 @@ QUESTION = "What is the code for the north warehouse door? Answer with the code 
 def default_heads(model: Path) -> tuple[Path, str]:
     if SHIPPED_HEADS.is_file():
         return SHIPPED_HEADS, "shipped trained heads"
-    from locret import models
+    from locret import heads, models
 
     out = models.cache_dir() / "heads" / "random-smollm2-135m-d256-seed0.gguf"
     if not out.is_file():
         out.parent.mkdir(parents=True, exist_ok=True)
-        conv = REPO / "convert" / "heads_to_gguf.py"
-        with tempfile.TemporaryDirectory() as tmp:
-            ckpt = Path(tmp) / "random.safetensors"
-            for extra in (["make-random", "--base", model, "--d-r", "256", "--seed", "0", "-o", ckpt],
-                          ["--base", model, "--heads", ckpt, "-o", out]):
-                subprocess.run([sys.executable, conv, *map(str, extra)], check=True, capture_output=True)
+        heads.make_random(model, out, d_r=256, seed=0)
     return out, "random (untrained) heads"
 
 

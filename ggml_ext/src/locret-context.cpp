@@ -45,18 +45,26 @@ int32_t llama_locret_set_heads(llama_context * ctx, const llama_locret_heads * h
     return 0;
 }
 
+// where the tools look for heads: `heads_path` when it is non-empty, else the model file when the model embeds
+// heads (its metadata says so without reading the file again), else nowhere ("")
+static std::string locret_default_heads_path(const llama_model * model, const char * model_path, const char * heads_path) {
+    if (heads_path != nullptr && heads_path[0] != '\0') {
+        return heads_path;
+    }
+    char version[32];
+    if (model_path != nullptr && llama_model_meta_val_str(model, "locret.format_version", version, sizeof(version)) >= 0) {
+        return model_path;
+    }
+    return "";
+}
+
 int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path, const char * heads_path,
         llama_locret_heads ** out) {
     *out = nullptr;
     const llama_model * model = llama_get_model(ctx);
-    std::string path = heads_path ? heads_path : "";
+    const std::string path = locret_default_heads_path(model, model_path, heads_path);
     if (path.empty()) {
-        // embedded heads: the model's metadata says so without reading the file again
-        char version[32];
-        if (model_path == nullptr || llama_model_meta_val_str(model, "locret.format_version", version, sizeof(version)) < 0) {
-            return 0;
-        }
-        path = model_path;
+        return 0;
     }
     llama_locret_heads * heads = llama_locret_heads_load(model, path.c_str());
     if (heads == nullptr) {
@@ -82,13 +90,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         locret_set_error(format("the Locret budget must be at least 1 unit (got %d)", budget));
         return -1;
     }
-    std::string path = heads_path ? heads_path : "";
-    if (path.empty()) {
-        char version[32];
-        if (model_path != nullptr && llama_model_meta_val_str(model, "locret.format_version", version, sizeof(version)) >= 0) {
-            path = model_path;
-        }
-    }
+    const std::string path = locret_default_heads_path(model, model_path, heads_path);
     if (path.empty()) {
         if (budget >= 0) {
             locret_set_error("--locret-budget needs retaining heads: pass --locret-heads FILE (or a model with embedded heads)");

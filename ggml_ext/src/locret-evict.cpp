@@ -84,6 +84,19 @@ void llama_locret_model_forget(const llama_model * model) {
 // context creation
 //
 
+// an explicit setting (>= 0) must fit in one ubatch; a default (-1) is `recommended` (else `paper`) fitted to `cap`.
+// Sets err (if still empty) when the explicit value does not fit.
+static uint32_t locret_setting(int32_t requested, uint32_t recommended, uint32_t paper, uint32_t cap, uint32_t n_ubatch,
+        const char * what, std::string & err) {
+    if (requested < 0) {
+        return std::min(recommended > 0 ? recommended : paper, cap);
+    }
+    if ((uint32_t) requested > n_ubatch && err.empty()) {
+        err = format("the %s (%d) must fit in one ubatch (-ub %u)", what, requested, n_ubatch);
+    }
+    return (uint32_t) requested;
+}
+
 llama_locret_context * llama_locret_context_create(const llama_model & model, const llama_cparams & cparams,
         uint32_t n_ubatch_requested, uint32_t * kv_cells) {
     *kv_cells = 0;
@@ -131,29 +144,16 @@ llama_locret_context * llama_locret_context_create(const llama_model & model, co
         fail(format("the ubatch (-ub %u) is larger than the context (-c %u)", n_ubatch_requested, cparams.n_ctx));
     }
 
-    uint32_t n_s = 0;
-    if (p.stabilizers >= 0) {
-        n_s = (uint32_t) p.stabilizers;
-        if (n_s > n_ubatch) {
-            fail(format("the stabilizers (%u) must fit in one ubatch (-ub %u)", n_s, n_ubatch));
-        }
-    } else {
-        // the file's recommendation (else the paper's 2500), clamped to the chunk and to half the budget
-        n_s = rec.stabilizers > 0 ? rec.stabilizers : 2500;
-        n_s = std::min(n_s, std::min(n_ubatch, budget / 2));
+    // defaults: the file's recommendation, else the paper's n_s = 2500 and n_loc = 100; n_s also to half the budget
+    std::string err;
+    const uint32_t n_s   = locret_setting(p.stabilizers, rec.stabilizers, 2500, std::min(n_ubatch, budget / 2), n_ubatch,
+                                          "stabilizers", err);
+    const uint32_t n_loc = locret_setting(p.local, rec.local, 100, n_ubatch, n_ubatch, "local length", err);
+    if (!err.empty()) {
+        fail(err);
     }
     if (n_s >= budget) {
         fail(format("the budget (%u) must be larger than the stabilizers (%u)", budget, n_s));
-    }
-
-    uint32_t n_loc = 0;
-    if (p.local >= 0) {
-        n_loc = (uint32_t) p.local;
-        if (n_loc > n_ubatch) {
-            fail(format("the local length (%u) must fit in one ubatch (-ub %u)", n_loc, n_ubatch));
-        }
-    } else {
-        n_loc = std::min(rec.local > 0 ? rec.local : 100u, n_ubatch);
     }
 
     auto & ev = lctx->ev;
@@ -269,8 +269,9 @@ llama_memory_context_ptr llama_locret_kv_init_batch(llama_locret_context * lctx,
     uint32_t n_used = ev.n_used;
     bool prev_output = ev.prev_output;
     for (const auto & ubatch : ubatches) {
+        const bool has_output = ubatch_has_output(ubatch);
         uint32_t n_stab = 0;
-        n_used = locret_plan(ev, n_used, prev_output, ubatch.n_tokens, ubatch_has_output(ubatch), n_stab);
+        n_used = locret_plan(ev, n_used, prev_output, ubatch.n_tokens, has_output, n_stab);
         if (n_used + ubatch.n_tokens > ev.n_cells) {
             LLAMA_LOG_ERROR("%s: Locret: a ubatch of %u tokens does not fit after %u retained units in %u cells\n",
                     __func__, ubatch.n_tokens, n_used, ev.n_cells);
@@ -287,7 +288,7 @@ llama_memory_context_ptr llama_locret_kv_init_batch(llama_locret_context * lctx,
         }
         sinfos.push_back(std::move(sinfo));
         n_used += ubatch.n_tokens;
-        prev_output = ubatch_has_output(ubatch);
+        prev_output = has_output;
     }
 
     return std::make_unique<llama_kv_cache_context>(kv, std::move(sinfos), std::move(ubatches));
@@ -473,6 +474,17 @@ static ggml_cgraph * locret_build_evict_graph(llm_graph_result * res, llama_cont
     return gf;
 }
 
+// cells [from, to) become free; the slot search starts at `from`
+static void locret_free_cells(llama_kv_cache * kv, uint32_t from, uint32_t to) {
+    llama_kv_cells & cells = llama_locret_access::cells(kv);
+    for (uint32_t c = from; c < to; ++c) {
+        if (!cells.is_empty(c)) {
+            cells.rm(c);
+        }
+    }
+    llama_locret_access::head(kv) = from;
+}
+
 static bool locret_evict(llama_locret_context & lctx, llama_context * ctx, uint32_t n_keep, uint32_t n_stab) {
     auto & ev = lctx.ev;
     llama_kv_cache * kv = ev.kv;
@@ -522,13 +534,7 @@ static bool locret_evict(llama_locret_context & lctx, llama_context * ctx, uint3
     }
 
     // cells [0, n_keep) keep positions 0..n_keep-1; the rest become free
-    llama_kv_cells & cells = llama_locret_access::cells(kv);
-    for (uint32_t c = n_keep; c < n_used; ++c) {
-        if (!cells.is_empty(c)) {
-            cells.rm(c);
-        }
-    }
-    llama_locret_access::head(kv) = n_keep;
+    locret_free_cells(kv, n_keep, n_used);
 
     uint64_t n_units_evicted = 0;
     for (size_t il = 0; il < ev.n_head_kv.size(); ++il) {
@@ -621,14 +627,8 @@ bool llama_locret_kv_seq_rm(llama_locret_context * lctx, llama_kv_cache * kv, ll
     if (p0 >= p1 || p0 >= ev.logical_next) {
         return true;
     }
-    llama_kv_cells & cells = llama_locret_access::cells(kv);
     if (p0 <= llama_locret_kv_seq_pos_min(lctx, 0) && p1 >= ev.logical_next) {
-        for (uint32_t c = 0; c < ev.n_used; ++c) {
-            if (!cells.is_empty(c)) {
-                cells.rm(c);
-            }
-        }
-        llama_locret_access::head(kv) = 0;
+        locret_free_cells(kv, 0, ev.n_used);
         locret_reset(ev);
         return true;
     }
@@ -639,18 +639,13 @@ bool llama_locret_kv_seq_rm(llama_locret_context * lctx, llama_kv_cache * kv, ll
         while (first < ev.n_used && pos[first] < p0) {
             ++first;
         }
-        for (uint32_t c = first; c < ev.n_used; ++c) {
-            if (!cells.is_empty(c)) {
-                cells.rm(c);
-            }
-        }
+        locret_free_cells(kv, first, ev.n_used);
         for (size_t il = 0; il < ev.unit_pos.size(); ++il) {
             for (uint32_t h = 0; h < ev.n_head_kv[il]; ++h) {
                 std::fill(ev.unit_pos[il].begin() + (size_t) h * ev.n_cells + first,
                           ev.unit_pos[il].begin() + (size_t) h * ev.n_cells + ev.n_used, -1);
             }
         }
-        llama_locret_access::head(kv) = first;
         ev.n_used       = first;
         ev.logical_next = p0;
         ev.last_n       = 0;

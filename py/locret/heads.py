@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
+import sys
+import tempfile
 import weakref
+from pathlib import Path
 
 import numpy as np
 
-from ._library import LibraryError
+from ._library import REPO_ROOT, LibraryError
 
 
 class HeadsError(RuntimeError):
@@ -152,3 +156,18 @@ def recorded_scores(llm) -> tuple[np.ndarray, np.ndarray]:
         if got != n_tokens:
             raise HeadsError(_last_error())
     return scores, positions
+
+
+def make_random(model: str | os.PathLike, out: str | os.PathLike, *, d_r: int, seed: int) -> Path:
+    """Write random (untrained) heads for `model` to the heads GGUF `out`, through the converter
+    (convert/heads_to_gguf.py make-random, then conversion). Eviction runs with them as with trained
+    heads, which makes them fit for speed and memory measurements, not for answers."""
+    converter = REPO_ROOT / "convert" / "heads_to_gguf.py"
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "random.safetensors"
+        for args in (["make-random", "--base", model, "--d-r", d_r, "--seed", seed, "-o", ckpt],
+                     ["--base", model, "--heads", ckpt, "-o", out]):
+            proc = subprocess.run([sys.executable, str(converter), *map(str, args)], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise HeadsError(f"making random heads failed: {proc.stderr.strip()[-2000:]}")
+    return Path(out)

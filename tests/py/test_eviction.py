@@ -222,8 +222,8 @@ def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_toke
             assert err < tol, f"layer {il} head {h}: keys off by {err:.2e} of their scale"
             np.testing.assert_allclose(v1[:, cols], v0[old, cols], rtol=0, atol=(0.02 if quantized else 0) *
                                        np.abs(v0).max() + 1e-6)
-            # the move really rotated something
-            assert np.abs(k_old - k0[np.arange(B), cols]).max() > 0 or (old == np.arange(B)).all()
+            # the compaction really moved (and so re-rotated) units of this head
+            assert (old != np.arange(B)).any()
 
 
 def test_decode_time_eviction_keeps_cells_bounded(model_path, heads_file, prompt_tokens):
