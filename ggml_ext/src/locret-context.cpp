@@ -82,17 +82,18 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         int32_t budget, int32_t stabilizers, int32_t local, llama_locret_heads ** out) {
     *out = nullptr;
     locret_set_error("");
-    if (budget < 0 && (stabilizers >= 0 || local >= 0)) {
+    // -1 is "no --locret-budget"; any other value below 1 was given and is refused
+    if (budget == -1 && (stabilizers >= 0 || local >= 0)) {
         locret_set_error("--locret-stabilizers and --locret-local need --locret-budget");
         return -1;
     }
-    if (budget >= 0 && budget < 1) {
+    if (budget != -1 && budget < 1) {
         locret_set_error(format("the Locret budget must be at least 1 unit (got %d)", budget));
         return -1;
     }
     const std::string path = locret_default_heads_path(model, model_path, heads_path);
     if (path.empty()) {
-        if (budget >= 0) {
+        if (budget != -1) {
             locret_set_error("--locret-budget needs retaining heads: pass --locret-heads FILE (or a model with embedded heads)");
             return -1;
         }
@@ -105,7 +106,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     }
     llama_locret_params params = llama_locret_params_default();
     params.heads       = heads;
-    params.budget      = budget < 0 ? 0 : budget;
+    params.budget      = budget == -1 ? 0 : budget;
     params.stabilizers = stabilizers;
     params.local       = local;
     if (llama_locret_model_configure(model, &params) != 0) {

@@ -277,6 +277,7 @@ def test_python_answers_over_an_input_longer_than_the_window_in_bounded_cells(mo
 
 BAD_SETTINGS = {
     "budget-zero": (["--locret-budget", "0"], "at least 1"),
+    "budget-negative": (["--locret-budget", "-5"], "at least 1"),
     "budget-le-stabilizers": (["--locret-budget", "32", "--locret-stabilizers", "32"], "larger than the stabilizers"),
     "stabilizers-above-ubatch": (["--locret-budget", "256", "--locret-stabilizers", "100", "-ub", "64"],
                                  "must fit in one ubatch"),
