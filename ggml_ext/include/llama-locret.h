@@ -95,16 +95,33 @@ LLAMA_API int32_t llama_locret_recorded_scores(const struct llama_context * ctx,
 // Eviction (Locret Algorithm 1 inside llama.cpp's KV cache)
 //
 
+// Where the score of each unit comes from. Every policy runs the same eviction (top-b per layer and KV head,
+// stabilizers, local tail, compaction); only the scores differ.
+enum llama_locret_policy {
+    LLAMA_LOCRET_POLICY_HEADS     = 0, // the causal importance scores of the retaining heads (Locret)
+    LLAMA_LOCRET_POLICY_RANDOM    = 1, // a fixed pseudo-random number in [0, 1) per (layer, KV head, logical position)
+    LLAMA_LOCRET_POLICY_STREAMING = 2, // StreamingLLM: the first 4 logical positions (attention sinks), then recency
+};
+
+// "heads", "random" or "streaming" (NULL for a value that is not a policy).
+LLAMA_API const char * llama_locret_policy_name(enum llama_locret_policy policy);
+
+// Parse a policy name into *out. Returns 0, or -1 for an unknown name (llama_locret_last_error() says which
+// names are valid).
+LLAMA_API int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out);
+
 // Settings for the contexts created from a model. The chunk is the context's ubatch (n_ubatch).
 struct llama_locret_params {
-    const struct llama_locret_heads * heads; // scores the units; required when budget > 0
+    const struct llama_locret_heads * heads; // scores the units; required when budget > 0 and policy is HEADS
     int32_t budget;      // b: units kept per layer and KV head; 0 = no eviction (heads only score)
     int32_t stabilizers; // n_s: last units of a prefill chunk always kept (<= n_ubatch, < b); -1 = default
     int32_t local;       // n_loc: last prompt tokens processed after compression (<= n_ubatch); -1 = default
+    enum llama_locret_policy policy; // what scores the units for eviction; with RANDOM or STREAMING the heads,
+                                     // if any, only score for llama_locret_record_scores
 };
 
-// heads NULL, budget 0, stabilizers and local -1. Defaults, resolved when a context is created: the heads
-// file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped to n_ubatch, and n_s to b/2.
+// heads NULL, budget 0, stabilizers and local -1, policy HEADS. Defaults, resolved when a context is created: the
+// heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped to n_ubatch, and n_s to b/2.
 LLAMA_API struct llama_locret_params llama_locret_params_default(void);
 
 // Contexts created from `model` after this call (llama_init_from_model) use these settings: with a budget,
@@ -114,15 +131,17 @@ LLAMA_API struct llama_locret_params llama_locret_params_default(void);
 // creation fail with the reason in llama_locret_last_error(). Returns 0, or -1 on invalid settings.
 LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params);
 
-// The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local):
-// heads from `heads_path` when it is non-empty, else the ones embedded in `model_path`'s model, else none;
-// budget -1 means no eviction (heads, if any, only score), stabilizers/local -1 their defaults. Registers the
-// result with llama_locret_model_configure for the contexts created next from `model`. The heads found are
-// returned in *out (NULL when none); the caller frees them after those contexts.
+// The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local,
+// --locret-policy): heads from `heads_path` when it is non-empty, else the ones embedded in `model_path`'s model,
+// else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local -1 their defaults.
+// The RANDOM and STREAMING policies need a budget and no heads: heads given or embedded are then not loaded
+// (a warning says so). Registers the result with llama_locret_model_configure for the contexts created next
+// from `model`. The heads found are returned in *out (NULL when none); the caller frees them after those contexts.
 // Returns 0, or -1 on error (see llama_locret_last_error()).
 LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, const char * model_path,
                                                  const char * heads_path, int32_t budget, int32_t stabilizers,
-                                                 int32_t local, struct llama_locret_heads ** out);
+                                                 int32_t local, enum llama_locret_policy policy,
+                                                 struct llama_locret_heads ** out);
 
 struct llama_locret_stats {
     bool     enabled;          // the context evicts
@@ -136,6 +155,7 @@ struct llama_locret_stats {
     uint32_t stabilizers;
     uint32_t local;
     uint32_t n_ubatch;
+    enum llama_locret_policy policy; // what scores the units for eviction
 };
 
 // All zero when the context does not evict.

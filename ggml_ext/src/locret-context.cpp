@@ -36,7 +36,8 @@ int32_t llama_locret_set_heads(llama_context * ctx, const llama_locret_heads * h
         return -1;
     }
     llama_locret_context & lctx = locret_of(ctx);
-    if (lctx.evicting && heads != lctx.heads) {
+    // the other policies do not evict by the heads' scores: their heads may come and go (recording only)
+    if (lctx.evicting && lctx.ev.policy == LLAMA_LOCRET_POLICY_HEADS && heads != lctx.heads) {
         locret_set_error("this context evicts with the heads it was created with; they cannot be replaced or detached");
         LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
         return -1;
@@ -79,12 +80,21 @@ int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path
 }
 
 int32_t llama_locret_configure_default(llama_model * model, const char * model_path, const char * heads_path,
-        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_heads ** out) {
+        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, llama_locret_heads ** out) {
     *out = nullptr;
     locret_set_error("");
+    const char * policy_name = llama_locret_policy_name(policy);
+    if (policy_name == nullptr) {
+        locret_set_error(format("unknown Locret policy %d", (int) policy));
+        return -1;
+    }
     // -1 is "no --locret-budget"; any other value below 1 was given and is refused
     if (budget == -1 && (stabilizers >= 0 || local >= 0)) {
         locret_set_error("--locret-stabilizers and --locret-local need --locret-budget");
+        return -1;
+    }
+    if (budget == -1 && policy != LLAMA_LOCRET_POLICY_HEADS) {
+        locret_set_error(format("--locret-policy %s needs --locret-budget", policy_name));
         return -1;
     }
     if (budget != -1 && budget < 1) {
@@ -92,9 +102,23 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         return -1;
     }
     const std::string path = locret_default_heads_path(model, model_path, heads_path);
+    llama_locret_params params = llama_locret_params_default();
+    params.budget      = budget == -1 ? 0 : budget;
+    params.stabilizers = stabilizers;
+    params.local       = local;
+    params.policy      = policy;
+    if (policy != LLAMA_LOCRET_POLICY_HEADS) {
+        // the scores come from the policy: loading the heads would only add their cost to every ubatch
+        if (!path.empty()) {
+            LLAMA_LOG_WARN("%s: Locret: policy %s does not use retaining heads; the heads in '%s' are not loaded\n",
+                    __func__, policy_name, path.c_str());
+        }
+        return llama_locret_model_configure(model, &params);
+    }
     if (path.empty()) {
         if (budget != -1) {
-            locret_set_error("--locret-budget needs retaining heads: pass --locret-heads FILE (or a model with embedded heads)");
+            locret_set_error("--locret-budget needs retaining heads: pass --locret-heads FILE (or a model with embedded "
+                    "heads), or choose --locret-policy random or streaming");
             return -1;
         }
         llama_locret_model_configure(model, nullptr);
@@ -104,11 +128,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     if (heads == nullptr) {
         return -1;
     }
-    llama_locret_params params = llama_locret_params_default();
-    params.heads       = heads;
-    params.budget      = budget == -1 ? 0 : budget;
-    params.stabilizers = stabilizers;
-    params.local       = local;
+    params.heads = heads;
     if (llama_locret_model_configure(model, &params) != 0) {
         llama_locret_heads_free(heads);
         return -1;
@@ -140,7 +160,9 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
 
 void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
         const llama_ubatch & ubatch) {
-    if (lctx == nullptr || lctx->heads == nullptr || (!lctx->record && !lctx->evicting)) {
+    // the CIS feed the eviction only with the heads policy; the other policies score units when they evict
+    const bool evict_by_cis = lctx != nullptr && lctx->evicting && lctx->ev.policy == LLAMA_LOCRET_POLICY_HEADS;
+    if (lctx == nullptr || lctx->heads == nullptr || (!lctx->record && !evict_by_cis)) {
         return;
     }
     // the graph may still be running on an asynchronous backend: wait before reading the scores
@@ -159,7 +181,7 @@ void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
         ggml_tensor * cis = res->t_locret_cis[il]; // [n_head_kv, n_tokens]
         GGML_ASSERT(cis != nullptr && (size_t) cis->ne[0] == n_head_kv && (size_t) cis->ne[1] == n_tokens);
         ggml_backend_tensor_get(cis, lctx->staging.data(), 0, ggml_nbytes(cis));
-        if (lctx->evicting) {
+        if (evict_by_cis) {
             llama_locret_kv_scores(lctx, (uint32_t) il, lctx->staging.data(), (uint32_t) n_tokens);
         }
         if (lctx->record) {

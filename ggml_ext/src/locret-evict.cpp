@@ -10,6 +10,9 @@
 // A batch whose last token asks for an output is a prompt end: its last n_loc tokens form their own ubatch, so
 // they are processed after the compression and are never evicted while the prompt is processed.
 //
+// The scores are the heads' CIS (policy "heads") or, for the paper's ablations, a function of the unit alone
+// (policies "random" and "streaming"), computed when an eviction runs; everything else is the same for all policies.
+//
 // Retained units keep their order and are compacted to cells 0..n-1 with positions 0..n-1, the same in every
 // layer and head; keys are re-rotated by their position change. Clients keep logical positions: the cache
 // reports them through seq_pos_min/max and rewrites each ubatch's positions to physical ones when placing it.
@@ -40,12 +43,41 @@
 static std::mutex                                         g_config_mutex;
 static std::map<const llama_model *, llama_locret_params> g_config;
 
+static const llama_locret_policy LOCRET_POLICIES[] = {
+    LLAMA_LOCRET_POLICY_HEADS, LLAMA_LOCRET_POLICY_RANDOM, LLAMA_LOCRET_POLICY_STREAMING,
+};
+
+const char * llama_locret_policy_name(enum llama_locret_policy policy) {
+    switch (policy) {
+        case LLAMA_LOCRET_POLICY_HEADS:     return "heads";
+        case LLAMA_LOCRET_POLICY_RANDOM:    return "random";
+        case LLAMA_LOCRET_POLICY_STREAMING: return "streaming";
+    }
+    return nullptr; // a value from outside the enum (C callers, ctypes)
+}
+
+int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out) {
+    locret_set_error("");
+    std::string valid;
+    for (llama_locret_policy p : LOCRET_POLICIES) {
+        if (name != nullptr && std::strcmp(name, llama_locret_policy_name(p)) == 0) {
+            *out = p;
+            return 0;
+        }
+        valid += valid.empty() ? "" : ", ";
+        valid += llama_locret_policy_name(p);
+    }
+    locret_set_error(format("unknown Locret policy '%s'; valid policies: %s", name ? name : "(null)", valid.c_str()));
+    return -1;
+}
+
 struct llama_locret_params llama_locret_params_default(void) {
     llama_locret_params p;
     p.heads       = nullptr;
     p.budget      = 0;
     p.stabilizers = -1;
     p.local       = -1;
+    p.policy      = LLAMA_LOCRET_POLICY_HEADS;
     return p;
 }
 
@@ -57,9 +89,11 @@ int32_t llama_locret_model_configure(struct llama_model * model, const struct ll
         return 0;
     }
     std::string err;
-    if (params->heads == nullptr) {
+    if (llama_locret_policy_name(params->policy) == nullptr) {
+        err = format("unknown Locret policy %d", (int) params->policy);
+    } else if (params->heads == nullptr && params->policy == LLAMA_LOCRET_POLICY_HEADS) {
         err = "a Locret budget needs retaining heads (--locret-heads, or a model with embedded heads)";
-    } else if (params->heads->model != model) {
+    } else if (params->heads != nullptr && params->heads->model != model) {
         err = format("retaining heads from '%s' were loaded for another model", params->heads->path.c_str());
     } else if (params->budget < 0) {
         err = format("the Locret budget must be at least 1 unit (got %d)", params->budget);
@@ -163,12 +197,18 @@ llama_locret_context * llama_locret_context_create(const llama_model & model, co
     ev.n_ubatch    = n_ubatch;
     ev.capacity    = budget + n_ubatch;
     ev.n_cells     = GGML_PAD(ev.capacity, 256);
+    ev.policy      = p.policy;
     lctx->evicting = true;
 
     *kv_cells = ev.n_cells;
 
-    LLAMA_LOG_INFO("%s: Locret eviction: budget %u, stabilizers %u, local %u, chunk (ubatch) %u -> %u KV cells "
-            "(logical context %u)\n", __func__, budget, n_s, n_loc, n_ubatch, ev.n_cells, cparams.n_ctx);
+    LLAMA_LOG_INFO("%s: Locret eviction: policy %s, budget %u, stabilizers %u, local %u, chunk (ubatch) %u -> %u KV cells "
+            "(logical context %u)\n", __func__, llama_locret_policy_name(p.policy), budget, n_s, n_loc, n_ubatch,
+            ev.n_cells, cparams.n_ctx);
+    if (p.heads != nullptr && p.policy != LLAMA_LOCRET_POLICY_HEADS) {
+        LLAMA_LOG_WARN("%s: Locret: policy %s chooses what is evicted; the retaining heads only score (for recording)\n",
+                __func__, llama_locret_policy_name(p.policy));
+    }
     return lctx;
 }
 
@@ -339,6 +379,44 @@ void llama_locret_kv_scores(llama_locret_context * lctx, uint32_t il, const floa
 // the eviction itself
 //
 
+// the random policy's score: the top 24 bits of a 64-bit hash of (seed, layer, KV head, logical position), so that
+// the value is uniform in [0, 1), exact in a float, and the same on every run and machine. The mixing function is
+// the SplitMix64 finalizer (a bijection of 64-bit words with full avalanche); tests/py/test_policies.py mirrors it.
+static const uint64_t LOCRET_RANDOM_SEED = 0x4c6f63726574ULL; // "Locret"
+
+static uint64_t locret_mix64(uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+static float locret_random_score(uint32_t il, uint32_t ih, llama_pos pos) {
+    const uint64_t key = ((uint64_t) (il & 0xffff) << 48) | ((uint64_t) (ih & 0xffff) << 32) | (uint64_t) (uint32_t) pos;
+    return (float) (locret_mix64(key ^ LOCRET_RANDOM_SEED) >> 40) * (1.0f / 16777216.0f);
+}
+
+// StreamingLLM's attention sinks: the first logical positions of the sequence always win
+static const llama_pos LOCRET_STREAMING_SINKS = 4;
+
+// scores of the units in cells [0, n_used) of layer il, KV head ih, for the policies that do not use the heads
+static void locret_policy_scores(const locret_evict_state & ev, uint32_t il, uint32_t ih, const int32_t * pos,
+        uint32_t n_used, float * score) {
+    for (uint32_t c = 0; c < n_used; ++c) {
+        if (ev.policy == LLAMA_LOCRET_POLICY_RANDOM) {
+            score[c] = locret_random_score(il, ih, pos[c]);
+        } else if (pos[c] < LOCRET_STREAMING_SINKS) {
+            score[c] = INFINITY;
+        } else {
+            // recency: the logical position, counted back from the next one so that float rounding cannot tie
+            // recent units even at positions past 2^24
+            score[c] = -(float) ((int64_t) ev.logical_next - pos[c]);
+        }
+    }
+}
+
 // the top (n_keep - n_stab) of cells [0, n_used - n_stab) by score, ties to the earlier cell, plus the last n_stab
 // cells; returned in cell order
 static void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32_t n_stab,
@@ -501,6 +579,9 @@ static bool locret_evict(llama_locret_context & lctx, llama_context * ctx, uint3
         for (uint32_t h = 0; h < n_head_kv; ++h) {
             int32_t * pos   = ev.unit_pos[il].data()   + (size_t) h * ev.n_cells;
             float   * score = ev.unit_score[il].data() + (size_t) h * ev.n_cells;
+            if (ev.policy != LLAMA_LOCRET_POLICY_HEADS) {
+                locret_policy_scores(ev, il, h, pos, n_used, score);
+            }
             locret_select(score, n_used, n_keep, n_stab, keep);
             for (uint32_t i = 0; i < n_keep; ++i) {
                 const uint32_t c = keep[i]; // c >= i: compacting forward in place is safe
@@ -763,6 +844,7 @@ struct llama_locret_stats llama_locret_get_stats(const struct llama_context * ct
     st.stabilizers     = ev.stabilizers;
     st.local           = ev.local;
     st.n_ubatch        = ev.n_ubatch;
+    st.policy          = ev.policy;
     for (size_t ikv = 0; ikv < llama_locret_access::n_layers(ev.kv); ++ikv) {
         st.kv_bytes += ggml_nbytes(llama_locret_access::layer_k(ev.kv, ikv));
         st.kv_bytes += ggml_nbytes(llama_locret_access::layer_v(ev.kv, ikv));

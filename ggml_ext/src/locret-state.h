@@ -22,10 +22,12 @@ struct locret_evict_state {
     uint32_t n_ubatch    = 0; // B: the chunk
     uint32_t capacity    = 0; // b + B: generation evicts back to b when the next ubatch would pass it
     uint32_t n_cells     = 0; // cells allocated in the KV cache (capacity padded)
+    llama_locret_policy policy = LLAMA_LOCRET_POLICY_HEADS; // where unit_score comes from
 
     llama_kv_cache * kv = nullptr;
 
-    // per model layer, head-major [n_head_kv][n_cells]: logical position and CIS of the unit in each cell
+    // per model layer, head-major [n_head_kv][n_cells]: logical position and score of the unit in each cell
+    // (the CIS with the heads policy; the other policies fill the scores when they evict)
     std::vector<std::vector<int32_t>> unit_pos;
     std::vector<std::vector<float>>   unit_score;
     std::vector<uint32_t>             n_head_kv; // per model layer

@@ -10,9 +10,14 @@ import numpy as np
 from .heads import Heads, HeadsError, _lib, _last_error
 
 
+# enum llama_locret_policy, in value order
+POLICIES = ("heads", "random", "streaming")
+
+
 class _Params(ctypes.Structure):
     _fields_ = [("heads", ctypes.c_void_p), ("budget", ctypes.c_int32),
-                ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32)]
+                ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32),
+                ("policy", ctypes.c_int)]
 
 
 class _Stats(ctypes.Structure):
@@ -21,13 +26,15 @@ class _Stats(ctypes.Structure):
                 ("n_cells", ctypes.c_uint32), ("pos_logical", ctypes.c_int64),
                 ("kv_bytes", ctypes.c_uint64), ("budget", ctypes.c_uint32),
                 ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32),
-                ("n_ubatch", ctypes.c_uint32)]
+                ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int)]
 
 
 _SIGNATURES = {
     "llama_locret_configure_default": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
-                                        ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p)],
-                                       ctypes.c_int32),
+                                        ctypes.c_int32, ctypes.c_int32, ctypes.c_int,
+                                        ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
+    "llama_locret_policy_from_name": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int32),
+    "llama_locret_policy_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_model_configure": ([ctypes.c_void_p, ctypes.POINTER(_Params)], ctypes.c_int32),
     "llama_locret_get_stats": ([ctypes.c_void_p], _Stats),
     "llama_locret_retained": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
@@ -54,26 +61,43 @@ def _arg(value: int | None) -> int:
     return -1 if value is None else int(value)
 
 
+def policy_value(name: str) -> int:
+    """The `enum llama_locret_policy` value of a policy name; HeadsError (naming the valid ones) if unknown."""
+    value = ctypes.c_int(0)
+    if not isinstance(name, str) or _api().llama_locret_policy_from_name(name.encode(), ctypes.byref(value)) != 0:
+        raise HeadsError(_last_error() if isinstance(name, str) else
+                         f"the Locret policy must be a name, one of {', '.join(POLICIES)} (got {name!r})")
+    return value.value
+
+
 def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None,
-              budget: int | None = None, stabilizers: int | None = None, local: int | None = None) -> Heads | None:
+              budget: int | None = None, stabilizers: int | None = None, local: int | None = None,
+              policy: str | None = None) -> Heads | None:
     """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
     llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
-    to its default (`budget` None: no eviction). Returns the heads loaded (keep them while the contexts live)."""
+    to its default (`budget` None: no eviction; `policy` None: "heads"). `policy` "random" or "streaming"
+    evicts without heads (given heads are then not loaded). Returns the heads loaded (keep them while the
+    contexts live)."""
     out = ctypes.c_void_p()
     heads_path = os.fsencode(heads) if heads is not None else b""
+    policy_id = policy_value("heads" if policy is None else policy)
     if _api().llama_locret_configure_default(model, os.fsencode(model_path), heads_path, _arg(budget),
-                                             _arg(stabilizers), _arg(local), ctypes.byref(out)) != 0:
+                                             _arg(stabilizers), _arg(local), policy_id, ctypes.byref(out)) != 0:
         raise HeadsError(_last_error())
     if not out.value:
         return None
     return Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path))
 
 
-def stats(ctx: int) -> dict[str, int | bool]:
+def stats(ctx: int) -> dict[str, int | bool | str]:
     """enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used, n_cells,
-    pos_logical (next logical position), kv_bytes, and the resolved budget/stabilizers/local/n_ubatch."""
+    pos_logical (next logical position), kv_bytes, the resolved budget/stabilizers/local/n_ubatch, and
+    policy (its name: "heads", "random" or "streaming")."""
     s = _api().llama_locret_get_stats(ctx)
-    return {name: getattr(s, name) for name, _ in _Stats._fields_}
+    out = {name: getattr(s, name) for name, _ in _Stats._fields_}
+    name = _api().llama_locret_policy_name(s.policy)
+    out["policy"] = name.decode() if name is not None else str(s.policy)
+    return out
 
 
 def retained(ctx: int, layer: int, head: int) -> np.ndarray:

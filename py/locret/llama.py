@@ -9,7 +9,9 @@ Existing code changes one line::
     llm.locret_stats()                             # physical cells, logical position, evictions, KV bytes
 
 `n_ctx` is the logical limit on positions; the KV cache holds `locret_budget + n_ubatch` cells
-(padded to 256) whatever `n_ctx` is. The chunk of Algorithm 1 is `n_ubatch`.
+(padded to 256) whatever `n_ctx` is. The chunk of Algorithm 1 is `n_ubatch`. `locret_policy`
+chooses what scores the units: "heads" (default), or the ablations "random" and "streaming"
+(attention sinks, then recency), which need no heads.
 """
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args: Any, locret_heads: str | os.PathLike | None = None,
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
-                 locret_local: int | None = None, **kwargs: Any):
+                 locret_local: int | None = None, locret_policy: str | None = None, **kwargs: Any):
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
-                        local=locret_local)
+                        local=locret_local, policy=locret_policy)
         self._locret_heads: Heads | None = None
         holder: dict[str, Heads] = {}
 
@@ -68,7 +70,7 @@ class Llama(llama_cpp.Llama):
     def locret_enabled(self) -> bool:
         return self.locret_stats()["enabled"]
 
-    def locret_stats(self) -> dict[str, int | bool]:
+    def locret_stats(self) -> dict[str, int | bool | str]:
         """Eviction figures of this context: see `locret.eviction.stats`."""
         return eviction.stats(self._ctx.ctx)
 
@@ -76,12 +78,16 @@ class Llama(llama_cpp.Llama):
         """Logical positions of the units that (layer, KV head) holds, in cell order."""
         return eviction.retained(self._ctx.ctx, layer, head)
 
-    def eval(self, tokens: Sequence[int]):
+    def eval(self, tokens: Sequence[int], prompt_continues: bool = False):
         """As llama-cpp-python's, except that only the last token of the whole call asks for logits.
 
         llama-cpp-python marks the last token of every n_batch slice; the evicting cache reads a token
         that asks for logits as the end of a prompt (its local tail is split off and the chunk before
-        it is evicted without stabilizers), so the slices in between must not ask."""
+        it is evicted without stabilizers), so the slices in between must not ask.
+
+        `prompt_continues=True` feeds part of a prompt whose rest comes in a later call: no token asks
+        for logits, so these tokens are compressed as ordinary prefill chunks (there are no logits to
+        sample from afterwards). Without eviction it is ignored."""
         if not self.locret_enabled or self._logits_all:
             return super().eval(tokens)
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
@@ -90,7 +96,7 @@ class Llama(llama_cpp.Llama):
             n_past = self.n_tokens
             n_tokens = len(batch)
             self._batch.set_batch(batch=batch, n_past=n_past, logits_all=False)
-            if i + n_tokens < len(tokens):
+            if prompt_continues or i + n_tokens < len(tokens):
                 self._batch.batch.logits[n_tokens - 1] = False
             self._ctx.decode(self._batch)
             self.input_ids[n_past: n_past + n_tokens] = batch
