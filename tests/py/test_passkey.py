@@ -1,0 +1,68 @@
+"""The passkey task (py/locret/tasks/passkey.py) and its evaluation runner (py/locret/passkey_eval.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from locret.tasks import passkey
+
+
+def _word_tokenizer():
+    vocab: dict[str, int] = {"<s>": 0}
+
+    def tokenize(text: str, add_bos: bool) -> list[int]:
+        ids = [vocab.setdefault(w, len(vocab)) for w in text.split()]
+        return ([0] if add_bos else []) + ids
+    return tokenize, vocab
+
+
+def test_prompt_holds_the_needle_once_at_the_asked_offset():
+    tokenize, vocab = _word_tokenizer()
+    pieces = passkey.prompt_pieces(tokenize, lambda user: f"<user> {user} </user> <assistant>", n_filler=700)
+    assert len(pieces.filler) == 700 and pieces.head[0] == 0
+    keys = passkey.make_keys(3, 20)
+    assert keys == passkey.make_keys(3, 20) and keys != passkey.make_keys(4, 20)
+    assert all(len(k) == 5 for k in keys)
+    for key, at in zip(keys[:5], (0, 1, 350, 699, 700)):
+        needle = tokenize(passkey.needle_text(key), False)
+        prompt = pieces.build(700, at, needle)
+        start = len(pieces.head) + at
+        assert prompt[start:start + len(needle)] == needle
+        key_id = vocab[f"{key}."]
+        assert prompt.count(key_id) == 2  # the needle says it twice, nothing else does
+        assert len(prompt) == len(pieces.head) + 700 + len(needle) + len(pieces.tail)
+    with pytest.raises(ValueError):
+        pieces.build(700, 701, [])
+
+
+def test_depths_and_chunk_aligned_insert_points():
+    assert passkey.spread_depths(5) == [0.0, 0.25, 0.5, 0.75, 1.0]
+    points = passkey.aligned_insert_points(n_head=30, n_filler=5000, align=512, depths=[0.0, 0.1, 0.5, 1.0])
+    assert points[0] == 0
+    for t in points[1:]:
+        assert (30 + t) % 512 == 0 and 0 < t <= 5000
+    assert points[2] == min((t for t in range(482, 5001, 512)), key=lambda t: abs(t - 2500))
+    assert points == sorted(points)
+
+
+@pytest.mark.parametrize("answer,key,ok", [
+    ("48213", "48213", True),
+    ("The passkey is 48213.", "48213", True),
+    ("48213 48213", "48213", True),
+    ("482130", "48213", False),     # a longer number is not the key
+    ("4821", "48213", False),
+    ("48 213", "48213", False),
+    ("", "48213", False),
+])
+def test_score(answer, key, ok):
+    assert passkey.score(answer, key) is ok
+
+
+def test_prefix_reuse_is_exact_under_eviction(model_path, tmp_path):
+    """Saving the cache after the shared prefix and reloading it gives the same logits as one pass."""
+    from locret import passkey_eval
+
+    setup = passkey_eval.Setup(model_path=str(model_path), heads=None, random_heads=None, n_ubatch=128)
+    single, reused = passkey_eval.check_prefix_reuse(setup, "streaming", length=1200, budget=256, seed=0,
+                                                     return_logits=True)
+    assert np.abs(single - reused).max() <= 1e-4 * np.abs(single).max()

@@ -1,0 +1,256 @@
+"""The head trainer (convert/train_heads.py, convert/locret_heads/): labels, learning, resumption,
+the round trip into llama.cpp, and refusals.
+
+The label reference here is brute force: the test hooks q_proj/k_proj itself, applies RoPE with its
+own numpy code, builds the full attention-score matrix and takes the maxima with explicit loops.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, natural_text, run
+from trainer_fixtures import TINY_LLAMA, sentence, write_jsonl, write_tiny_llama, write_tiny_llama_gguf
+
+sys.path.insert(0, str(REPO / "convert"))
+TRAINER = REPO / "convert" / "train_heads.py"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    work = tmp_path_factory.mktemp("tiny-llama")
+    return write_tiny_llama(work / "hf"), write_tiny_llama_gguf(work / "tiny.gguf")
+
+
+def _rope_rotate_half(x: np.ndarray, theta: float) -> np.ndarray:
+    """x [n_heads, n_tokens, d] at positions 0..n-1, Hugging Face's rotate-half layout."""
+    _, n, d = x.shape
+    inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)            # [d/2]
+    angles = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]     # [n, d/2]
+    cos, sin = np.cos(angles), np.sin(angles)
+    x1, x2 = x[..., : d // 2].astype(np.float64), x[..., d // 2:].astype(np.float64)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def test_labels_match_a_brute_force_reference(tiny):
+    import torch
+    from locret_heads.backbone import load_backbone
+
+    hf_dir, _ = tiny
+    backbone = load_backbone(hf_dir)
+    model = backbone.model
+    n_tokens, n_prompt = 48, 37
+    token_ids = torch.randint(3, model.config.vocab_size, (n_tokens,), generator=torch.Generator().manual_seed(1))
+
+    captured = {}
+    handles = [getattr(layer.self_attn, name).register_forward_hook(
+        lambda _m, _i, out, i=i, name=name: captured.__setitem__((i, name), out[0].detach().numpy().copy()))
+        for i, layer in enumerate(model.model.layers) for name in ("q_proj", "k_proj")]
+    try:
+        features = backbone.features(token_ids.tolist(), n_prompt)
+    finally:
+        for h in handles:
+            h.remove()
+
+    n_head, n_kv, d = TINY_LLAMA.n_head, TINY_LLAMA.n_head_kv, TINY_LLAMA.head_dim
+    group = n_head // n_kv
+    theta = 10000.0
+    assert features.labels.shape == (TINY_LLAMA.n_layer, n_kv, n_prompt)
+    for layer in range(TINY_LLAMA.n_layer):
+        q = _rope_rotate_half(captured[(layer, "q_proj")].reshape(n_tokens, n_head, d).transpose(1, 0, 2), theta)
+        k = _rope_rotate_half(captured[(layer, "k_proj")].reshape(n_tokens, n_kv, d).transpose(1, 0, 2), theta)
+        want = np.empty((n_kv, n_prompt))
+        for j in range(n_kv):
+            full = np.einsum("hpd,kd->hpk", q[j * group:(j + 1) * group], k[j]) / np.sqrt(d)  # all queries x keys
+            for key in range(n_prompt):
+                best = -np.inf
+                for h in range(group):
+                    for p in range(n_prompt, n_tokens):
+                        best = max(best, full[h, p, key])
+                want[j, key] = best
+        got = features.labels[layer].numpy()
+        assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), f"layer {layer}"
+        assert want.std() > 0.5, "labels too uniform for the check to mean anything"
+        # the heads' input is concat(Q, K, V) before RoPE, prompt tokens only
+        x = features.inputs[layer].numpy()
+        assert x.shape == (n_prompt, TINY_LLAMA.d_in)
+        np.testing.assert_array_equal(x[:, : n_head * d], captured[(layer, "q_proj")][:n_prompt])
+
+
+def test_label_capture_leaves_the_forward_pass_unchanged(tiny):
+    import torch
+    from locret_heads.backbone import load_backbone
+    from transformers import AutoModelForCausalLM
+
+    hf_dir, _ = tiny
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.no_grad():
+        stock = AutoModelForCausalLM.from_pretrained(str(hf_dir), attn_implementation="eager")(ids).logits
+        ours = load_backbone(hf_dir).model(ids).logits
+    assert torch.allclose(stock, ours, atol=1e-4)
+
+
+def _train(*args, check=True):
+    proc = run([sys.executable, TRAINER, *map(str, args)], timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _data(path, n=6):
+    records = [{"prompt": " ".join(sentence(i + j) for j in range(12)) + " which code ?",
+                "answer": f"code {i % 5}"} for i in range(n)]
+    return write_jsonl(path, records)
+
+
+def test_training_reduces_the_loss_and_resumes_exactly(tiny, tmp_path):
+    from safetensors.numpy import load_file
+
+    hf_dir, gguf = tiny
+    data = _data(tmp_path / "data.jsonl")
+    common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--steps", 40, "--lr", 0.01, "--warmup-steps", 2,
+              "--checkpoint-every", 5, "--seed", 3, "--d-r", 32]
+    _train(*common, "-o", tmp_path / "a.gguf")
+    log = json.loads((tmp_path / "a.run" / "train-log.json").read_text())
+    losses = [s["loss"] for s in log["steps"]]
+    assert len(losses) == 40 and log["finished"]
+    first, last = np.mean(losses[:6]), np.mean(losses[-6:])
+    print(f"\ntiny model: loss {first:.4f} -> {last:.4f}, top-10% "
+          f"{log['steps'][0]['top10_accuracy']:.3f} -> {log['steps'][-1]['top10_accuracy']:.3f}")
+    assert last < 0.7 * first
+    assert (tmp_path / "a.run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "a.gguf").stat().st_size > 0
+
+    # the same run, stopped twice and resumed, ends with the same heads
+    _train(*common, "-o", tmp_path / "b.gguf", "--stop-after-steps", 12)
+    stopped = json.loads((tmp_path / "b.run" / "train-log.json").read_text())
+    assert stopped["steps_done"] == 12 and not stopped["finished"]
+    _train(*common, "-o", tmp_path / "b.gguf", "--stop-after-steps", 13)
+    _train(*common, "-o", tmp_path / "b.gguf")
+    a, b = load_file(tmp_path / "a.run" / "heads.safetensors"), load_file(tmp_path / "b.run" / "heads.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    resumed = json.loads((tmp_path / "b.run" / "train-log.json").read_text())
+    assert [s["loss"] for s in resumed["steps"]] == losses
+
+
+def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path):
+    """Heads from a short run on SmolLM2 go through the converter; llama.cpp's scores in its graph match the
+    trainer's own scores (its backbone's captured Q/K/V through its own head module)."""
+    import torch
+    import locret  # noqa: F401
+    import llama_cpp
+    from locret_heads.backbone import load_backbone
+    from locret_heads.heads_model import RetainingHeads
+    from safetensors.torch import load_file
+
+    from locret import heads as runtime_heads
+
+    out = tmp_path / "smol-heads.gguf"
+    _train("--base", model_path, "-o", out, "--steps", 2, "--warmup-steps", 1, "--min-tokens", 128,
+           "--max-tokens", 256, "--d-r", 64, "--seed", 5)
+    log = json.loads((tmp_path / "smol-heads.run" / "train-log.json").read_text())
+    assert log["finished"] and log["backbone"]["architecture"] == "llama"
+
+    backbone = load_backbone(model_path)
+    tensors = load_file(str(tmp_path / "smol-heads.run" / "heads.safetensors"))
+    module = RetainingHeads(backbone.n_layer, backbone.d_in, 64, backbone.n_head_kv, backbone.activation, seed=0)
+    with torch.no_grad():
+        for i in range(backbone.n_layer):
+            module.fc1[i].copy_(tensors[f"model.layers.{i}.self_attn.fc1.weight"])
+            module.fc2[i].copy_(tensors[f"model.layers.{i}.self_attn.fc2.weight"])
+
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_batch=512, n_ubatch=256, n_threads=2,
+                          verbose=False)
+    tokens = llm.tokenize(natural_text().encode())[:400]
+    features = backbone.features(tokens + tokens[:1], n_prompt=len(tokens))  # one dummy answer token
+    with torch.no_grad():
+        want = torch.stack([module.layer_scores(i, x) for i, x in enumerate(features.inputs)]).numpy()
+    runtime_heads.attach(llm, out)
+    runtime_heads.record_scores(llm)
+    llm.eval(tokens)
+    got, positions = runtime_heads.recorded_scores(llm)
+    llm.close()
+    assert positions.tolist() == list(range(len(tokens)))
+    assert got.shape == want.shape
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max()
+    corr = min(np.corrcoef(got[l, h], want[l, h])[0, 1] for l in range(got.shape[0]) for h in range(got.shape[1]))
+    print(f"\ntrained heads through the converter: max |llama.cpp - trainer| {err:.4g} of scale {scale:.4g}, "
+          f"min correlation {corr:.5f}")
+    assert corr > 0.99 and err < 0.05 * scale
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("empty", "the file is empty"),
+    ("malformed", "data.jsonl:2: not a JSON object"),
+    ("unknown-form", "not a known record form"),
+    ("short-prompt", "is shorter than the answer"),
+    ("no-answer", "needs a user turn followed by an assistant answer"),
+])
+def test_bad_training_data_is_refused(tiny, tmp_path, case, needle):
+    hf_dir, gguf = tiny
+    data = tmp_path / "data.jsonl"
+    if case == "empty":
+        data.write_text("")
+    elif case == "malformed":
+        data.write_text('{"prompt": "a b c", "answer": "a"}\n{"prompt": "a b c", "answer": \n')
+    elif case == "unknown-form":
+        write_jsonl(data, [{"text": "the code"}])
+    elif case == "short-prompt":
+        write_jsonl(data, [{"prompt": "code", "answer": "the record holds code 4 and the crate is open"}])
+    else:
+        write_jsonl(data, [{"conversations": [{"from": "human", "value": "which code ?"}]}])
+    proc = _train("--base", hf_dir, "--gguf", gguf, "--data", data, "-o", tmp_path / "h.gguf", "--steps", 2,
+                  "--warmup-steps", 0, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "train_heads: error:" in proc.stderr and needle in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "h.gguf").exists()
+
+
+def test_unsupported_base_models_are_refused(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50)).save_pretrained(gpt2)
+    gguf = write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    cases = [
+        (["--base", gpt2, "--gguf", gguf], "does not support model type 'gpt2'"),
+        (["--base", tmp_path / "missing.gguf"], "no such file"),
+        (["--base", gguf], "cannot load it with transformers"),  # a GGUF transformers cannot load
+        (["--base", gpt2], "give the model GGUF the heads are for with --gguf"),
+        (["--base", gpt2, "--gguf", gguf, "--d-r", 0], "--d-r must be positive"),
+        (["--base", gpt2, "--gguf", gguf, "--tasks", "passkey,sorting"], "unknown synthetic task(s) sorting"),
+    ]
+    for args, needle in cases:
+        proc = _train(*args, "-o", tmp_path / "h.gguf", check=False)
+        assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr
+
+
+def test_synthetic_examples_are_seeded_and_hold_their_answer():
+    from locret_heads.synthetic import TASKS, SyntheticData
+
+    def count(text):
+        return len(text.split())  # a stand-in tokenizer: words
+
+    data = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600)
+    again = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600)
+    other = SyntheticData(count, seed=8, min_tokens=300, max_tokens=600)
+    seen = set()
+    for i in range(60):
+        ex = data.example(i)
+        assert ex == again.example(i)
+        seen.add(ex.task)
+        context = ex.prompt.rsplit("\n\n", 1)[0]
+        if ex.task in ("passkey", "lookup", "tracking", "quote"):
+            assert ex.answer in context, (ex.task, ex.answer)
+        if ex.task == "frequent":
+            assert context.count(f"The {ex.answer} was seen again.") >= 6
+        assert count(ex.prompt) <= 600 + 5
+    assert seen == set(TASKS)
+    assert [data.example(i) for i in range(10)] != [other.example(i) for i in range(10)]
