@@ -5,7 +5,10 @@
 #
 #   bash scripts/setup.sh                 CPU build in build/
 #   bash scripts/setup.sh --cuda 89       CUDA build for that architecture (89 RTX 4090, 87 Jetson Orin)
+#   bash scripts/setup.sh --device D      build for a device profile (devices/D.toml, or a .toml path): its
+#                                         CUDA architecture and CMake flags (cpu-2core: the CPU build)
 #   --build-dir DIR                       build there instead of build/ (then export LOCRET_BUILD_DIR=DIR)
+#   --print-config                        print the build configuration that would be used, and stop
 #
 # Environment: PYTHON (interpreter for the venv, default python3), LOCRET_CACHE_DIR (downloads,
 # default ~/.cache/locret), LOCRET_JOBS (build jobs, default nproc).
@@ -15,23 +18,56 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 CUDA_ARCH=""
+DEVICE=""
+PRINT_CONFIG=0
 BUILD="$ROOT/build"
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --cuda) [[ $# -ge 2 ]] || { echo "setup.sh: --cuda needs an architecture (e.g. 89)" >&2; exit 2; }
                 CUDA_ARCH="$2"; shift 2 ;;
+        --device) [[ $# -ge 2 ]] || { echo "setup.sh: --device needs a device name (see devices/)" >&2; exit 2; }
+                DEVICE="$2"; shift 2 ;;
         --build-dir) [[ $# -ge 2 ]] || { echo "setup.sh: --build-dir needs a folder" >&2; exit 2; }
                 BUILD="$(realpath -m "$2")"; shift 2 ;;
+        --print-config) PRINT_CONFIG=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
+PYTHON="${PYTHON:-python3}"
+DEVICE_CMAKE_FLAGS=()
+if [[ -n "$DEVICE" ]]; then
+    [[ -z "$CUDA_ARCH" ]] || { echo "setup.sh: give --device or --cuda, not both" >&2; exit 2; }
+    # the profile's CUDA architecture (empty for a CPU device) and its other CMake flags, read by the
+    # package's profile loader; it needs only the standard library, so the system Python runs it before
+    # the venv exists
+    device_config="$("$PYTHON" "$ROOT/py/locret/devices.py" build-config "$DEVICE")" || exit 1
+    eval "$device_config"   # CUDA_ARCH=... DEVICE_CMAKE_FLAGS=(...), shell-quoted by devices.py
+fi
 if [[ -n "$CUDA_ARCH" && ! "$CUDA_ARCH" =~ ^[0-9]+(-real|-virtual)?(\;[0-9]+(-real|-virtual)?)*$ ]]; then
     echo "setup.sh: --cuda '$CUDA_ARCH' is not a CUDA architecture list like 89 or 87;89" >&2; exit 2
 fi
 
-PYTHON="${PYTHON:-python3}"
+# CMake configuration; the key written to $BUILD/.locret-config decides when to reconfigure, so a plain
+# CPU build (with or without --device cpu-2core) keeps the same key as before devices existed
+cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+if [[ -n "$CUDA_ARCH" ]]; then
+    cmake_args+=(-DLOCRET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
+else
+    cmake_args+=(-DLOCRET_CUDA=OFF)
+fi
+cmake_args+=(${DEVICE_CMAKE_FLAGS[@]+"${DEVICE_CMAKE_FLAGS[@]}"})
+if [[ $PRINT_CONFIG -eq 1 ]]; then
+    echo "device:     ${DEVICE:-none}"
+    echo "backend:    $([[ -n "$CUDA_ARCH" ]] && echo "CUDA, architectures $CUDA_ARCH" || echo CPU)"
+    echo "build dir:  $BUILD"
+    echo "cmake:      cmake ${cmake_args[*]}"
+    [[ -z "$CUDA_ARCH" ]] || echo "            (+ -DLOCRET_CUBLAS_DIR=... at build time when the CUDA toolkit has no cuBLAS)"
+    echo "targets:    llama llama-cli llama-completion llama-server llama-bench locret-cpp-tests"
+    exit 0
+fi
+
 VENV="$ROOT/.venv"
 VPY="$VENV/bin/python"
 export LOCRET_BUILD_DIR="$BUILD"   # the package and the final version check use this build
@@ -90,9 +126,7 @@ SDIST="$("$VPY" scripts/llama_tree.py fetch)"
 
 # --- 4. build ------------------------------------------------------------------------------------
 step "build (libllama, tools, C++ tests) with $JOBS jobs"
-cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release)
 if [[ -n "$CUDA_ARCH" ]]; then
-    cmake_args+=(-DLOCRET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
     # a toolkit installed from PyPI wheels has nvcc but no cuBLAS: add the matching nvidia-cublas wheel
     if ! echo '#include <cublas_v2.h>' | nvcc -x cu -E - >/dev/null 2>&1; then
         cuda_ver=$(nvcc --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')
@@ -101,8 +135,6 @@ if [[ -n "$CUDA_ARCH" ]]; then
         cublas_dir=$("$VPY" -c "import nvidia, pathlib; print(next(p for p in (pathlib.Path(d) / 'cu${cuda_ver%%.*}' for d in nvidia.__path__) if (p / 'include' / 'cublas_v2.h').exists()))")
         cmake_args+=("-DLOCRET_CUBLAS_DIR=$cublas_dir")
     fi
-else
-    cmake_args+=(-DLOCRET_CUDA=OFF)
 fi
 config_key="${cmake_args[*]}"
 if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$BUILD/.locret-config" 2>/dev/null)" != "$config_key" ]]; then

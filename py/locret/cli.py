@@ -6,6 +6,7 @@
     locret models path [NAME]      print the verified GGUF path of a model name or file
     locret convert ...             retaining heads to GGUF (convert/heads_to_gguf.py; see --help)
     locret train ...               train retaining heads (convert/train_heads.py; see --help)
+    locret plan --device D --model M   Locret settings and predicted peak memory of a model on a device
 """
 from __future__ import annotations
 
@@ -55,6 +56,12 @@ def _run_convert_script(command: str, script_args: list[str]) -> int:
     return subprocess.run([sys.executable, str(script), *script_args]).returncode
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from . import planner
+
+    return planner.run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="locret", description="Locret for llama.cpp")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -77,6 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train retaining heads on a frozen model; `locret train --help` for its options")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=lambda args: _run_convert_script("train", args.script_args))
+
+    p = sub.add_parser("plan", help="Locret settings and predicted peak memory of a model on a device (devices/)",
+                       description="Print the Locret settings for a model on a device (from the device profile's "
+                       "size class, each overridable) and the predicted peak memory: weights, KV cache at "
+                       "budget + chunk, and llama.cpp's own estimate of its compute buffers. Exits 3 when the plan "
+                       "does not fit the device's memory, saying what to change; 1 on a bad input.")
+    p.add_argument("--device", required=True, help="device profile: a name from devices/ (e.g. rtx4090) or a .toml path")
+    p.add_argument("--model", required=True, help=f"model .gguf path or name (e.g. {models.DEFAULT_MODEL})")
+    p.add_argument("--heads", help="retaining heads .gguf (default: embedded in the model, or shipped in heads/)")
+    p.add_argument("--context", help="logical context in tokens: 131072, 128k, 1m (default 128k)")
+    p.add_argument("--budget", type=int, help="Locret budget b: retained units per layer and KV head")
+    p.add_argument("--ubatch", type=int, help="chunk B (n_ubatch) of chunked prefill")
+    p.add_argument("--stabilizers", type=int, help="stabilizers n_s (default: the profile's, fitted to the chunk)")
+    p.add_argument("--kv-type", help="KV cache type: f16, q8_0, q4_0, ...")
+    p.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all'")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_cmd_plan)
     return ap
 
 

@@ -1,0 +1,717 @@
+"""`locret plan`: Locret settings for a model on a device, and the peak memory they will need.
+
+The settings come from the device profile's size class for the model (devices/*.toml), each one
+overridable. The predicted peak memory is the sum of:
+
+- weights: the tensor bytes that the model GGUF's header announces (+ the retaining heads file's),
+  placed per layer the way llama.cpp places them for the GPU-layer count;
+- KV cache: under Locret llama.cpp allocates pad(b + B, 256) cells whatever the context, and each
+  cell of each layer holds one K row and one V row: cells x sum over layers of
+  (row_size(type, n_embd_k_gqa) + row_size(type, n_embd_v_gqa)), as llama_kv_cache sizes its tensors;
+- compute and output buffers: llama.cpp's own estimate. A child process loads the model with
+  `no_alloc` (metadata only; llama.cpp then simulates every allocation instead of making it), creates
+  a context with the same context, chunk, budget, heads and KV type, and reports the buffer sizes
+  that llama.cpp logs ("compute buffer size = ...") and the KV bytes it sized. The child process
+  keeps llama.cpp's global log hook and any abort away from the caller.
+
+The profile's memory.available_gib is the limit; a plan over it is refused with what to change.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from . import devices
+from .devices import Device, DeviceError
+from .gguf_check import ModelFileError, check_gguf
+
+MIB = 1 << 20
+GIB = 1 << 30
+KV_PAD = 256                 # llama.cpp pads the KV cache to 256 cells; Locret sizes it pad(b + B, 256)
+DEFAULT_CONTEXT = 131072     # logical context when none is given ("128k"); memory does not depend on it
+EXIT_DOES_NOT_FIT = 3        # 1 is a bad input, 3 a valid plan that does not fit the device
+_RESULT_MARK = "LOCRET_PLAN_MEASURE "
+
+
+class PlanError(ValueError):
+    """An impossible setting or an unusable input; the message says which and what to do."""
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+def parse_context(text: str | int) -> int:
+    """'128k' -> 131072, '1m' -> 1048576, '131072' -> 131072 (k and m are powers of two, as context
+    sizes are usually meant)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*([kKmM]?)\s*", str(text))
+    if not m:
+        raise PlanError(f"context '{text}' is not a number of tokens like 131072, 128k or 1m")
+    value = int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20}[m.group(2).lower()]
+    if value < 1:
+        raise PlanError(f"context must be at least 1 token (got '{text}')")
+    if value > 0xFFFFFFFF:
+        raise PlanError(f"context '{text}' does not fit llama.cpp's 32-bit n_ctx")
+    return value
+
+
+def parse_gpu_layers(text: str | int | None) -> int | None:
+    """'all' -> -1 (llama.cpp's 'every layer'), a number >= 0 as is, None stays None."""
+    if text is None:
+        return None
+    if str(text).strip().lower() == "all":
+        return -1
+    try:
+        value = int(str(text))
+    except ValueError:
+        raise PlanError(f"GPU layers must be 'all' or a number >= 0 (got '{text}')") from None
+    if value < 0:
+        raise PlanError(f"GPU layers must be 'all' or a number >= 0 (got {value})")
+    return value
+
+
+# --- what the GGUF header says --------------------------------------------------------------------
+
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+_SMALL_ARRAY = 4096          # per-layer arrays (head counts) are kept; vocabularies are skipped
+
+
+def _read_header(path: Path) -> tuple[dict, list[tuple[str, int, int]]]:
+    """Key/values (scalars, strings, small numeric arrays) and tensors (name, ggml type, n_elements)
+    of a GGUF file. Reads only the header; check_gguf has already verified that it is complete."""
+    def read(n: int) -> bytes:
+        data = f.read(n)
+        if len(data) != n:
+            raise PlanError(f"{path}: truncated GGUF header")
+        return data
+
+    def scalar(fmt: str):
+        return struct.unpack("<" + fmt, read(struct.calcsize(fmt)))[0]
+
+    def string() -> str:
+        return read(scalar("Q")).decode("utf-8", errors="replace")
+
+    def value(vtype: int):
+        if vtype in _SCALARS:
+            return scalar(_SCALARS[vtype])
+        if vtype == _STRING:
+            return string()
+        if vtype == _ARRAY:
+            item, count = scalar("I"), scalar("Q")
+            if item in _SCALARS:
+                size = struct.calcsize(_SCALARS[item])
+                if count <= _SMALL_ARRAY:
+                    return list(struct.unpack(f"<{count}{_SCALARS[item]}", read(count * size)))
+                f.seek(count * size, os.SEEK_CUR)
+                return None
+            for _ in range(count):
+                value(item)
+            return None
+        raise PlanError(f"{path}: unknown GGUF value type {vtype}")
+
+    with open(path, "rb") as f:
+        read(4)  # magic, checked by check_gguf
+        scalar("I")
+        n_tensors, n_kv = scalar("Q"), scalar("Q")
+        kv = {}
+        for _ in range(n_kv):
+            key = string()
+            kv[key] = value(scalar("I"))
+        tensors = []
+        for _ in range(n_tensors):
+            name = string()
+            dims = [scalar("Q") for _ in range(scalar("I"))]
+            ggml_type = scalar("I")
+            scalar("Q")  # offset
+            n = 1
+            for d in dims:
+                n *= d
+            tensors.append((name, ggml_type, n))
+    return kv, tensors
+
+
+def _type_sizes():
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # (block size, bytes per block) per ggml type
+
+    return GGML_QUANT_SIZES, GGMLQuantizationType
+
+
+def row_size(type_name: str, n: int) -> int:
+    """Bytes of n elements of a ggml type, as ggml_row_size (n must be a whole number of blocks)."""
+    sizes, types = _type_sizes()
+    block, type_size = sizes[types[type_name.upper()]]
+    return n // block * type_size
+
+
+def _tensor_bytes(ggml_type: int, n_elements: int) -> int:
+    sizes, _ = _type_sizes()
+    block, type_size = sizes[ggml_type]
+    return n_elements // block * type_size
+
+
+_LAYER = re.compile(r"^(?:locret\.)?blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the planner needs from a model GGUF (and a heads GGUF)."""
+
+    path: Path
+    arch: str
+    name: str
+    n_layer: int
+    n_ctx_train: int
+    n_embd_k_gqa: tuple[int, ...]   # per layer: n_head_kv(il) * head_dim_k
+    n_embd_v_gqa: tuple[int, ...]
+    n_params: int                   # model tensors only (merged heads excluded)
+    tensors: tuple[tuple[str, int], ...]       # (name, bytes) of the model's own tensors
+    head_tensors: tuple[tuple[str, int], ...]  # (name, bytes) of locret.* tensors embedded in the file
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(b for _, b in self.tensors)
+
+    @property
+    def tied_output(self) -> bool:
+        """No output.weight: llama.cpp reuses token_embd as the output matrix (one more copy on a GPU)."""
+        return not any(n == "output.weight" for n, _ in self.tensors)
+
+
+def read_model(path: Path) -> ModelFacts:
+    check_gguf(path)
+    kv, tensors = _read_header(path)
+    arch = kv.get("general.architecture")
+    if not isinstance(arch, str):
+        raise PlanError(f"{path}: no general.architecture: not a model GGUF")
+    if kv.get("general.type") == "locret_heads":
+        raise PlanError(f"{path} is a retaining heads file, not a model: give it with --heads")
+
+    def hp(key: str, default=None):
+        value = kv.get(f"{arch}.{key}", default)
+        if value is None:
+            raise PlanError(f"{path}: the header has no {arch}.{key}; cannot size the KV cache")
+        return value
+
+    n_layer = int(hp("block_count"))
+
+    def per_layer(value, what: str) -> list[int]:
+        values = list(value) if isinstance(value, list) else [int(value)] * n_layer
+        if len(values) != n_layer:
+            raise PlanError(f"{path}: {arch}.{what} has {len(values)} entries for {n_layer} layers")
+        return [int(v) for v in values]
+
+    n_embd = int(hp("embedding_length"))
+    n_head = per_layer(hp("attention.head_count"), "attention.head_count")
+    n_head_kv = per_layer(hp("attention.head_count_kv", n_head), "attention.head_count_kv")
+    # llama.cpp's defaults: head size n_embd / n_head unless the file states key/value lengths
+    dim_k = int(hp("attention.key_length", n_embd // max(n_head[0], 1)))
+    dim_v = int(hp("attention.value_length", n_embd // max(n_head[0], 1)))
+    own = [(n, _tensor_bytes(t, ne), ne) for n, t, ne in tensors if not n.startswith("locret.")]
+    heads = [(n, _tensor_bytes(t, ne)) for n, t, ne in tensors if n.startswith("locret.")]
+    return ModelFacts(path=path, arch=arch, name=str(kv.get("general.name") or path.stem), n_layer=n_layer,
+                      n_ctx_train=int(hp("context_length", 0)),
+                      n_embd_k_gqa=tuple(h * dim_k for h in n_head_kv),
+                      n_embd_v_gqa=tuple(h * dim_v for h in n_head_kv),
+                      n_params=sum(ne for _, _, ne in own),
+                      tensors=tuple((n, b) for n, b, _ in own), head_tensors=tuple(heads))
+
+
+def read_heads(path: Path) -> tuple[tuple[str, int], ...]:
+    """(name, bytes) of a standalone heads file's tensors."""
+    check_gguf(path)
+    kv, tensors = _read_header(path)
+    if kv.get("general.type") != "locret_heads":
+        raise PlanError(f"{path} is not a retaining heads file (general.type is {kv.get('general.type')!r})")
+    return tuple((n, _tensor_bytes(t, ne)) for n, t, ne in tensors)
+
+
+# --- settings -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    size_class: str
+    size_class_covers: bool      # False: the model is above every class of the profile
+    context: int
+    budget: int
+    ubatch: int
+    stabilizers: int
+    kv_type: str
+    gpu_layers: int              # -1: all
+    overridden: tuple[str, ...]  # which ones the caller set
+
+    @property
+    def n_cells(self) -> int:
+        return -(-(self.budget + self.ubatch) // KV_PAD) * KV_PAD
+
+    def llama_args(self, heads: Path | None) -> list[str]:
+        """The same settings as llama.cpp tool flags."""
+        args = [f"--locret-heads {heads}"] if heads is not None else []
+        args += [f"--locret-budget {self.budget}", f"-ub {self.ubatch}"]
+        if self.ubatch > 2048:
+            # llama.cpp caps the ubatch at the batch (-b, 2048 by default in the tools)
+            args.append(f"-b {self.ubatch}")
+        return args + [f"--locret-stabilizers {self.stabilizers}", f"-ctk {self.kv_type}", f"-ctv {self.kv_type}",
+                       f"-ngl {'all' if self.gpu_layers < 0 else self.gpu_layers}", f"-c {self.context}"]
+
+
+def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=None, ubatch=None,
+                     stabilizers=None, kv_type=None, gpu_layers=None) -> Settings:
+    """The profile's defaults for the model's size class, with the given overrides; PlanError for
+    settings that cannot work."""
+    sc, covers = device.size_class_for(facts.n_params)
+    given = dict(context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
+                 gpu_layers=gpu_layers)
+    overridden = tuple(k for k, v in given.items() if v is not None)
+    ctx = parse_context(context) if context is not None else DEFAULT_CONTEXT
+    b = sc.budget if budget is None else int(budget)
+    ub = sc.ubatch if ubatch is None else int(ubatch)
+    if b < 1:
+        raise PlanError(f"the budget must be at least 1 retained unit (got {b})")
+    if ub < 1:
+        raise PlanError(f"the ubatch (chunk) must be at least 1 token (got {ub})")
+    if b + ub > 0x7FFFFFFF:
+        raise PlanError(f"the budget ({b}) plus the ubatch ({ub}) exceeds what llama.cpp can address (2^31 - 1 cells)")
+    if ub > b:
+        raise PlanError(f"the ubatch ({ub}) is larger than the budget ({b}): each chunk is compressed into the "
+                        "budget, so give a budget of at least one ubatch (or a smaller --ubatch)")
+    if ub > ctx:
+        raise PlanError(f"the ubatch ({ub}) is larger than the context ({ctx})")
+    if stabilizers is None:
+        # the profile's value, fitted to the chunk and half the budget as llama.cpp fits its defaults
+        n_s = min(sc.stabilizers, ub, b // 2)
+    else:
+        n_s = int(stabilizers)
+        if n_s < 0 or n_s >= b or n_s > ub:
+            raise PlanError(f"the stabilizers ({n_s}) must be >= 0, below the budget ({b}) and fit in one ubatch ({ub})")
+    kv = (sc.kv_type if kv_type is None else str(kv_type)).lower()
+    if kv not in devices.KV_TYPES:
+        raise PlanError(f"unknown KV cache type '{kv}': one of {', '.join(devices.KV_TYPES)}")
+    block = _type_sizes()[0][_type_sizes()[1][kv.upper()]][0]
+    bad = [w for w in set(facts.n_embd_k_gqa + facts.n_embd_v_gqa) if w % block]
+    if bad:
+        raise PlanError(f"KV cache type {kv} stores rows in blocks of {block}, but this model's K/V rows are "
+                        f"{sorted(bad)[0]} wide: use f16")
+    ngl = sc.gpu_layers if gpu_layers is None else parse_gpu_layers(gpu_layers)
+    if device.build.backend == "cpu" and ngl != 0:
+        raise PlanError(f"{device.name} has no GPU: GPU layers must be 0")
+    return Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
+                    stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden)
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+def kv_bytes_per_layer(facts: ModelFacts, n_cells: int, kv_type: str) -> list[int]:
+    """Per layer, what llama_kv_cache allocates: a K tensor [n_embd_k_gqa, cells] and a V tensor
+    [n_embd_v_gqa, cells] of the cache type (one stream: Locret keeps one sequence)."""
+    return [n_cells * (row_size(kv_type, k) + row_size(kv_type, v))
+            for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+
+
+def predict_kv_bytes(facts: ModelFacts, settings: Settings) -> int:
+    return sum(kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type))
+
+
+def _on_gpu(n_layer: int, gpu_layers: int, backend: str) -> tuple[set[int], bool]:
+    """Repeating layers and whether the output layer go to the GPU, as llama.cpp assigns them: with N GPU
+    layers, layers il >= n_layer + 1 - N (the output layer counting as il = n_layer); -1 is all."""
+    if backend == "cpu":
+        return set(), False
+    n = n_layer + 1 if gpu_layers < 0 else min(gpu_layers, n_layer + 1)
+    start = n_layer + 1 - n
+    return {il for il in range(n_layer) if il >= start}, n >= 1
+
+
+@dataclass
+class Part:
+    what: str
+    device_bytes: int   # in GPU memory (discrete devices only)
+    host_bytes: int     # in system RAM (everything, on unified and CPU devices)
+    how: str
+
+
+def place(facts: ModelFacts, heads: tuple[tuple[str, int], ...], settings: Settings, device: Device,
+          kv_per_layer: list[int]) -> list[Part]:
+    """Weights, heads and KV cache split between GPU memory and host RAM."""
+    gpu_layers, output_on_gpu = _on_gpu(facts.n_layer, settings.gpu_layers, device.build.backend)
+
+    def on_gpu(name: str) -> bool:
+        m = _LAYER.match(name)
+        if m:
+            return int(m.group(1)) in gpu_layers
+        return name.startswith("output") and output_on_gpu  # token_embd (input layer) stays on the CPU
+
+    w_dev = sum(b for n, b in facts.tensors if on_gpu(n))
+    w_host = facts.weight_bytes - w_dev
+    how = f"tensor bytes in {facts.path.name}"
+    if facts.tied_output and output_on_gpu:
+        # the output layer reuses token_embd: llama.cpp loads a second copy of it on the output device
+        w_dev += sum(b for n, b in facts.tensors if n == "token_embd.weight")
+        how += " + the tied output matrix's GPU copy"
+    h_dev = sum(b for n, b in heads if on_gpu(n))
+    kv_dev = sum(b for il, b in enumerate(kv_per_layer) if il in gpu_layers)
+    parts = [Part("weights", w_dev, w_host, how),
+             Part("retaining heads", h_dev, sum(b for _, b in heads) - h_dev, "tensor bytes of the heads"),
+             Part("KV cache", kv_dev, sum(kv_per_layer) - kv_dev,
+                  f"{settings.n_cells} cells = pad({settings.budget} + {settings.ubatch}, {KV_PAD}) x "
+                  f"{facts.n_layer} layers x (K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {settings.kv_type}")]
+    if device.memory.kind != "discrete":
+        # one memory: what llama.cpp puts in CUDA buffers is the same RAM
+        for p in parts:
+            p.host_bytes, p.device_bytes = p.host_bytes + p.device_bytes, 0
+    return parts
+
+
+# --- llama.cpp's own estimate ---------------------------------------------------------------------
+
+@dataclass
+class Measured:
+    """What llama.cpp reported for a no_alloc model + context with the plan's settings."""
+
+    compute: dict[str, int]       # buffer type -> bytes ("CPU", "CUDA0", "CUDA_Host", ...)
+    output: dict[str, int]
+    kv_bytes: int                 # ggml_nbytes of the cache's K and V tensors (llama_locret_get_stats)
+    kv_log_bytes: int             # "llama_kv_cache: size = ... MiB"
+    n_cells: int
+    stabilizers: int
+    local: int
+    model_size: int               # llama_model_size(): bytes of the model's tensors
+    n_params: int
+
+
+def _is_host_buffer(name: str) -> bool:
+    return name == "CPU" or name.endswith("_Host") or name.startswith("CPU")
+
+
+def measure(model: Path, heads: Path | None, settings: Settings, timeout: float = 600) -> Measured:
+    """Run llama.cpp (in a child process) on the model with the plan's settings, allocating nothing."""
+    request = dict(model=str(model), heads=str(heads) if heads else None, context=settings.context,
+                   budget=settings.budget, ubatch=settings.ubatch, stabilizers=settings.stabilizers,
+                   kv_type=settings.kv_type, gpu_layers=settings.gpu_layers)
+    # an abort inside llama.cpp would otherwise attach gdb to print a backtrace: the message is enough
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "locret.planner", "--measure", json.dumps(request)],
+                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+    except subprocess.TimeoutExpired:
+        raise PlanError(f"llama.cpp's memory estimate did not finish in {timeout:.0f} s") from None
+    for line in proc.stdout.splitlines():
+        if line.startswith(_RESULT_MARK):
+            data = json.loads(line[len(_RESULT_MARK):])
+            if "error" in data:
+                raise PlanError(f"llama.cpp refused the plan: {data['error']}")
+            return Measured(**data)
+    lines = proc.stderr.strip().splitlines() or ["(no output)"]
+    reason = next((x for x in lines if "GGML_ASSERT" in x or "error" in x.lower()), lines[-1]).strip()
+    raise PlanError(f"llama.cpp's memory estimate failed (exit {proc.returncode}): {reason}")
+
+
+def _measure_main(request: dict) -> dict:
+    """Child process: load with no_alloc, create the context, collect what llama.cpp reports."""
+    import ctypes
+
+    # `python -m locret.planner` has imported the package first, which pointed llama_cpp at our libllama
+    try:
+        import llama_cpp.llama_cpp as L
+    except (OSError, FileNotFoundError) as e:
+        return {"error": f"the patched libllama could not be loaded ({e}); run `bash scripts/setup.sh`"}
+    from . import eviction
+    from .heads import HeadsError, _last_error
+
+    lines: list[tuple[int, str]] = []
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+    def on_log(level, text, user_data):
+        lines.append((level, (text or b"").decode(errors="replace")))
+
+    def errors() -> str:
+        # the first error says what went wrong; later ones only say that loading failed
+        for wanted in (4, 3):  # GGML_LOG_LEVEL_ERROR, then _WARN
+            bad = [t.strip() for lv, t in lines if lv == wanted and t.strip()]
+            if bad:
+                return bad[0]
+        return "no message"
+
+    L.llama_log_set(on_log, None)
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.no_alloc = True                         # simulate allocations: nothing is read or allocated
+    mp.load_mode = L.LLAMA_LOAD_MODE_NONE      # no_alloc cannot map the file
+    mp.n_gpu_layers = int(request["gpu_layers"])
+    model = L.llama_model_load_from_file(request["model"].encode(), mp)
+    if not model:
+        return {"error": f"could not load the model: {errors()}"}
+    try:
+        heads = eviction.configure(model, request["model"], heads=request["heads"], budget=request["budget"],
+                                   stabilizers=request["stabilizers"])
+    except HeadsError as e:
+        return {"error": str(e)}
+    types = _type_sizes()[1]
+    cp = L.llama_context_default_params()
+    cp.n_ctx = int(request["context"])
+    cp.n_batch = cp.n_ubatch = int(request["ubatch"])
+    cp.n_seq_max = 1
+    cp.n_threads = cp.n_threads_batch = 1
+    cp.type_k = cp.type_v = int(types[request["kv_type"].upper()])
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        return {"error": _last_error() or errors()}
+    stats = eviction.stats(ctx)
+    text = "".join(t for _, t in lines)
+    compute: dict[str, int] = {}
+    output: dict[str, int] = {}
+    for name, mib in re.findall(r"(\S+) compute buffer size = +([0-9.]+) MiB", text):
+        compute[name] = compute.get(name, 0) + round(float(mib) * MIB)
+    for name, mib in re.findall(r"(\S+) +output buffer size = +([0-9.]+) MiB", text):
+        output[name] = output.get(name, 0) + round(float(mib) * MIB)
+    kv_log = re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", text)
+    result = dict(compute=compute, output=output, kv_bytes=int(stats["kv_bytes"]),
+                  kv_log_bytes=round(float(kv_log[-1]) * MIB) if kv_log else 0, n_cells=int(stats["n_cells"]),
+                  stabilizers=int(stats["stabilizers"]), local=int(stats["local"]),
+                  model_size=int(L.llama_model_size(model)), n_params=int(L.llama_model_n_params(model)))
+    L.llama_free(ctx)
+    del heads
+    L.llama_model_free(model)
+    return result
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    device: Device
+    model: ModelFacts
+    heads_path: Path | None
+    head_tensors: tuple[tuple[str, int], ...]
+    settings: Settings
+    parts: list[Part]
+    measured: Measured | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pool(self) -> str:
+        """Which memory the profile's limit applies to."""
+        return "device" if self.device.memory.kind == "discrete" else "host"
+
+    def total(self, pool: str | None = None) -> int:
+        pool = pool or self.pool
+        return sum(p.device_bytes if pool == "device" else p.host_bytes for p in self.parts)
+
+    @property
+    def limit(self) -> int:
+        return self.device.memory.available_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.measured is not None and self.total() <= self.limit
+
+    def as_dict(self) -> dict:
+        return dict(device=self.device.name, model=str(self.model.path), n_params=self.model.n_params,
+                    heads=str(self.heads_path) if self.heads_path else None, settings=asdict(self.settings),
+                    n_cells=self.settings.n_cells, parts=[asdict(p) for p in self.parts],
+                    measured=asdict(self.measured) if self.measured else None, limit_bytes=self.limit,
+                    limit_pool=self.pool, total_bytes=self.total(), fits=self.fits, notes=self.notes,
+                    refusal=None if self.fits else refusal(self))
+
+
+def _resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: str | None) -> tuple[Path | None, str]:
+    from . import models
+
+    if heads is not None:
+        return Path(heads), "given"
+    if facts.head_tensors:
+        return None, "embedded in the model"
+    # the repository's trained heads, for a registered model given by name or by its file
+    for name in models.SHIPPED_HEADS:
+        shipped = models.shipped_heads(name)
+        if shipped is None:
+            continue
+        if model_arg == name:
+            return shipped, "shipped for this model (heads/)"
+        try:
+            if models.resolve(name, fetch=False).resolve() == model_path.resolve():
+                return shipped, "shipped for this model (heads/)"
+        except ModelFileError:
+            continue  # that model is not installed
+    raise PlanError(f"no retaining heads for {model_path.name}: give --heads H.gguf (Locret scores the KV cache "
+                    "with them; `locret convert` makes them)")
+
+
+def plan(device: str, model: str, *, heads: str | None = None, context=None, budget=None, ubatch=None,
+         stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True) -> Plan:
+    """Resolve settings and predict the peak memory of a model on a device; see the module doc."""
+    from . import models
+
+    dev = devices.load(device)
+    model_path = models.resolve(model, fetch=False)
+    facts = read_model(model_path)
+    settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
+                                stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers)
+    heads_path, heads_origin = _resolve_heads(model, model_path, facts, heads)
+    head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
+    kv_layers = kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type)
+    parts = place(facts, head_tensors, settings, dev, kv_layers)
+    out = Plan(device=dev, model=facts, heads_path=heads_path, head_tensors=head_tensors,
+               settings=settings, parts=parts, measured=None)
+    out.notes.append(f"retaining heads: {heads_origin}")
+    if not settings.size_class_covers:
+        out.notes.append(f"{facts.n_params / 1e9:.1f}B parameters is above every size class of {dev.name}: "
+                         f"using the largest class's settings ({settings.size_class})")
+    if settings.n_cells > facts.n_ctx_train > 0:
+        out.notes.append(f"the cache holds positions up to {settings.n_cells - 1}, beyond the model's training "
+                         f"window ({facts.n_ctx_train}): a smaller budget keeps RoPE within it")
+    if settings.context <= settings.budget:
+        out.notes.append(f"the context ({settings.context}) fits in the budget: nothing will be evicted")
+    if out.total() > out.limit or not measure_buffers:
+        # weights and KV alone are over the limit: no estimate of the buffers can change the answer
+        out.notes.append("compute buffers not measured" + (": weights and KV cache alone exceed the limit"
+                                                           if out.total() > out.limit else ""))
+        return out
+    m = measure(model_path, heads_path, settings)
+    out.measured = m
+    _add_buffers(out, m)
+    predicted_kv = sum(kv_layers)
+    if m.kv_bytes and abs(m.kv_bytes - predicted_kv) > 0.05 * m.kv_bytes:
+        out.notes.append(f"llama.cpp sized the KV cache at {_fmt(m.kv_bytes)}, not the predicted {_fmt(predicted_kv)}")
+    return out
+
+
+def _add_buffers(out: Plan, m: Measured) -> None:
+    host = sum(b for n, b in m.compute.items() if _is_host_buffer(n))
+    dev = sum(b for n, b in m.compute.items() if not _is_host_buffer(n))
+    names = ", ".join(f"{n} {_fmt(b)}" for n, b in m.compute.items()) or "none reported"
+    how = f"llama.cpp's estimate ({names})"
+    gpu_layers, _ = _on_gpu(out.model.n_layer, out.settings.gpu_layers, out.device.build.backend)
+    if out.device.build.backend == "cuda" and dev == 0 and gpu_layers:
+        # this build has no CUDA backend: the CPU backend's buffer for the same graph stands in for the GPU's
+        out.notes.append("compute buffers measured with this build's CPU backend; run `locret plan` on the device "
+                         "(CUDA build) for the GPU's own figure")
+        dev, host = host, 0
+    if out.device.memory.kind != "discrete":
+        host, dev = host + dev, 0
+    out.parts.append(Part("compute buffers", dev, host, how))
+    out.parts.append(Part("output buffer", 0, sum(m.output.values()), "llama.cpp's estimate (logits)"))
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.2f} MiB"
+
+
+# --- what to change when it does not fit ----------------------------------------------------------
+
+def _variant_total(p: Plan, **changes) -> int:
+    """The checked pool's total with other settings, keeping the measured buffers (they shrink with the
+    cache, so this is on the safe side)."""
+    s = replace(p.settings, **changes)
+    parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s.n_cells, s.kv_type))
+    buffers = [x for x in p.parts if x.what in ("compute buffers", "output buffer")]
+    return sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
+
+
+def _pool_weights(p: Plan) -> int:
+    weights = next(x for x in p.parts if x.what == "weights")
+    return weights.device_bytes if p.pool == "device" else weights.host_bytes
+
+
+def advice(p: Plan) -> list[str]:
+    """Concrete changes that bring the plan under the limit, cheapest in quality first."""
+    s, tips = p.settings, []
+    # the largest budget that fits: the pool total is linear in the cell count, so solve for it
+    step = _variant_total(p, budget=s.budget + KV_PAD) - p.total()   # bytes of 256 more cells
+    if step > 0:
+        fixed = p.total() - step * (s.n_cells // KV_PAD)               # everything but the cache's pool share
+        cells = (p.limit - fixed) // step * KV_PAD
+        b = cells - s.ubatch                      # the top budget of that 256-cell step
+        if b >= s.ubatch and b > s.stabilizers and _variant_total(p, budget=b) <= p.limit:
+            tips.append(f"a smaller budget (--budget {b})")
+    for kv in ("q8_0", "q4_0"):
+        if row_size(kv, 256) < row_size(s.kv_type, 256) and _variant_total(p, kv_type=kv) <= p.limit:
+            tips.append(f"KV cache type {kv} (--kv-type {kv})")
+            break
+    if p.pool == "device":
+        n_layer = p.model.n_layer
+        current = n_layer + 1 if s.gpu_layers < 0 else s.gpu_layers
+        for n in range(current - 1, -1, -1):
+            if _variant_total(p, gpu_layers=n) <= p.limit:
+                tips.append(f"fewer GPU layers (--gpu-layers {n}; the others run on the CPU, slower)")
+                break
+    tips.append("a smaller or more quantized model")
+    return tips
+
+
+def refusal(p: Plan) -> str:
+    where = "GPU memory" if p.pool == "device" else "memory"
+    head = (f"does not fit on {p.device.name}: predicted peak {_fmt(p.total())} > {_fmt(p.limit)} of {where} available "
+            f"to the model (memory.available_gib in {p.device.path.name})")
+    tips = advice(p)
+    if _pool_weights(p) > p.limit and p.pool != "device":
+        return f"{head}; the weights alone ({_fmt(_pool_weights(p))}) exceed it: use a smaller or more quantized model"
+    unmeasured = "" if p.measured else " (compute buffers come on top: plan again with the new settings)"
+    return f"{head}; to fit, use " + ", or ".join(tips) + unmeasured
+
+
+# --- report ---------------------------------------------------------------------------------------
+
+def format_plan(p: Plan) -> str:
+    d, m, s = p.device, p.model, p.settings
+    mem = d.memory
+    lines = [f"device    {d.name}: {d.description}",
+             f"          {mem.available_gib:.2f} GiB of {mem.total_gib:g} GiB available to the model "
+             f"({mem.kind} memory, {mem.bandwidth_gbs:g} GB/s)",
+             f"model     {m.path.name}: {m.arch}, {m.n_layer} layers, {m.n_params / 1e9:.3g}B parameters, "
+             f"trained window {m.n_ctx_train} -> size class {s.size_class}",
+             f"heads     {p.heads_path if p.heads_path else 'embedded in the model'}",
+             f"settings  budget {s.budget}, chunk (ubatch) {s.ubatch}, stabilizers {s.stabilizers}, KV cache "
+             f"{s.kv_type}, GPU layers {'all' if s.gpu_layers < 0 else s.gpu_layers}, context {s.context}",
+             f"          from {d.name}'s {s.size_class} defaults"
+             + (f"; given: {', '.join(s.overridden)}" if s.overridden else ""),
+             f"llama.cpp {' '.join(s.llama_args(p.heads_path))}",
+             "predicted peak memory:"]
+    discrete = mem.kind == "discrete"
+    if discrete:
+        lines.append(f"  {'':18s} {'GPU':>11s} {'host RAM':>11s}")
+    for part in p.parts:
+        cols = (f"{_fmt(part.device_bytes):>11s} {_fmt(part.host_bytes):>11s}" if discrete
+                else f"{_fmt(part.host_bytes):>11s}")
+        lines.append(f"  {part.what:18s} {cols}   {part.how}")
+    if p.measured is not None:
+        lines.append(f"  (llama.cpp: KV cache {_fmt(p.measured.kv_bytes)} in {p.measured.n_cells} cells, model tensors "
+                     f"{_fmt(p.measured.model_size)}, local tail {p.measured.local})")
+    total = (f"{_fmt(p.total('device')):>11s} {_fmt(p.total('host')):>11s}" if discrete else f"{_fmt(p.total()):>11s}")
+    lines.append(f"  {'total':18s} {total}")
+    verdict = ("fits" if p.fits else "does NOT fit") if p.measured is not None or p.total() > p.limit else "not checked"
+    lines.append(f"limit     {_fmt(p.limit)} ({'GPU memory' if discrete else 'memory'} available on {d.name}): "
+                 f"{verdict} ({100.0 * p.total() / p.limit:.1f} % used)")
+    lines += [f"note      {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+def run_cli(args) -> int:
+    """`locret plan` (arguments from cli.py): print the plan; exit 0 if it fits, 3 if not, 1 on bad input."""
+    try:
+        p = plan(args.device, args.model, heads=args.heads, context=args.context, budget=args.budget,
+                 ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type, gpu_layers=args.gpu_layers)
+    except (DeviceError, PlanError, ModelFileError, RuntimeError) as e:
+        print(f"locret: error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(p.as_dict(), indent=1) if args.json else format_plan(p))
+    if not p.fits:
+        print(f"locret: error: {refusal(p)}", file=sys.stderr)
+        return EXIT_DOES_NOT_FIT
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--measure"] and len(sys.argv) == 3:
+        try:
+            result = _measure_main(json.loads(sys.argv[2]))
+        except Exception as e:  # reported to the parent as one line
+            result = {"error": f"{type(e).__name__}: {e}"}
+        print(_RESULT_MARK + json.dumps(result), flush=True)
+        sys.exit(0)
+    print("usage: python -m locret.planner --measure JSON  (internal; use `locret plan`)", file=sys.stderr)
+    sys.exit(2)
