@@ -11,6 +11,8 @@ Writes a JSON (settings, summary, every trial) and a markdown table next to it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -86,10 +88,26 @@ def main(argv: list[str]) -> int:
             else:
                 plan += [(method, length, b, n) for b in budgets]
     deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
-    results = []
-    with tqdm(total=sum(p[3] for p in plan), desc="passkey trials", unit="trial") as bar:
+    # every finished trial is appended here at once; running the same command again skips them
+    journal = args.output.with_suffix(".trials.jsonl")
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    recorded = [passkey_eval.Trial(**json.loads(line)) for line in journal.read_text().splitlines()
+                if line.strip()] if journal.exists() else []
+    done = {(t.method, t.budget, t.key, t.needle_at) for t in recorded}
+    if recorded:
+        print(f"{len(recorded)} trials already in {journal}: skipped")
+
+    def record(trial):
+        with open(journal, "a") as f:
+            f.write(json.dumps(dataclasses.asdict(trial)) + "\n")
+
+    with tqdm(total=sum(p[3] for p in plan), initial=len(recorded), desc="passkey trials", unit="trial") as bar:
         for method, length, budget, n in plan:
-            results += passkey_eval.run_length(setup, method, length, budget, n, args.seed, bar, deadline)
+            passkey_eval.run_length(setup, method, length, budget, n, args.seed, bar, deadline, done, record)
+    wanted = {(m, b, length) for m, length, b, _ in plan}
+    results = [passkey_eval.Trial(**json.loads(line)) for line in journal.read_text().splitlines() if line.strip()]
+    results = [t for t in results if any(t.method == m and t.budget == b and abs(t.length - length) < 200
+                                         for m, b, length in wanted)]
     rows = passkey_eval.summarize(results)
     settings = {"model": Path(model_path).name, "heads": Path(heads).name if heads else None,
                 "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch,

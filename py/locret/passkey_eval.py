@@ -54,8 +54,9 @@ class Setup:
 def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
     from .llama import Llama
 
+    # flash attention for every method alike: the fastest CPU path here, and what llama.cpp's tools pick
     kwargs = dict(n_ctx=n_ctx, n_batch=setup.n_ubatch, n_ubatch=setup.n_ubatch, n_threads=setup.threads,
-                  n_threads_batch=setup.threads, verbose=False)
+                  n_threads_batch=setup.threads, flash_attn=True, verbose=False)
     if method == "full":
         return Llama(setup.model_path, **kwargs)
     if method in ("locret", "random-heads"):
@@ -105,8 +106,12 @@ def _feed_prefix(llm, tokens: list[int]) -> None:
 
 
 def run_length(setup: Setup, method: str, length: int, budget: int | None, trials: int, seed: int,
-               progress=None, deadline: float | None = None) -> list[Trial]:
-    """`trials` passkey trials of about `length` prompt tokens with one method."""
+               progress=None, deadline: float | None = None, done: set | None = None,
+               on_trial=None) -> list[Trial]:
+    """`trials` passkey trials of about `length` prompt tokens with one method.
+
+    `done`: (method, budget, key, needle_at) of trials already recorded, skipped; `on_trial(trial)` is
+    called as each trial ends (the script appends it to a JSONL file, so an interrupted run resumes)."""
     n_ctx = length + 1024 if method == "full" else max(length + 1024, 4096)
     llm = _make_llm(setup, method, budget, n_ctx)
     try:
@@ -116,7 +121,10 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
         keys = passkey.make_keys(seed + length, trials)
         depths = passkey.spread_depths(trials)
         points = passkey.aligned_insert_points(len(pieces.head), n_filler, setup.n_ubatch, depths)
-        order = sorted(range(trials), key=lambda i: points[i])
+        order = [i for i in sorted(range(trials), key=lambda i: points[i])
+                 if done is None or (method, budget, keys[i], points[i]) not in done]
+        if not order:
+            return []
         results: list[Trial] = []
         snapshot, snapshot_at = None, None
         for i in order:
@@ -145,6 +153,8 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
             prompt_tokens = len(pieces.head) + n_filler + len(needle) + len(pieces.tail)
             results.append(Trial(method, prompt_tokens, budget, depths[i], at, keys[i], answer.strip(), passkey.score(answer, keys[i]),
                                  round(time.monotonic() - t0, 2)))
+            if on_trial is not None:
+                on_trial(results[-1])
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(method=method, length=length, acc=f"{np.mean([r.correct for r in results]):.2f}")
