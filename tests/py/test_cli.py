@@ -28,3 +28,10 @@ def test_convert_is_the_heads_converter(model_path, tmp_path):
 def test_unknown_subcommand_is_a_usage_error():
     proc = locret("frobnicate")
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_train_is_the_head_trainer(tmp_path):
+    proc = locret("train", "--help")
+    assert proc.returncode == 0 and "--max-minutes" in proc.stdout, proc.stderr
+    bad = locret("train", "--base", tmp_path / "missing.gguf", "-o", tmp_path / "h.gguf")
+    assert bad.returncode == 1 and "train_heads: error:" in bad.stderr and "no such file" in bad.stderr, bad.stderr
