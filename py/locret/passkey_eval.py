@@ -26,7 +26,7 @@ import numpy as np
 from .tasks import passkey
 
 METHODS = ("full", "locret", "random-heads", "random", "streaming")
-MAX_NEW_TOKENS = 12
+MAX_NEW_TOKENS = 32  # room for a chatty answer ("The five-digit passkey hidden in the text is 12345.")
 
 
 @dataclass
