@@ -59,7 +59,7 @@ class TrainConfig:
     weight_type: str = "f16"
     budget: int = 2048
     chunk: int = 512
-    stabilizers: int = 400
+    stabilizers: int = 128
     local: int = 100
 
     def fingerprint(self) -> str:
