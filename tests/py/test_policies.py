@@ -8,7 +8,6 @@ make llama.cpp's threads wait on each other; each policy's prompt runs once per 
 from __future__ import annotations
 
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -18,10 +17,9 @@ import llama_cpp
 from locret import eviction, heads as heads_api
 from locret.llama import Llama
 
-from conftest import REPO, natural_text, run, tool
-from test_eviction import Algorithm1, decode
+from conftest import natural_text, run, tool
+from test_eviction import Algorithm1, decode, heads_file, prompt_tokens  # noqa: F401 (shared fixtures)
 
-CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 B, UB, NS, NLOC = 96, 32, 16, 8
 SINKS = 4      # StreamingLLM's attention sinks: logical positions 0..3
 N_PROMPT = 500  # 15 full ubatches, then 12 tokens and the 8-token local tail
@@ -52,23 +50,6 @@ def streaming_after_prompt(n_prompt: int) -> list[int]:
     assert n_prompt % UB > NLOC
     tail_start = n_prompt - NLOC
     return list(range(SINKS)) + list(range(tail_start - (B - SINKS), tail_start)) + list(range(tail_start, n_prompt))
-
-
-@pytest.fixture(scope="module")
-def heads_file(tmp_path_factory, model_path):
-    work = tmp_path_factory.mktemp("policies")
-    ckpt, out = work / "random.safetensors", work / "heads.gguf"
-    for args in (["make-random", "--base", model_path, "--d-r", "64", "--seed", "3", "-o", ckpt],
-                 ["--base", model_path, "--heads", ckpt, "-o", out]):
-        proc = run([sys.executable, CONVERTER, *args], timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
-@pytest.fixture(scope="module")
-def prompt_tokens(model_path):
-    llm = llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=False)
-    return llm.tokenize(natural_text().encode(), add_bos=True)
 
 
 def make(model_path, policy, **kw):
