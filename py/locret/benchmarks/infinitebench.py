@@ -137,6 +137,15 @@ def code_run(prediction: str, label) -> float:
         return 0.0
 
 
+def _blank_out(text: str, pieces: Sequence[str]) -> str:
+    """Each of `pieces` replaced by a space, in order, then runs of spaces collapsed to one."""
+    for piece in pieces:
+        text = text.replace(piece, " ")
+    while "  " in text:
+        text = text.replace("  ", " ")
+    return text
+
+
 def code_debug(prediction: str, function: str, letter: str) -> float:
     """code_debug: the prediction starts with "X." or "X:" for the right option letter X, or after one of
     the prefixes "answer is:", "is:", "answer:", "correct option is:" (the first found) names the
@@ -144,10 +153,7 @@ def code_debug(prediction: str, function: str, letter: str) -> float:
     prediction = prediction.strip()
     if prediction[:2] in (f"{letter}.", f"{letter}:"):
         return 1.0
-    for c in ("\n", "`", "'", '"', "-", "*", "Option", "option"):
-        prediction = prediction.replace(c, " ")
-    while "  " in prediction:
-        prediction = prediction.replace("  ", " ")
+    prediction = _blank_out(prediction, ("\n", "`", "'", '"', "-", "*", "Option", "option"))
     for prefix in ("answer is:", "is:", "answer:", "correct option is:"):
         at = prediction.find(prefix)
         if at == -1:
@@ -169,10 +175,7 @@ def choice(prediction: str, label: Sequence[str]) -> float:
         return float(prediction[0] in label)
     if prediction in label:
         return 1.0
-    for c in ("\n", '"', "'", ".", ",", "?", "!", "{", "}"):
-        prediction = prediction.replace(c, " ")
-    while "  " in prediction:
-        prediction = prediction.replace("  ", " ")
+    prediction = _blank_out(prediction, ("\n", '"', "'", ".", ",", "?", "!", "{", "}"))
     for prefix in ("answer is:", "answer:", "answer is", "option is"):
         at = prediction.find(prefix)
         if at == -1:
