@@ -37,6 +37,9 @@ def main(argv: list[str]) -> int:
                     help=f"comma separated, of {','.join(passkey_eval.METHODS)}")
     ap.add_argument("--ubatch", type=int, default=512, help="chunk B (n_ubatch, also n_batch)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stabilizers", type=int,
+                    help="stabilizers n_s for every evicting method (default: the heads file's recommendation); "
+                         "set it to compare trained and random heads with the same n_s")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-minutes", type=float, help="stop starting trials after this long; report what ran")
     ap.add_argument("--check-prefix-reuse", action="store_true",
@@ -60,6 +63,8 @@ def main(argv: list[str]) -> int:
         ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(passkey_eval.METHODS)}")
     if any(x <= 0 for x in lengths + trials + budgets):
         ap.error("lengths, trials and budgets must be positive")
+    if args.stabilizers is not None and not 0 <= args.stabilizers < min(budgets):
+        ap.error(f"--stabilizers {args.stabilizers} must be at least 0 and below the smallest budget {min(budgets)}")
 
     model_path = str(models.resolve(args.model))
     heads = args.heads or str(models.shipped_heads(args.model) or "")
@@ -68,7 +73,7 @@ def main(argv: list[str]) -> int:
     random_heads = args.random_heads or (passkey_eval.default_random_heads(model_path)
                                          if "random-heads" in methods else None)
     setup = passkey_eval.Setup(model_path=model_path, heads=heads or None, random_heads=random_heads,
-                               n_ubatch=args.ubatch, threads=args.threads)
+                               n_ubatch=args.ubatch, threads=args.threads, stabilizers=args.stabilizers)
     n_ctx_train = _n_ctx_train(model_path)
 
     if args.check_prefix_reuse:
@@ -110,7 +115,7 @@ def main(argv: list[str]) -> int:
                                          for m, b, length in wanted)]
     rows = passkey_eval.summarize(results)
     settings = {"model": Path(model_path).name, "heads": Path(heads).name if heads else None,
-                "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch,
+                "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch, "stabilizers": args.stabilizers,
                 "seed": args.seed, "n_ctx_train": n_ctx_train, "command": "scripts/eval_passkey.py " + " ".join(argv)}
     passkey_eval.write_results(args.output, results, rows, settings)
     print(passkey_eval.markdown_table(rows))

@@ -171,3 +171,17 @@ def make_random(model: str | os.PathLike, out: str | os.PathLike, *, d_r: int, s
             if proc.returncode != 0:
                 raise HeadsError(f"making random heads failed: {proc.stderr.strip()[-2000:]}")
     return Path(out)
+
+
+def cached_random_heads(model_path: str | os.PathLike) -> str:
+    """Random heads (d_R 256, seed 0) for the model, made once into the user cache: the untrained
+    baseline of the evaluations (the paper's appendix ablation)."""
+    from . import models
+
+    cache = models.cache_dir() / "heads"
+    cache.mkdir(parents=True, exist_ok=True)
+    out = cache / f"random-{Path(model_path).stem}-d256-seed0.gguf"
+    if not out.exists():
+        make_random(model_path, out, d_r=256, seed=0)
+    return str(out)
+

@@ -23,9 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import heads as heads_module
+from . import evaluation
+from .evaluation import decoding
 from .tasks import passkey
 
-METHODS = ("full", "locret", "random-heads", "random", "streaming")
+METHODS = evaluation.METHODS  # the same methods as `locret eval`
 MAX_NEW_TOKENS = 32  # room for a chatty answer ("The five-digit passkey hidden in the text is 12345.")
 
 
@@ -49,6 +52,7 @@ class Setup:
     random_heads: str | None  # heads for `random-heads`
     n_ubatch: int = 512
     threads: int = 2
+    stabilizers: int | None = None  # n_s for every evicting method alike; None: the heads file's (or engine's) default
 
 
 def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
@@ -59,42 +63,19 @@ def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
                   n_threads_batch=setup.threads, flash_attn=True, verbose=False)
     if method == "full":
         return Llama(setup.model_path, **kwargs)
+    kwargs.update(locret_budget=budget, locret_stabilizers=setup.stabilizers)
     if method in ("locret", "random-heads"):
         heads = setup.heads if method == "locret" else setup.random_heads
-        return Llama(setup.model_path, locret_heads=heads, locret_budget=budget, locret_policy="heads", **kwargs)
-    return Llama(setup.model_path, locret_budget=budget, locret_policy=method, **kwargs)
+        return Llama(setup.model_path, locret_heads=heads, locret_policy="heads", **kwargs)
+    return Llama(setup.model_path, locret_policy=method, **kwargs)
 
 
-def _tokenizer(llm):
-    def tokenize(text: str, add_bos: bool) -> list[int]:
-        return llm.tokenize(text.encode(), add_bos=add_bos, special=True)
-    return tokenize
-
-
-def _chat_format(llm):
-    from llama_cpp import llama_chat_format
-
-    template = llm.metadata.get("tokenizer.chat_template")
-    if not template:
-        return None
-    formatter = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=llm.detokenize([llm.token_eos()]).decode(),
-                                                      bos_token=llm.detokenize([llm.token_bos()]).decode())
-    return lambda user: formatter(messages=[{"role": "user", "content": user}]).prompt
+# the model's tokenizer, chat template and greedy decoding: shared with `locret eval`
+_tokenizer, _chat_format, _last_logits = decoding.tokenizer, decoding.chat_format, decoding.last_logits
 
 
 def _greedy(llm, max_new: int) -> str:
-    import llama_cpp
-
-    out: list[int] = []
-    vocab = llm._model.vocab
-    for _ in range(max_new):
-        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
-        token = int(np.argmax(logits))
-        if llama_cpp.llama_vocab_is_eog(vocab, token):
-            break
-        out.append(token)
-        llm.eval([token])
-    return llm.detokenize(out).decode(errors="replace")
+    return decoding.greedy(llm, max_new)[0]
 
 
 def _feed_prefix(llm, tokens: list[int]) -> None:
@@ -163,10 +144,6 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
         llm.close()
 
 
-def _last_logits(llm) -> np.ndarray:
-    return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).copy()
-
-
 def check_prefix_reuse(setup: Setup, method: str, length: int, budget: int | None, seed: int,
                        return_logits: bool = False):
     """One trial at a mid depth run twice: with the saved-prefix shortcut and in a single pass. Returns both
@@ -227,14 +204,4 @@ def write_results(path: Path, trials: list[Trial], rows: list[dict], settings: d
     path.with_suffix(".md").write_text(markdown_table(rows) + "\n")
 
 
-def default_random_heads(model_path: str) -> str:
-    """Random heads (d_R 256, seed 0) for the model, made once into the user cache."""
-    from . import heads as heads_module
-    from . import models
-
-    cache = models.cache_dir() / "heads"
-    cache.mkdir(parents=True, exist_ok=True)
-    out = cache / f"random-{Path(model_path).stem}-d256-seed0.gguf"
-    if not out.exists():
-        heads_module.make_random(model_path, out, d_r=256, seed=0)
-    return str(out)
+default_random_heads = heads_module.cached_random_heads  # the name scripts/eval_passkey.py uses

@@ -518,7 +518,7 @@ class Plan:
                     refusal=None if self.fits else refusal(self))
 
 
-def _resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: str | None) -> tuple[Path | None, str]:
+def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: str | None) -> tuple[Path | None, str]:
     from . import models
 
     if heads is not None:
@@ -551,7 +551,7 @@ def plan(device: str, model: str, *, heads: str | None = None, context=None, bud
     facts = read_model(model_path)
     settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
                                 stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers)
-    heads_path, heads_origin = _resolve_heads(model, model_path, facts, heads)
+    heads_path, heads_origin = resolve_heads(model, model_path, facts, heads)
     head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
     kv_layers = kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type)
     parts = place(facts, head_tensors, settings, dev, kv_layers)

@@ -1,0 +1,21 @@
+"""`locret eval`: long-context tasks and benchmarks, with every scoring method side by side in one run.
+
+    locret eval --tasks passkey,niah --lengths 4k,16k --budgets 512,1024 -o results/eval
+    locret eval --benchmark longbench --dataset hotpotqa.jsonl --methods full,locret -o results/lb
+
+Modules, one job each:
+
+- ``items``     what to ask: generated task samples (seeded) or benchmark records, as prompt tokens
+                with their scorer, identical for every method;
+- ``decoding``  the model's tokenizer and chat template, greedy decoding token by token;
+- ``worker``    one (method, budget, length) run in its own process: prefill and decode every item,
+                timed, with the eviction figures and, for chosen items, the retained units per layer and
+                KV head after every chunk; the process's own peak memory is the run's;
+- ``runner``    the plan (methods x budgets x lengths), the per-sample journal that an interrupted run
+                resumes from, the device profile's settings and memory check;
+- ``report``    summary JSON and the markdown table;
+- ``plots``     PNGs: accuracy against budget, length and depth, and retained-unit heatmaps.
+"""
+from __future__ import annotations
+
+METHODS = ("full", "locret", "random-heads", "random", "streaming")

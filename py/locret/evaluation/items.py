@@ -1,0 +1,131 @@
+"""What an evaluation asks: prompt token lists with their gold answers and scorer, built once in the parent
+process from the model's tokenizer, so that every method answers exactly the same prompts."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .. import benchmarks, tasks
+from . import decoding
+
+BENCHMARK_MAX_NEW_TOKENS = 64  # default answer length for benchmark records (--max-new-tokens overrides)
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str                  # unique in a run, e.g. "niah/16384/d0.25/3" or "longbench/hotpotqa/<record id>"
+    source: str              # task name, or "benchmark/task"
+    length: int              # asked prompt tokens (tasks); the prompt's own token count (benchmarks)
+    depth: float | None      # asked needle depth; None where the task has none
+    tokens: tuple[int, ...]
+    max_new_tokens: int
+    answers: tuple
+    extra: dict = field(default_factory=dict)  # JSON-serialisable details for the per-sample record
+
+
+class ItemError(ValueError):
+    """Settings that cannot produce the items asked for (unknown task, depth out of range, ...)."""
+
+
+class VocabOnly:
+    """The model's tokenizer and metadata without its weights or a context (the parts of llama_cpp.Llama
+    that decoding.tokenizer and decoding.chat_format use)."""
+
+    def __init__(self, model_path: str):
+        import llama_cpp
+        from llama_cpp import _internals
+
+        params = llama_cpp.llama_model_default_params()
+        params.vocab_only = True
+        self._model = _internals.LlamaModel(path_model=model_path, params=params, verbose=False)
+        self.metadata = self._model.metadata()
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        return self._model.tokenize(text, add_bos, special)
+
+    def detokenize(self, tokens: list[int]) -> bytes:
+        return self._model.detokenize(tokens)
+
+    def token_eos(self) -> int:
+        return self._model.token_eos()
+
+    def token_bos(self) -> int:
+        return self._model.token_bos()
+
+    def close(self) -> None:
+        self._model.close()
+
+
+def vocab_model(model_path: str) -> VocabOnly:
+    return VocabOnly(model_path)
+
+
+def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequence[float], samples: int,
+               seed: int, max_new_tokens: int | None = None, progress=None) -> list[Item]:
+    """`samples` prompts per (task, length, depth); a task without depths gets `samples` per length.
+    Index k of depth j is sample j * samples + k of the seed, so every prompt has its own keys."""
+    for d in depths:
+        if not 0.0 <= d <= 1.0:
+            raise ItemError(f"depth {d} is outside [0, 1] (a share of the filler before the needle)")
+    modules = []
+    for name in names:
+        try:
+            modules.append(tasks.get(name))
+        except ValueError as e:
+            raise ItemError(str(e)) from None
+    tokenize, chat = decoding.tokenizer(llm), decoding.chat_format(llm)
+    out: list[Item] = []
+    for task in modules:
+        for length in lengths:
+            points = list(enumerate(depths)) if task.USES_DEPTH else [(0, None)]
+            for j, depth in points:
+                for k in range(samples):
+                    index = j * samples + k
+                    kwargs = {} if depth is None else {"depth": depth}
+                    sample = task.generate(seed, index, tokenize=tokenize, n_tokens=length, chat_format=chat, **kwargs)
+                    tag = "all" if depth is None else f"d{depth:.2f}"
+                    spans = [(label, a, b) for label, a, b in sample.spans()]
+                    out.append(Item(id=f"{task.NAME}/{length}/{tag}/{index}", source=task.NAME, length=length,
+                                    depth=depth, tokens=tuple(sample.tokens),
+                                    max_new_tokens=max_new_tokens or task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
+                                    extra={"seed": seed, "index": index, "needles": spans}))
+                    if progress is not None:
+                        progress.update(1)
+    return out
+
+
+def benchmark_items(llm, benchmark: str, paths: Sequence[str | Path], task: str | None, limit: int | None,
+                    max_new_tokens: int | None) -> tuple[list[Item], dict]:
+    """Items of benchmark JSONL files (the user's), in file order, at most `limit` per file. The prompt is
+    the model's chat template around context and question, untruncated: Locret's point is to read it all
+    (full attention skips what does not fit its window). Returns the items and their records by item id."""
+    try:
+        module = benchmarks.get(benchmark)
+    except ValueError as e:
+        raise ItemError(str(e)) from None
+    tokenize, chat = decoding.tokenizer(llm), decoding.chat_format(llm)
+    items, records = [], {}
+    for path in paths:
+        recs = module.load(path, task=task)
+        for r in recs[:limit] if limit else recs:
+            body = f"{r.context}\n\n{r.question}".strip()
+            text = chat(body) if chat else body + "\nAnswer:"
+            tokens = tuple(tokenize(text, True))
+            item_id = f"{r.benchmark}/{r.task}/{r.id}"
+            if item_id in records:
+                raise ItemError(f"{r.where}: record id {r.id!r} of {r.task} appears twice")
+            items.append(Item(id=item_id, source=f"{r.benchmark}/{r.task}", length=len(tokens), depth=None,
+                              tokens=tokens, max_new_tokens=max_new_tokens or BENCHMARK_MAX_NEW_TOKENS,
+                              answers=tuple(r.answers), extra={"where": r.where, "metric": r.metric}))
+            records[item_id] = r
+    if not items:
+        raise ItemError("the dataset files hold no records")
+    return items, records
+
+
+def score(item: Item, prediction: str, records: dict) -> float:
+    """The task's or the benchmark's own score of a prediction, in [0, 1]."""
+    if item.id in records:
+        return float(benchmarks.score(records[item.id], prediction))
+    return float(tasks.get(item.source).score(prediction, item.answers))

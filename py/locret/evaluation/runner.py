@@ -1,0 +1,328 @@
+"""The evaluation plan and its execution: methods x budgets x length groups, each one worker process;
+every finished sample is appended to samples.jsonl at once, so the same command resumes a stopped run.
+
+Output directory (-o):
+    config.json     the settings (a resumed run must have the same ones)
+    samples.jsonl   one record per (run, item): answer, score, timings, cells, KV bytes
+    runs.jsonl      one record per finished run: peak RSS (and GPU memory), KV bytes
+    summary.json, summary.md, plots/*.png, heatmaps/*.npz
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import queue as queue_module
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .. import devices, models, planner
+from . import METHODS, items as items_module, report
+from .items import Item, ItemError
+from .worker import RunSpec
+
+EXIT_OVER_MEMORY = 3   # as `locret plan`: the settings ran, but the device's memory was exceeded
+N_CTX_PAD = 256
+
+
+class EvalError(ValueError):
+    """Settings that cannot run; the message says what to change."""
+
+
+@dataclass
+class EvalConfig:
+    model: str
+    output: Path
+    heads: str | None = None
+    random_heads: str | None = None
+    tasks: list[str] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    samples: int = 1
+    seed: int = 0
+    benchmark: str | None = None
+    datasets: list[str] = field(default_factory=list)
+    benchmark_task: str | None = None
+    limit: int | None = None
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    budgets: list[int] = field(default_factory=list)
+    stabilizers: int | None = None
+    local: int | None = None
+    ubatch: int | None = None      # None: the device profile's, else 512
+    threads: int = 2
+    kv_type: str | None = None
+    gpu_layers: int | None = None  # None: the device profile's, else 0
+    max_new_tokens: int | None = None
+    device: str | None = None
+    heatmaps: int = 1
+    max_minutes: float | None = None
+    plots: bool = True
+
+    def fingerprint(self) -> dict:
+        """What decides the samples' results (not where they go, nor the time limit or plotting)."""
+        d = asdict(self)
+        for k in ("output", "max_minutes", "plots", "heatmaps", "threads"):
+            d.pop(k)
+        return d
+
+
+def _pad(n: int) -> int:
+    return -(-n // N_CTX_PAD) * N_CTX_PAD
+
+
+def apply_device(cfg: EvalConfig, facts: planner.ModelFacts) -> devices.Device | None:
+    """Fill unset settings from the device profile's size class (as `locret plan` does) and check every
+    budget against the profile (PlanError saying what cannot work). Without a device: ubatch 512, CPU."""
+    if cfg.device is None:
+        cfg.ubatch = 512 if cfg.ubatch is None else cfg.ubatch
+        cfg.gpu_layers = 0 if cfg.gpu_layers is None else cfg.gpu_layers
+        return None
+    dev = devices.load(cfg.device)
+    for b in sorted(cfg.budgets, reverse=True) or [None]:  # the smallest last: its stabilizers fit all
+        s = planner.resolve_settings(dev, facts, budget=b, ubatch=cfg.ubatch, stabilizers=cfg.stabilizers,
+                                     kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers)
+    cfg.budgets = cfg.budgets or [s.budget]
+    cfg.ubatch, cfg.stabilizers, cfg.kv_type, cfg.gpu_layers = s.ubatch, s.stabilizers, s.kv_type, s.gpu_layers
+    return dev
+
+
+def validate(cfg: EvalConfig) -> None:
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown or not cfg.methods:
+        raise EvalError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(METHODS)}")
+    if bool(cfg.tasks) == bool(cfg.benchmark):
+        raise EvalError("give either --tasks (generated tasks) or --benchmark with --dataset files, not both")
+    if cfg.benchmark and not cfg.datasets:
+        raise EvalError(f"--benchmark {cfg.benchmark} needs --dataset FILE.jsonl (the benchmark's own files, local)")
+    if cfg.tasks and not cfg.lengths:
+        raise EvalError("--tasks needs --lengths (prompt lengths in tokens, e.g. 4k,16k)")
+    evicting = [m for m in cfg.methods if m != "full"]
+    if evicting and not cfg.budgets:
+        raise EvalError(f"{', '.join(evicting)} need --budgets (retained units per layer and KV head)")
+    if any(x <= 0 for x in cfg.lengths + cfg.budgets) or cfg.samples <= 0 or cfg.ubatch <= 0 or cfg.threads <= 0:
+        raise EvalError("lengths, budgets, samples, ubatch and threads must be positive")
+    if cfg.heatmaps < 0 or (cfg.limit is not None and cfg.limit <= 0):
+        raise EvalError("--heatmaps must be at least 0 and --limit positive")
+    for b in cfg.budgets:
+        if cfg.stabilizers is not None and not 0 <= cfg.stabilizers < b:
+            raise EvalError(f"stabilizers ({cfg.stabilizers}) must be at least 0 and below the budget ({b})")
+    if cfg.stabilizers is not None and cfg.stabilizers > cfg.ubatch:
+        raise EvalError(f"stabilizers ({cfg.stabilizers}) must fit in one chunk (ubatch {cfg.ubatch})")
+    if cfg.local is not None and not 0 <= cfg.local <= cfg.ubatch:
+        raise EvalError(f"the local tail ({cfg.local}) must be between 0 and the ubatch ({cfg.ubatch})")
+    for d in cfg.datasets:
+        if not Path(d).is_file():
+            raise EvalError(f"dataset file {d} does not exist")
+
+
+def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> tuple[str | None, str | None]:
+    heads = random_heads = None
+    if "locret" in cfg.methods:
+        try:
+            found, _ = planner.resolve_heads(cfg.model, model_path, facts, cfg.heads)
+        except planner.PlanError as e:
+            raise EvalError(str(e)) from None
+        heads = str(found) if found is not None else None  # None: embedded in the model
+    if "random-heads" in cfg.methods:
+        from ..heads import cached_random_heads
+        random_heads = cfg.random_heads or cached_random_heads(model_path)
+    return heads, random_heads
+
+
+def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: planner.ModelFacts,
+              heads: str | None, random_heads: str | None, out_dir: Path) -> tuple[list[tuple[RunSpec, list[Item]]], list[dict]]:
+    """The runs, each with its items, and what was skipped (full attention over the model's window)."""
+    groups: dict[int, list[Item]] = {}
+    for it in items:
+        groups.setdefault(it.length if cfg.tasks else 0, []).append(it)
+    runs, skipped = [], []
+    heat_ids_per_group = {g: tuple(it.id for it in its[:cfg.heatmaps]) for g, its in groups.items()}
+    for method in cfg.methods:
+        for budget in ([None] if method == "full" else cfg.budgets):
+            for group, its in sorted(groups.items()):
+                chosen = its
+                if method == "full":
+                    window = facts.n_ctx_train or 1 << 62
+                    chosen = [it for it in its if len(it.tokens) + it.max_new_tokens <= window]
+                    skipped += [{"method": "full", "item": it.id, "length": it.length,
+                                 "reason": f"{len(it.tokens)} prompt tokens + {it.max_new_tokens} new exceed the "
+                                           f"model's window ({window})"} for it in its if it not in chosen]
+                if not chosen:
+                    continue
+                longest = max(len(it.tokens) + it.max_new_tokens for it in chosen)
+                spec = RunSpec(model_path=str(model_path), method=method, budget=budget,
+                               heads=heads if method == "locret" else random_heads if method == "random-heads" else None,
+                               stabilizers=cfg.stabilizers, local=cfg.local, n_ctx=_pad(longest + 16),
+                               ubatch=cfg.ubatch, threads=cfg.threads, kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers,
+                               heatmap_ids=heat_ids_per_group[group] if method != "full" else (),
+                               heatmap_dir=str(out_dir / "heatmaps"),
+                               labels={"method": method, "budget": budget, "run": None})
+                run_name = f"{spec.name}/{group}" if cfg.tasks else spec.name
+                spec.labels["run"] = run_name
+                runs.append((spec, chosen))
+    return runs, skipped
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def execute(spec: RunSpec, todo: list[Item], records: dict, samples_path: Path, bar, deadline: float | None) -> dict | None:
+    """Run one worker process over `todo`; append each scored sample; return its end record (None when the
+    deadline stopped it). EvalError if the worker fails."""
+    from . import worker
+
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: its peak RSS is this run's alone
+    q = ctx.Queue()
+    proc = ctx.Process(target=worker.main, args=(spec, todo, q), daemon=True)
+    proc.start()
+    by_id = {it.id: it for it in todo}
+    seen = 0
+    try:
+        while True:
+            try:
+                kind, payload = q.get(timeout=5)
+            except queue_module.Empty:
+                if not proc.is_alive():
+                    raise EvalError(f"{spec.labels['run']}: the worker process ended with exit code {proc.exitcode} "
+                                    "(a crash in llama.cpp?) before finishing") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
+                continue
+            if kind == "error":
+                raise EvalError(payload)
+            if kind == "sample":
+                payload["score"] = items_module.score(by_id[payload["item"]], payload["answer"], records)
+                _append(samples_path, payload)
+                seen += 1
+                bar.update(1)
+                bar.set_postfix(run=spec.labels["run"], score=f"{payload['score']:.2f}")
+                if deadline is not None and time.monotonic() > deadline and seen < len(todo):
+                    return None
+            elif kind == "done":
+                return payload
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(timeout=30)
+
+
+def run(cfg: EvalConfig) -> int:
+    model_path = models.resolve(cfg.model)
+    facts = planner.read_model(model_path)
+    dev = apply_device(cfg, facts)
+    validate(cfg)
+    heads, random_heads = _heads_for(cfg, model_path, facts)
+    out = cfg.output
+    (out / "heatmaps").mkdir(parents=True, exist_ok=True)
+    config_path = out / "config.json"
+    if config_path.exists():
+        old = json.loads(config_path.read_text())
+        changed = sorted(k for k in set(old) | set(cfg.fingerprint()) if old.get(k) != cfg.fingerprint().get(k))
+        if changed:
+            raise EvalError(f"{out} holds a run with other settings ({', '.join(changed)} differ): give another -o "
+                            "or delete it")
+    config_path.write_text(json.dumps(cfg.fingerprint(), indent=1, default=str))
+
+    vocab = items_module.vocab_model(str(model_path))
+    records: dict = {}
+    try:
+        if cfg.tasks:
+            n = len(cfg.tasks) * len(cfg.lengths) * len(cfg.depths) * cfg.samples
+            with tqdm(total=n, desc="building prompts", unit="prompt") as bar:
+                items = items_module.task_items(vocab, cfg.tasks, cfg.lengths, cfg.depths, cfg.samples, cfg.seed,
+                                                cfg.max_new_tokens, bar)
+        else:
+            items, records = items_module.benchmark_items(vocab, cfg.benchmark, cfg.datasets, cfg.benchmark_task,
+                                                          cfg.limit, cfg.max_new_tokens)
+    finally:
+        vocab.close()
+
+    runs, skipped = plan_runs(cfg, items, model_path, facts, heads, random_heads, out)
+    samples_path, runs_path = out / "samples.jsonl", out / "runs.jsonl"
+    done_samples = {(r["run"], r["item"]) for r in _read_jsonl(samples_path)}
+    done_runs = {r["run"] for r in _read_jsonl(runs_path)}
+    if done_samples:
+        print(f"{len(done_samples)} samples already in {samples_path}: skipped")
+    deadline = time.monotonic() + cfg.max_minutes * 60 if cfg.max_minutes else None
+    total = sum(len(its) for _, its in runs)
+    stopped = False
+    with tqdm(total=total, initial=sum(1 for s, its in runs for it in its if (s.labels["run"], it.id) in done_samples),
+              desc="samples", unit="sample") as bar:
+        for spec, its in runs:
+            run_name = spec.labels["run"]
+            todo = [it for it in its if (run_name, it.id) not in done_samples]
+            if not todo and run_name in done_runs:
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                stopped = True
+                break
+            if not todo:
+                todo = its[:1]  # samples done but no memory record: measure it again on one item
+                _drop_samples(samples_path, run_name, todo[0].id)
+            end = execute(spec, todo, records, samples_path, bar, deadline)
+            if end is None:
+                stopped = True
+                break
+            if spec.method == "full":
+                end["kv_bytes"] = sum(planner.kv_bytes_per_layer(facts, spec.n_ctx, cfg.kv_type or "f16"))
+                end["kv_bytes_source"] = "predicted (planner) for the full cache"
+            _append(runs_path, dict(end, run=run_name, method=spec.method, budget=spec.budget, n_ctx=spec.n_ctx))
+
+    samples = _read_jsonl(samples_path)
+    run_records = _read_jsonl(runs_path)
+    summary = report.summarize(samples, run_records, skipped)
+    memory_notes, over = report.memory_check(run_records, dev)
+    settings = dict(cfg.fingerprint(), model_path=model_path.name, heads_file=Path(heads).name if heads else None,
+                    incomplete=stopped)
+    (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary, "skipped": skipped,
+                                                  "memory": memory_notes}, indent=1, default=str))
+    table = report.markdown(summary, skipped, memory_notes)
+    (out / "summary.md").write_text(table + "\n")
+    print(table)
+    if cfg.plots:
+        from . import plots
+        written = plots.write_all(out, summary, samples)
+        print(f"plots: {', '.join(str(p.relative_to(out)) for p in written) or 'none (nothing to plot)'}")
+    print(f"wrote {out / 'summary.json'}, {out / 'summary.md'} and {samples_path}")
+    if stopped:
+        print(f"stopped by --max-minutes {cfg.max_minutes}: run the same command again to go on")
+    if over:
+        for line in over:
+            print(f"locret eval: error: {line}")
+        return EXIT_OVER_MEMORY
+    return 0
+
+
+def _drop_samples(path: Path, run_name: str, item_id: str) -> None:
+    keep = [r for r in _read_jsonl(path) if not (r["run"] == run_name and r["item"] == item_id)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+
+
+def run_cli(args) -> int:
+    cfg = EvalConfig(model=args.model, output=Path(args.output), heads=args.heads, random_heads=args.random_heads,
+                     tasks=_split(args.tasks), lengths=[planner.parse_context(x) for x in _split(args.lengths)],
+                     depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
+                     benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
+                     limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
+                     stabilizers=args.stabilizers, local=args.local, ubatch=args.ubatch, threads=args.threads,
+                     kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
+                     max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,
+                     max_minutes=args.max_minutes, plots=not args.no_plots)
+    return run(cfg)
+
+
+def _split(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+__all__ = ["EvalConfig", "EvalError", "ItemError", "run", "run_cli"]

@@ -1,0 +1,172 @@
+"""One evaluation run, (method, budget, length group), in a process of its own, so that its peak memory
+is measured alone and a crash in llama.cpp cannot take the runner down.
+
+The parent sends a RunSpec and the items; the worker answers on a queue with ("sample", dict) per item,
+then ("done", dict) with the process's peak memory, or ("error", message)."""
+from __future__ import annotations
+
+import resource
+import shutil
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import decoding
+from .items import Item
+
+HEATMAP_BINS = 128  # logical-position bins of a retained-unit heatmap
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model_path: str
+    method: str                  # one of METHODS
+    budget: int | None           # None for full attention
+    heads: str | None            # heads file for "locret" / "random-heads"
+    stabilizers: int | None
+    local: int | None
+    n_ctx: int
+    ubatch: int
+    threads: int
+    kv_type: str | None = None   # "f16", "q8_0", ... (None: llama.cpp's f16)
+    gpu_layers: int = 0
+    heatmap_ids: tuple[str, ...] = ()
+    heatmap_dir: str | None = None
+    labels: dict = field(default_factory=dict)  # copied into every sample record
+
+    @property
+    def name(self) -> str:
+        return self.method if self.budget is None else f"{self.method}-b{self.budget}"
+
+
+def make_llm(spec: RunSpec):
+    import llama_cpp
+
+    from ..llama import Llama
+
+    kwargs = dict(n_ctx=spec.n_ctx, n_batch=spec.ubatch, n_ubatch=spec.ubatch, n_threads=spec.threads,
+                  n_threads_batch=spec.threads, flash_attn=True, n_gpu_layers=spec.gpu_layers, verbose=False)
+    if spec.kv_type:
+        kwargs["type_k"] = kwargs["type_v"] = getattr(llama_cpp, f"GGML_TYPE_{spec.kv_type.upper()}")
+    if spec.method == "full":
+        return Llama(spec.model_path, **kwargs)
+    kwargs.update(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
+    if spec.method in ("locret", "random-heads"):
+        return Llama(spec.model_path, locret_heads=spec.heads, locret_policy="heads", **kwargs)
+    return Llama(spec.model_path, locret_policy=spec.method, **kwargs)
+
+
+def _kv_heads(llm) -> tuple[int, int]:
+    arch = llm.metadata["general.architecture"]
+    n_layer = int(llm.metadata[f"{arch}.block_count"])
+    n_head_kv = int(llm.metadata.get(f"{arch}.attention.head_count_kv", llm.metadata[f"{arch}.attention.head_count"]))
+    return n_layer, n_head_kv
+
+
+def _retained_histogram(llm, n_layer: int, n_head_kv: int, n_prompt: int) -> np.ndarray:
+    """[n_layer, n_head_kv, HEATMAP_BINS]: units held in each logical-position bin of the prompt over the
+    bin's width (about the share held; bins of fractional width can read slightly above 1). Summed over
+    the bins and times the width, it is the number of prompt units held."""
+    edges = np.linspace(0, n_prompt, HEATMAP_BINS + 1)
+    width = np.maximum(np.diff(edges), 1e-9)
+    out = np.zeros((n_layer, n_head_kv, HEATMAP_BINS), dtype=np.float32)
+    for il in range(n_layer):
+        for ih in range(n_head_kv):
+            pos = llm.locret_retained(il, ih)
+            counts, _ = np.histogram(pos[pos < n_prompt], bins=edges)
+            out[il, ih] = counts / width
+    return out
+
+
+def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) -> int:
+    """Evaluate the prompt; returns the most cells in use seen. With `heat`, one chunk (ubatch) per call
+    (the same chunks as one call: each call starts on a chunk boundary) and the retained units read after
+    each chunk."""
+    tokens = list(item.tokens)
+    if not evicting:
+        llm.eval(tokens)
+        return len(tokens)
+    if heat is None:
+        llm.eval(tokens)
+        return int(llm.locret_stats()["n_cells_used"])
+    n_layer, n_head_kv = _kv_heads(llm)
+    most = 0
+    for start in range(0, len(tokens), spec.ubatch):
+        part = tokens[start: start + spec.ubatch]
+        llm.eval(part, prompt_continues=start + spec.ubatch < len(tokens))
+        most = max(most, int(llm.locret_stats()["n_cells_used"]))
+        heat.append(_retained_histogram(llm, n_layer, n_head_kv, len(tokens)))
+    return most
+
+
+def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
+    llm.reset()
+    heat: list | None = [] if evicting and item.id in spec.heatmap_ids and spec.heatmap_dir else None
+    t0 = time.perf_counter()
+    cells_prefill = _prefill(llm, spec, item, evicting, heat)
+    t1 = time.perf_counter()
+    answer, n_gen = decoding.greedy(llm, item.max_new_tokens)
+    t2 = time.perf_counter()
+    stats = llm.locret_stats() if evicting else {}
+    out = dict(spec.labels, item=item.id, source=item.source, length=item.length, depth=item.depth,
+               prompt_tokens=len(item.tokens), answer=answer, answers=list(item.answers),
+               new_tokens=n_gen, prefill_s=round(t1 - t0, 4), decode_s=round(t2 - t1, 4),
+               prefill_tok_s=round(len(item.tokens) / max(t1 - t0, 1e-9), 2),
+               decode_tok_s=round(n_gen / (t2 - t1), 2) if n_gen and t2 > t1 else None,
+               cells_used_max=max(cells_prefill, int(stats.get("n_cells_used", 0))) if evicting else None,
+               n_cells=int(stats["n_cells"]) if evicting else None,
+               evictions=int(stats["n_evictions"]) if evicting else 0,
+               kv_bytes=int(stats["kv_bytes"]) if evicting else None, extra=item.extra)
+    if heat:
+        safe = item.id.replace("/", "_")
+        path = Path(spec.heatmap_dir) / f"{spec.name}__{safe}.npz"
+        np.savez_compressed(path, retained=np.stack(heat).astype(np.float16), ubatch=spec.ubatch,
+                            prompt_tokens=len(item.tokens), method=spec.name, item=item.id)
+        out["heatmap"] = path.name
+    return out
+
+
+def _gpu_bytes() -> int | None:
+    """GPU memory this process holds (llama.cpp allocates its buffers up front, so the end of a run is its
+    peak), from nvidia-smi; None without an NVIDIA GPU."""
+    import os
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(os.getpid()) and parts[1].isdigit():
+            return int(parts[1]) << 20
+    return 0
+
+
+def main(spec: RunSpec, items: list[Item], queue) -> None:
+    """Process entry point."""
+    try:
+        llm = make_llm(spec)
+    except Exception as e:  # HeadsError, ValueError from llama-cpp-python: the parent reports it
+        queue.put(("error", f"{spec.name}: cannot create the context: {e}"))
+        return
+    try:
+        evicting = llm.locret_enabled
+        if spec.method != "full" and not evicting:
+            queue.put(("error", f"{spec.name}: the context does not evict (is libllama the patched build?)"))
+            return
+        for item in items:
+            queue.put(("sample", run_item(llm, spec, item, evicting)))
+        kv = int(llm.locret_stats()["kv_bytes"]) if evicting else None
+        queue.put(("done", {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                            "gpu_bytes": _gpu_bytes(), "kv_bytes": kv}))
+    except Exception:
+        queue.put(("error", f"{spec.name}: {traceback.format_exc(limit=4)}"))
+    finally:
+        llm.close()

@@ -1,0 +1,219 @@
+"""`locret eval`: methods side by side on the same prompts, its outputs and resumption, benchmark files,
+the device memory check, and refusals. Short prompts (about 1,200 tokens) and a small budget keep it fast;
+the eviction still runs over several chunks."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run
+
+BUDGET, UBATCH = 256, 128
+COMMON = ["--budgets", str(BUDGET), "--ubatch", str(UBATCH), "--threads", "2"]
+
+
+def locret_cmd(*args) -> list:
+    return [sys.executable, "-m", "locret", *args]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def side_by_side(tmp_path_factory, model_path):
+    out = tmp_path_factory.mktemp("eval") / "run"
+    cmd = locret_cmd("eval", "--model", model_path, "--tasks", "passkey,niah", "--lengths", "1200", "--depths", "0.5",
+                     "--methods", "full,locret,streaming", *COMMON, "-o", out)
+    proc = run(cmd, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc, cmd
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_every_method_answers_the_same_prompts(side_by_side):
+    out, proc, _ = side_by_side
+    samples = read_jsonl(out / "samples.jsonl")
+    assert len(samples) == 6  # 2 tasks x 3 methods
+    by_item: dict[str, list] = {}
+    for s in samples:
+        by_item.setdefault(s["item"], []).append(s)
+    assert sorted(by_item) == ["niah/1200/d0.50/0", "passkey/1200/d0.50/0"]
+    for item, group in by_item.items():
+        assert sorted(s["method"] for s in group) == ["full", "locret", "streaming"]
+        assert len({s["prompt_tokens"] for s in group}) == 1  # the very same prompt
+        assert 1000 < group[0]["prompt_tokens"] <= 1200
+
+
+def test_scores_are_the_tasks_own_and_the_summary_their_mean(side_by_side):
+    out, _, _ = side_by_side
+    samples = read_jsonl(out / "samples.jsonl")
+    for s in samples:
+        if s["source"] == "passkey":  # independent of the task module: the key as a whole number
+            key = s["answers"][0]
+            assert s["score"] == float(bool(re.search(rf"(?<!\d){key}(?!\d)", s["answer"])))
+        else:  # niah: the share of the gold numbers present as whole numbers
+            found = sum(1 for a in s["answers"] if re.search(rf"(?<!\d){a}(?!\d)", s["answer"]))
+            assert s["score"] == pytest.approx(found / len(s["answers"]))
+    summary = json.loads((out / "summary.json").read_text())["summary"]
+    assert len(summary) == 6
+    for row in summary:
+        mine = [s["score"] for s in samples if (s["source"], s["method"], s["budget"]) ==
+                (row["source"], row["method"], row["budget"])]
+        assert row["samples"] == len(mine) and row["accuracy"] == pytest.approx(np.mean(mine), abs=1e-4)
+
+
+def test_timings_cells_and_memory_are_reported_per_run(side_by_side):
+    out, _, _ = side_by_side
+    samples = read_jsonl(out / "samples.jsonl")
+    runs = {r["run"]: r for r in read_jsonl(out / "runs.jsonl")}
+    assert set(runs) == {"full/1200", "locret-b256/1200", "streaming-b256/1200"}
+    for s in samples:
+        assert s["prefill_tok_s"] > 0 and s["prefill_s"] > 0
+        assert s["new_tokens"] == 0 or s["decode_tok_s"] > 0
+        if s["method"] == "full":
+            assert s["cells_used_max"] is None and s["evictions"] == 0
+        else:
+            assert s["cells_used_max"] <= BUDGET + UBATCH and s["evictions"] >= 1
+            assert s["n_cells"] == 512  # pad(256 + 128, 256)
+    for r in runs.values():
+        assert 50 << 20 < r["peak_rss_bytes"] < 4 << 30
+    # KV cache: 512 cells under eviction, pad(prompt + answer room) cells for full attention; SmolLM2 stores
+    # 30 layers x (K + V) x 3 KV heads x 64 dims x 2 bytes = 23,040 bytes per cell
+    assert runs["locret-b256/1200"]["kv_bytes"] == 512 * 23040
+    assert runs["full/1200"]["kv_bytes"] == runs["full/1200"]["n_ctx"] * 23040
+    md = (out / "summary.md").read_text()
+    assert md.count("\n| passkey |") == 3 and "peak RSS MiB" in md
+
+
+def test_plots_and_heatmaps_are_written(side_by_side):
+    out, _, _ = side_by_side
+    for name in ("accuracy_vs_budget", "accuracy_vs_length", "accuracy_vs_depth"):
+        w, h = png_size(out / "plots" / f"{name}.png")
+        assert w > 300 and h > 200
+    heatmaps = sorted((out / "heatmaps").glob("*.npz"))
+    # the first prompt of each evicting run (passkey comes first), none for full attention
+    assert [p.name for p in heatmaps] == ["locret-b256__passkey_1200_d0.50_0.npz",
+                                          "streaming-b256__passkey_1200_d0.50_0.npz"]
+    for p in heatmaps:
+        assert png_size(out / "plots" / (p.stem + ".png"))[0] > 300
+
+
+def test_heatmaps_hold_the_retained_units_after_every_chunk(side_by_side):
+    out, _, _ = side_by_side
+    sample = next(s for s in read_jsonl(out / "samples.jsonl") if s["method"] == "streaming" and s["source"] == "passkey")
+    data = np.load(out / "heatmaps" / sample["heatmap"])
+    retained = data["retained"].astype(np.float32)       # [chunks, layers, kv heads, bins]
+    n = sample["prompt_tokens"]
+    assert retained.shape == (math.ceil(n / UBATCH), 30, 3, 128)
+    width = n / 128
+    held = retained.sum(axis=-1) * width                   # units held per (chunk, layer, head)
+    # before any eviction everything fed is held; afterwards at most b + B units
+    assert held[0] == pytest.approx(np.full((30, 3), UBATCH), abs=1.0)
+    assert (held <= BUDGET + UBATCH + 1).all()
+    # streaming after the last chunk: the prompt's start (sinks, stabilizers) and its end, nothing between
+    last = retained[-1]
+    middle = slice(int(0.35 * 128), int(0.65 * 128))
+    assert last[:, :, middle].max() == 0.0
+    assert last[:, :, -3:].min() > 0.9 and last[:, :, 0].min() > 0
+
+
+def test_a_second_run_resumes_and_other_settings_are_refused(side_by_side):
+    out, _, cmd = side_by_side
+    before = (out / "samples.jsonl").read_text()
+    proc = run(cmd, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "6 samples already in" in proc.stdout
+    assert (out / "samples.jsonl").read_text() == before
+    changed = [c if c != "0.5" else "0.25" for c in cmd]
+    proc = run(changed, timeout=120)
+    assert proc.returncode == 1 and "other settings (depths differ)" in proc.stderr
+
+
+LONG_BENCH = [
+    {"_id": "q1", "input": "Which city hosts the copper fair?", "answers": ["Varna"], "length": 700,
+     "all_classes": None, "dataset": "hotpotqa", "language": "en"},
+    {"_id": "q2", "input": "Which river runs through Olm?", "answers": ["the Tesse"], "length": 700,
+     "all_classes": None, "dataset": "hotpotqa", "language": "en"},
+]
+
+
+def longbench_file(tmp_path: Path) -> Path:
+    filler = " ".join(f"Ledger line {i} lists barrels, ropes and lanterns." for i in range(80))
+    path = tmp_path / "hotpotqa.jsonl"
+    rows = [dict(r, context=f"{filler} The copper fair is held in Varna every spring. The river Tesse runs through "
+                             f"Olm. {filler}") for r in LONG_BENCH]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_benchmark_records_are_scored_with_the_benchmarks_metric(tmp_path, model_path):
+    from locret import benchmarks
+
+    data = longbench_file(tmp_path)
+    out = tmp_path / "lb"
+    proc = run(locret_cmd("eval", "--model", model_path, "--benchmark", "longbench", "--dataset", data,
+                          "--methods", "locret", "--max-new-tokens", "16", *COMMON, "--no-plots", "-o", out), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    samples = read_jsonl(out / "samples.jsonl")
+    records = {f"longbench/hotpotqa/{r.id}": r for r in benchmarks.load("longbench", data)}
+    assert sorted(s["item"] for s in samples) == sorted(records)
+    for s in samples:
+        assert s["score"] == pytest.approx(benchmarks.score(records[s["item"]], s["answer"]))
+        assert s["cells_used_max"] <= BUDGET + UBATCH
+    row = json.loads((out / "summary.json").read_text())["summary"][0]
+    assert row["source"] == "longbench/hotpotqa" and row["length"] is None and row["samples"] == 2
+
+
+def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
+    text = (REPO / "devices" / "cpu-2core.toml").read_text()
+    tiny = re.sub(r"(?m)^available_gib = .*$", "available_gib = 0.05", text)
+    assert tiny != text
+    device = tmp_path / "tiny.toml"
+    device.write_text(tiny.replace('name = "cpu-2core"', 'name = "tiny"'))
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", "600", "--depths", "0.5",
+                          "--methods", "locret", "--budgets", "256", "--ubatch", "128", "--device", device,
+                          "--no-plots", "-o", tmp_path / "out"), timeout=600)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert re.search(r"measured peak RSS [\d.]+ MiB exceeds tiny's 0.05 GiB", proc.stdout)
+    # the profile's settings were used where none was given: its stabilizers, fitted to the chunk
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["stabilizers"] == 128 and config["kv_type"] == "f16" and config["gpu_layers"] == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "passkey,haystack", "--lengths", "600", "--budgets", "256"], "unknown task 'haystack'"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret,h2o"], "unknown method(s) h2o"),
+    (["--tasks", "passkey", "--lengths", "600", "--methods", "locret"], "need --budgets"),
+    (["--tasks", "passkey", "--budgets", "256"], "--tasks needs --lengths"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--stabilizers", "256"], "below the budget (256)"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--depths", "1.5"], "depth 1.5 is outside [0, 1]"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--device", "jetson-nano-2gb"], "jetson-nano-2gb"),
+    (["--benchmark", "longbench", "--budgets", "256"], "needs --dataset"),
+    (["--benchmark", "ruler", "--dataset", "conftest.py", "--budgets", "256"], "unknown benchmark 'ruler'"),
+])
+def test_bad_settings_are_refused(args, message, tmp_path, model_path):
+    proc = run(locret_cmd("eval", "--model", model_path, *args, "-o", tmp_path / "out"), timeout=300,
+               cwd=REPO / "tests" / "py")
+    assert proc.returncode == 1, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_malformed_dataset_is_refused_with_its_line(tmp_path, model_path):
+    data = longbench_file(tmp_path)
+    data.write_text(data.read_text() + '{"_id": "q3", "input": 5}\n')
+    proc = run(locret_cmd("eval", "--model", model_path, "--benchmark", "longbench", "--dataset", data,
+                          "--methods", "locret", "--budgets", "256", "-o", tmp_path / "out"), timeout=300)
+    assert proc.returncode == 1 and f"{data}:3" in proc.stderr and "Traceback" not in proc.stderr
