@@ -11,6 +11,11 @@ Prints a markdown table and the issue's targets as ratios measured in this run:
   - Locret decode tok/s after a --decode-depth prompt >= 0.9 x plain decode after a 2.5K prompt.
 Exits 1 when a target is missed. Without --heads it makes random heads (speed does not depend on
 their values). Each figure is one llama-bench process, so its peak RSS is that process's own.
+
+--device D (devices/, also `locret bench --device D`) takes the budget, chunk, KV type and GPU layers
+from the profile for the model (each still overridable) and exits 3 when a measured peak RSS is over
+the memory the profile gives the model (host and unified-memory devices; a discrete GPU's own memory
+is not measured by llama-bench, which the report says).
 """
 from __future__ import annotations
 
@@ -31,8 +36,14 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
     cmd = [str(REPO / "build" / "bin" / "llama-bench"), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
            "-d", str(depth), "-r", "1", "--no-warmup", "-t", str(args.threads), "-ub", str(args.ubatch),
            "-b", str(args.ubatch), "-o", "json"]
+    if args.kv_type:
+        cmd += ["-ctk", args.kv_type, "-ctv", args.kv_type]
+    if args.gpu_layers:
+        cmd += ["-ngl", str(99999 if args.gpu_layers < 0 else args.gpu_layers)]
     if locret:
         cmd += ["--locret-heads", str(args.heads), "--locret-budget", str(args.budget)]
+        if args.stabilizers is not None:
+            cmd += ["--locret-stabilizers", str(args.stabilizers)]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -59,8 +70,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="model GGUF (default: the default model)")
     ap.add_argument("--heads", default=None, help="heads GGUF (default: random heads made for the model)")
-    ap.add_argument("--budget", type=int, default=2048)
-    ap.add_argument("--ubatch", type=int, default=512)
+    ap.add_argument("--budget", type=int, help="Locret budget b (default 2048, or the --device profile's)")
+    ap.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
+    ap.add_argument("--stabilizers", type=int, help="stabilizers n_s (default: the heads', or the profile's)")
+    ap.add_argument("--kv-type", help="KV cache type for both K and V (default f16, or the profile's)")
+    ap.add_argument("--gpu-layers", type=int, help="layers on the GPU, -1 all (default 0, or the profile's)")
+    ap.add_argument("--device", help="device profile (devices/): its settings, and its memory as a limit")
     ap.add_argument("--lengths", default="2048,8192,32768,131072")
     ap.add_argument("--decode-depth", type=int, default=131072)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -86,6 +101,7 @@ def main() -> int:
                                        d_r=args.d_r, seed=0)
         args.argv += ["--heads", str(args.heads)]
     print(f"heads: {args.heads}", file=sys.stderr)
+    device = apply_device(args)
     lengths = [int(x) for x in args.lengths.split(",")]
 
     rows = []
@@ -102,7 +118,7 @@ def main() -> int:
     ltg = record(f"Locret b={args.budget} decode after {args.decode_depth}", locret=True, prompt=0, gen=64,
                  depth=args.decode_depth)
 
-    print(f"\nSmolLM2-135M, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, llama-bench -r 1\n")
+    print(f"\n{Path(args.model).name}, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, llama-bench -r 1\n")
     print("| run | tok/s | peak RSS (MiB) |\n|---|---:|---:|")
     for name, r in rows:
         print(f"| {name} | {r['tps']:.1f} | {r['peak_rss_mib']:.0f} |")
@@ -125,7 +141,55 @@ def main() -> int:
             need_s = f">= {need}"
         ok &= passed
         print(f"| {name} | {ratio:.3f} | {need_s} | {'ok' if passed else 'MISSED'} |")
+    if device is not None:
+        over = device_check(device, rows)
+        if over:
+            return 3
     return 0 if ok else 1
+
+
+def apply_device(args: argparse.Namespace):
+    """Settings from the profile for unset options (the same resolution as `locret plan`); defaults
+    without a device. The resolved values are passed on to the per-figure child processes."""
+    device = None
+    if args.device is not None:
+        from locret import devices, planner
+
+        try:
+            device = devices.load(args.device)
+            facts = planner.read_model(Path(args.model))
+            s = planner.resolve_settings(device, facts, budget=args.budget, ubatch=args.ubatch,
+                                         stabilizers=args.stabilizers, kv_type=args.kv_type,
+                                         gpu_layers=args.gpu_layers)
+        except (devices.DeviceError, planner.PlanError) as e:
+            raise SystemExit(f"bench_eviction: error: {e}")
+        args.budget, args.ubatch, args.stabilizers = s.budget, s.ubatch, s.stabilizers
+        args.kv_type, args.gpu_layers = s.kv_type, s.gpu_layers
+    args.budget = 2048 if args.budget is None else args.budget
+    args.ubatch = 512 if args.ubatch is None else args.ubatch
+    args.gpu_layers = 0 if args.gpu_layers is None else args.gpu_layers
+    for name in ("budget", "ubatch", "stabilizers", "kv_type", "gpu_layers"):
+        value = getattr(args, name)
+        if value is not None:
+            args.argv += [f"--{name.replace('_', '-')}", str(value)]
+    return device
+
+
+def device_check(device, rows: list) -> list[str]:
+    """Figures whose measured peak RSS is over the profile's memory; printed, and the report says what
+    was not checked."""
+    limit = device.memory.available_bytes / (1 << 20)
+    if device.memory.kind == "discrete":
+        print(f"\n{device.name}: llama-bench reports no GPU memory; the {device.memory.available_gib} GiB limit "
+              "applies to GPU memory and was not checked here (`locret plan` predicts it)")
+        return []
+    over = [f"{name}: peak RSS {r['peak_rss_mib']:.0f} MiB > {limit:.0f} MiB ({device.name} memory.available_gib)"
+            for name, r in rows if r["peak_rss_mib"] > limit]
+    for line in over:
+        print(f"bench_eviction: error: {line}")
+    if not over:
+        print(f"\nevery figure within {device.name}'s {device.memory.available_gib} GiB")
+    return over
 
 
 if __name__ == "__main__":

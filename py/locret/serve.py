@@ -1,0 +1,92 @@
+"""`locret serve`: llama.cpp's OpenAI-compatible llama-server (the patched build) with Locret's flags, so
+long-context requests are answered in a cache of budget + chunk cells.
+
+The flags are llama.cpp's own (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local,
+--locret-policy, -ub, -c); this module only resolves them: the model by name or path, the shipped heads
+for a registered model, and a device profile's settings. Anything after `--` goes to llama-server as is.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from . import devices, models, planner
+from ._library import LibraryError, tool_path
+
+DEFAULT_BUDGET = 2048
+DEFAULT_UBATCH = 512
+DEFAULT_CONTEXT = "128k"
+
+
+def command(args: argparse.Namespace) -> list[str]:
+    """The llama-server command line; PlanError / DeviceError / ModelError / LibraryError on bad input."""
+    server = tool_path("llama-server")
+    model_path = models.resolve(args.model)
+    facts = planner.read_model(model_path)
+    if args.device is not None:
+        s = planner.resolve_settings(devices.load(args.device), facts, context=args.context, budget=args.budget,
+                                     ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type,
+                                     gpu_layers=args.gpu_layers)
+        budget, ubatch, stabilizers, kv_type, gpu_layers, context = (s.budget, s.ubatch, s.stabilizers, s.kv_type,
+                                                                     s.gpu_layers, s.context)
+    else:
+        budget = DEFAULT_BUDGET if args.budget is None else args.budget
+        ubatch = DEFAULT_UBATCH if args.ubatch is None else args.ubatch
+        stabilizers, kv_type = args.stabilizers, args.kv_type
+        gpu_layers = planner.parse_gpu_layers(args.gpu_layers)
+        context = planner.parse_context(args.context or DEFAULT_CONTEXT)
+    cmd = [str(server), "-m", str(model_path), "-c", str(context), "-ub", str(ubatch), "-b", str(max(ubatch, 2048)),
+           "-np", "1", "--host", args.host, "--port", str(args.port), "--locret-budget", str(budget),
+           "--locret-policy", args.policy]
+    if args.policy == "heads":
+        heads, _ = planner.resolve_heads(args.model, model_path, facts, args.heads)
+        if heads is not None:
+            cmd += ["--locret-heads", str(heads)]
+    if stabilizers is not None:
+        cmd += ["--locret-stabilizers", str(stabilizers)]
+    if args.local is not None:
+        cmd += ["--locret-local", str(args.local)]
+    if kv_type:
+        cmd += ["-ctk", kv_type, "-ctv", kv_type]
+    if gpu_layers is not None:
+        cmd += ["-ngl", "all" if gpu_layers < 0 else str(gpu_layers)]
+    if args.threads is not None:
+        cmd += ["-t", str(args.threads)]
+    extra = list(args.server_args or [])
+    return cmd + (extra[1:] if extra[:1] == ["--"] else extra)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    cmd = command(args)
+    print(" ".join(cmd), file=sys.stderr if not args.print_command else sys.stdout, flush=True)
+    if args.print_command:
+        return 0
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 130
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=models.DEFAULT_MODEL, help=f"model name or .gguf path (default {models.DEFAULT_MODEL})")
+    p.add_argument("--heads", help="retaining heads .gguf (default: embedded in the model, or shipped in heads/)")
+    p.add_argument("--policy", default="heads", choices=["heads", "random", "streaming"],
+                   help="what scores the KV units (default heads; random and streaming are ablations)")
+    p.add_argument("--budget", type=int, help=f"Locret budget b (default {DEFAULT_BUDGET}, or the device profile's)")
+    p.add_argument("--ubatch", type=int, help=f"chunk B (default {DEFAULT_UBATCH}, or the device profile's)")
+    p.add_argument("--stabilizers", type=int, help="stabilizers n_s (default: the heads file's recommendation)")
+    p.add_argument("--local", type=int, help="local tail length (default: the heads file's recommendation)")
+    p.add_argument("--context", help=f"logical context in tokens: 131072, 128k, 1m (default {DEFAULT_CONTEXT}); "
+                   "memory does not depend on it")
+    p.add_argument("--kv-type", help="KV cache type for K and V: f16, q8_0, ...")
+    p.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all'")
+    p.add_argument("--device", help="device profile (devices/): its settings for the model")
+    p.add_argument("--threads", type=int, help="CPU threads (default: llama-server's)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--print-command", action="store_true", help="print the llama-server command and exit")
+    p.add_argument("server_args", nargs=argparse.REMAINDER, help="after --: more llama-server options, as they are")
+
+
+__all__ = ["command", "run_cli", "add_arguments", "LibraryError"]

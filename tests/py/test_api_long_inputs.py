@@ -1,0 +1,116 @@
+"""The user-facing ways in, over inputs longer than SmolLM2's 8,192-token window, with the shipped
+trained heads: `locret.Llama` (prompt fed chunk by chunk, and chat completion streamed) and `locret serve`
+(llama-server's OpenAI-compatible API). Each finds a passkey in a 9,000-token prompt with b = 4096,
+B = 256, and the cache never holds more than b + B units (4,352 cells, about half the prompt).
+
+One fixed prompt, greedy decoding: these check that the answer comes through every path in bounded
+memory. How often Locret finds the key across depths, lengths and budgets is the evaluation's job: the
+shipped heads (trained on sequences of at most 1,024 tokens) lose the needle past about 6K tokens at
+b = 1024-2048 (heads/README.md), so these use a budget at which they keep it."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, free_port, http_server, post_json, run
+
+from locret import Llama, models, tasks  # before llama_cpp: it points llama-cpp-python at our libllama
+import llama_cpp  # noqa: E402
+from locret.evaluation import decoding
+from locret.tasks import passkey
+
+BUDGET, UBATCH, N_TOKENS, DEPTH = 4096, 256, 9000, 0.5
+WINDOW = 8192
+
+
+@pytest.fixture(scope="module")
+def heads():
+    path = models.shipped_heads(models.DEFAULT_MODEL)
+    assert path is not None, "heads/ has no trained heads for the default model"
+    return path
+
+
+@pytest.fixture(scope="module")
+def llm(model_path, heads):
+    llm = Llama(str(model_path), n_ctx=16384, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=2, n_threads_batch=2,
+                flash_attn=True, locret_heads=str(heads), locret_budget=BUDGET, verbose=False)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def sample(llm):
+    return tasks.get("passkey").generate(7, 0, tokenize=decoding.tokenizer(llm), n_tokens=N_TOKENS, depth=DEPTH,
+                                         chat_format=decoding.chat_format(llm))
+
+
+def user_message(sample) -> str:
+    return f"{passkey.INTRO}\n\n{sample.context}\n\n{passkey.QUESTION}"
+
+
+def test_locret_llama_finds_the_passkey_past_the_window_in_bounded_cells(llm, sample):
+    tokens = sample.tokens
+    assert len(tokens) > WINDOW
+    llm.reset()
+    most = 0
+    for start in range(0, len(tokens), UBATCH):  # one chunk per call: the cells are checked after each
+        llm.eval(tokens[start: start + UBATCH], prompt_continues=start + UBATCH < len(tokens))
+        st = llm.locret_stats()
+        most = max(most, st["n_cells_used"])
+        assert st["n_cells_used"] <= BUDGET + UBATCH, f"after {start + UBATCH} tokens: {st}"
+    assert most > BUDGET  # the cache filled, and was compressed, again and again
+    answer = []
+    for _ in range(24):
+        token = int(np.argmax(decoding.last_logits(llm)))
+        if llama_cpp.llama_vocab_is_eog(llm._model.vocab, token):
+            break
+        answer.append(token)
+        llm.eval([token])
+        assert llm.locret_stats()["n_cells_used"] <= BUDGET + UBATCH
+    st = llm.locret_stats()
+    assert st["pos_logical"] == len(tokens) + len(answer) and st["n_evictions"] >= (len(tokens) - BUDGET) // UBATCH - 1
+    text = llm.detokenize(answer).decode(errors="replace")
+    assert sample.score(text) == 1.0, f"key {sample.answers[0]} not in {text!r}"
+
+
+def test_streamed_chat_completion_answers_a_long_message(llm, sample):
+    llm.reset()
+    pieces = []
+    for chunk in llm.create_chat_completion(messages=[{"role": "user", "content": user_message(sample)}],
+                                            max_tokens=24, temperature=0.0, stream=True):
+        delta = chunk["choices"][0]["delta"]
+        pieces.append(delta.get("content") or "")
+    text = "".join(pieces)
+    st = llm.locret_stats()
+    assert len([p for p in pieces if p]) >= 2  # streamed piece by piece, not in one block
+    assert st["pos_logical"] > WINDOW and st["n_cells_used"] <= BUDGET + UBATCH and st["n_cells"] == 4352
+    assert sample.score(text) == 1.0, f"key {sample.answers[0]} not in {text!r}"
+
+
+def test_locret_serve_answers_an_openai_request_past_the_window(model_path, sample, tmp_path):
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "locret", "serve", "--model", model_path, "--budget", BUDGET, "--ubatch", UBATCH,
+           "--context", "32k", "--threads", "2", "--port", port, "--", "-lv", "4"]
+    with http_server(cmd, log_path, port, startup_s=240) as url:
+        reply = post_json(url + "/v1/chat/completions",
+                          {"messages": [{"role": "user", "content": user_message(sample)}], "max_tokens": 24,
+                           "temperature": 0})
+    text = log_path.read_text()
+    assert "--locret-heads" in text.splitlines()[0]  # `locret serve` found the shipped heads itself
+    assert "llama_kv_cache: size =" in text and " 4352 cells" in text, text[-3000:]
+    assert reply["usage"]["prompt_tokens"] > WINDOW
+    answer = reply["choices"][0]["message"]["content"]
+    assert sample.score(answer) == 1.0, f"key {sample.answers[0]} not in {answer!r}"
+
+
+def test_locret_serve_refuses_bad_settings(model_path):
+    for args, message in ((["--budget", "0"], "at least 1"), (["--device", "pdp-11"], "pdp-11"),
+                          (["--model", "no-such-model"], "no-such-model")):
+        proc = run([sys.executable, "-m", "locret", "serve", "--print-command", *args], timeout=120, cwd=REPO)
+        if args[0] == "--budget":  # llama-server itself checks the budget: run it, it must exit with the reason
+            proc = run([sys.executable, "-m", "locret", "serve", "--model", str(model_path), *args, "--port",
+                        str(free_port())], timeout=120, cwd=REPO)
+        assert proc.returncode != 0 and message in (proc.stdout + proc.stderr), proc.stdout[-1500:] + proc.stderr[-1500:]
