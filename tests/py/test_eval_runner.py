@@ -217,3 +217,28 @@ def test_a_malformed_dataset_is_refused_with_its_line(tmp_path, model_path):
     proc = run(locret_cmd("eval", "--model", model_path, "--benchmark", "longbench", "--dataset", data,
                           "--methods", "locret", "--budgets", "256", "-o", tmp_path / "out"), timeout=300)
     assert proc.returncode == 1 and f"{data}:3" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_takes_a_devices_settings_and_checks_its_memory(model_path, tmp_path, capsys):
+    import bench_eviction  # scripts/, on sys.path through conftest
+
+    text = (REPO / "devices" / "cpu-2core.toml").read_text()
+    device = tmp_path / "tiny.toml"
+    device.write_text(re.sub(r"(?m)^available_gib = .*$", "available_gib = 0.25", text).replace('name = "cpu-2core"',
+                                                                                               'name = "tiny"'))
+    args = bench_eviction.parse(["--model", str(model_path), "--heads", "h.gguf", "--device", str(device)])
+    dev = bench_eviction.apply_device(args)
+    # the profile's "<1B" class: budget 2048, chunk 512, 128 stabilizers, f16, CPU only; passed on to the children
+    assert (args.budget, args.ubatch, args.stabilizers, args.kv_type, args.gpu_layers) == (2048, 512, 128, "f16", 0)
+    assert args.argv[-10:] == ["--budget", "2048", "--ubatch", "512", "--stabilizers", "128", "--kv-type", "f16",
+                               "--gpu-layers", "0"]
+    rows = [("small", {"peak_rss_mib": 200.0}), ("large", {"peak_rss_mib": 300.0})]
+    assert [line.split(":")[0] for line in bench_eviction.device_check(dev, rows)] == ["large"]
+    assert "bench_eviction: error: large: peak RSS 300 MiB > 256 MiB" in capsys.readouterr().out
+    # a discrete GPU's memory is not what llama-bench's RSS measures: said, not checked
+    gpu = bench_eviction.parse(["--model", str(model_path), "--heads", "h.gguf", "--device", "rtx4090"])
+    assert bench_eviction.device_check(bench_eviction.apply_device(gpu), rows) == []
+    assert "was not checked here" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no GPU: GPU layers must be 0"):
+        bench_eviction.apply_device(bench_eviction.parse(["--model", str(model_path), "--device", str(device),
+                                                          "--gpu-layers", "10"]))
