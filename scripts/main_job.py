@@ -5,9 +5,11 @@ question about it, and prints the memory figures.
 
     .venv/bin/python scripts/main_job.py [--budget 2048] [--ubatch 512] [--heads H.gguf] [--question Q]
 
-Heads: --heads, else the shipped heads for the model when they exist, else random heads made once
-into the cache (untrained: eviction works and memory stays bounded, but which units survive is
-arbitrary, so the answer may be wrong; trained heads are the training issue's deliverable).
+Heads: --heads, else the shipped heads for the model when they exist (heads/), else random heads
+made once into the cache (untrained: eviction works and memory stays bounded, but which units survive
+is arbitrary). With the shipped SmolLM2 heads the answer is still wrong: SmolLM2-135M itself finds the
+code with full attention in a 3.5K-token excerpt of the log but not in a 6.9K one, and at 37K tokens
+with b = 2048 the heads do not keep the code's tokens (heads/README.md has the figures).
 """
 from __future__ import annotations
 
