@@ -25,7 +25,7 @@ import numpy as np
 
 from . import heads as heads_module
 from . import evaluation
-from .evaluation import decoding
+from .evaluation import decoding, worker
 from .tasks import passkey
 
 METHODS = evaluation.METHODS  # the same methods as `locret eval`
@@ -56,26 +56,11 @@ class Setup:
 
 
 def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
-    from .llama import Llama
-
-    # flash attention for every method alike: the fastest CPU path here, and what llama.cpp's tools pick
-    kwargs = dict(n_ctx=n_ctx, n_batch=setup.n_ubatch, n_ubatch=setup.n_ubatch, n_threads=setup.threads,
-                  n_threads_batch=setup.threads, flash_attn=True, verbose=False)
-    if method == "full":
-        return Llama(setup.model_path, **kwargs)
-    kwargs.update(locret_budget=budget, locret_stabilizers=setup.stabilizers)
-    if method in ("locret", "random-heads"):
-        heads = setup.heads if method == "locret" else setup.random_heads
-        return Llama(setup.model_path, locret_heads=heads, locret_policy="heads", **kwargs)
-    return Llama(setup.model_path, locret_policy=method, **kwargs)
-
-
-# the model's tokenizer, chat template and greedy decoding: shared with `locret eval`
-_tokenizer, _chat_format, _last_logits = decoding.tokenizer, decoding.chat_format, decoding.last_logits
-
-
-def _greedy(llm, max_new: int) -> str:
-    return decoding.greedy(llm, max_new)[0]
+    """The same context `locret eval` makes for a method (flash attention for every method alike)."""
+    heads = setup.heads if method == "locret" else setup.random_heads if method == "random-heads" else None
+    return worker.make_llm(worker.RunSpec(model_path=setup.model_path, method=method, budget=budget, heads=heads,
+                                          stabilizers=setup.stabilizers, local=None, n_ctx=n_ctx,
+                                          ubatch=setup.n_ubatch, threads=setup.threads))
 
 
 def _feed_prefix(llm, tokens: list[int]) -> None:
@@ -96,8 +81,9 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
     n_ctx = length + 1024 if method == "full" else max(length + 1024, 4096)
     llm = _make_llm(setup, method, budget, n_ctx)
     try:
-        pieces = passkey.prompt_pieces(_tokenizer(llm), _chat_format(llm), n_filler=length)
-        overhead = len(pieces.head) + len(pieces.tail) + len(_tokenizer(llm)(passkey.needle_text("00000"), False))
+        tokenize = decoding.tokenizer(llm)
+        pieces = passkey.prompt_pieces(tokenize, decoding.chat_format(llm), n_filler=length)
+        overhead = len(pieces.head) + len(pieces.tail) + len(tokenize(passkey.needle_text("00000"), False))
         n_filler = length - overhead
         keys = passkey.make_keys(seed + length, trials)
         depths = passkey.spread_depths(trials)
@@ -113,7 +99,7 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
                 break
             t0 = time.monotonic()
             at = points[i]
-            needle = _tokenizer(llm)(passkey.needle_text(keys[i]), False)
+            needle = tokenize(passkey.needle_text(keys[i]), False)
             if at == 0:
                 llm.reset()
                 rest = pieces.build(n_filler, 0, needle)
@@ -130,7 +116,7 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
                     llm.load_state(snapshot)
                 rest = needle + pieces.filler[at:n_filler] + pieces.tail
             llm.eval(rest)
-            answer = _greedy(llm, MAX_NEW_TOKENS)
+            answer = decoding.greedy(llm, MAX_NEW_TOKENS)[0]
             prompt_tokens = len(pieces.head) + n_filler + len(needle) + len(pieces.tail)
             results.append(Trial(method, prompt_tokens, budget, depths[i], at, keys[i], answer.strip(), passkey.score(answer, keys[i]),
                                  round(time.monotonic() - t0, 2)))
@@ -150,20 +136,20 @@ def check_prefix_reuse(setup: Setup, method: str, length: int, budget: int | Non
     answers (equal when the shortcut is exact), or with `return_logits` both next-token logits."""
     llm = _make_llm(setup, method, budget, max(length + 1024, 4096))
     try:
-        pieces = passkey.prompt_pieces(_tokenizer(llm), _chat_format(llm), n_filler=length)
-        needle = _tokenizer(llm)(passkey.needle_text(passkey.make_keys(seed, 1)[0]), False)
+        pieces = passkey.prompt_pieces(decoding.tokenizer(llm), decoding.chat_format(llm), n_filler=length)
+        needle = decoding.tokenizer(llm)(passkey.needle_text(passkey.make_keys(seed, 1)[0]), False)
         n_filler = length - len(pieces.head) - len(pieces.tail) - len(needle)
         at = passkey.aligned_insert_points(len(pieces.head), n_filler, setup.n_ubatch, [0.5])[0]
         llm.reset()
         llm.eval(pieces.build(n_filler, at, needle))
-        single = _last_logits(llm) if return_logits else _greedy(llm, MAX_NEW_TOKENS)
+        single = decoding.last_logits(llm) if return_logits else decoding.greedy(llm, MAX_NEW_TOKENS)[0]
         llm.reset()
         _feed_prefix(llm, pieces.head + pieces.filler[:at])
         state = llm.save_state()
         llm.reset()
         llm.load_state(state)
         llm.eval(needle + pieces.filler[at:n_filler] + pieces.tail)
-        reused = _last_logits(llm) if return_logits else _greedy(llm, MAX_NEW_TOKENS)
+        reused = decoding.last_logits(llm) if return_logits else decoding.greedy(llm, MAX_NEW_TOKENS)[0]
         return single, reused
     finally:
         llm.close()

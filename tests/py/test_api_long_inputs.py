@@ -107,10 +107,14 @@ def test_locret_serve_answers_an_openai_request_past_the_window(model_path, samp
 
 
 def test_locret_serve_refuses_bad_settings(model_path):
-    for args, message in ((["--budget", "0"], "at least 1"), (["--device", "pdp-11"], "pdp-11"),
-                          (["--model", "no-such-model"], "no-such-model")):
-        proc = run([sys.executable, "-m", "locret", "serve", "--print-command", *args], timeout=120, cwd=REPO)
-        if args[0] == "--budget":  # llama-server itself checks the budget: run it, it must exit with the reason
-            proc = run([sys.executable, "-m", "locret", "serve", "--model", str(model_path), *args, "--port",
-                        str(free_port())], timeout=120, cwd=REPO)
+    serve = [sys.executable, "-m", "locret", "serve"]
+    cases = (
+        # llama-server itself checks the budget: it is started, and must exit with the reason
+        (serve + ["--model", model_path, "--budget", "0", "--port", free_port()], "at least 1"),
+        # locret resolves devices and models before any server starts
+        (serve + ["--print-command", "--device", "pdp-11"], "pdp-11"),
+        (serve + ["--print-command", "--model", "no-such-model"], "no-such-model"),
+    )
+    for cmd, message in cases:
+        proc = run(cmd, timeout=120, cwd=REPO)
         assert proc.returncode != 0 and message in (proc.stdout + proc.stderr), proc.stdout[-1500:] + proc.stderr[-1500:]

@@ -37,9 +37,8 @@ def accuracy_vs(rows: list[dict], key: str, out: Path) -> Path | None:
     """key "budget": x = budget, one line per evicting method, full attention as a dashed level;
     key "length": x = prompt length, one line per (method, budget)."""
     plt = _plt()
-    sources = sorted({r["source"] for r in rows if r[key] is not None or key == "budget"})
-    if key == "length":
-        sources = [s for s in sources if len({r["length"] for r in rows if r["source"] == s and r["length"]}) >= 1]
+    # by budget: every task (full attention is a level); by length: tasks with lengths (not benchmark files)
+    sources = sorted({r["source"] for r in rows if key == "budget" or r["length"] is not None})
     if not sources:
         return None
     fig, axes = _panels(plt, len(sources), f"accuracy vs {key}")

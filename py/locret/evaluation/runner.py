@@ -13,7 +13,7 @@ import json
 import multiprocessing
 import queue as queue_module
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
@@ -157,11 +157,9 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                stabilizers=cfg.stabilizers, local=cfg.local, n_ctx=_pad(longest + 16),
                                ubatch=cfg.ubatch, threads=cfg.threads, kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers,
                                heatmap_ids=heat_ids_per_group[group] if method != "full" else (),
-                               heatmap_dir=str(out_dir / "heatmaps"),
-                               labels={"method": method, "budget": budget, "run": None})
+                               heatmap_dir=str(out_dir / "heatmaps"))
                 run_name = f"{spec.name}/{group}" if cfg.tasks else spec.name
-                spec.labels["run"] = run_name
-                runs.append((spec, chosen))
+                runs.append((replace(spec, labels={"method": method, "budget": budget, "run": run_name}), chosen))
     return runs, skipped
 
 
@@ -224,14 +222,14 @@ def run(cfg: EvalConfig) -> int:
     heads, random_heads = _heads_for(cfg, model_path, facts)
     out = cfg.output
     (out / "heatmaps").mkdir(parents=True, exist_ok=True)
-    config_path = out / "config.json"
+    config_path, fingerprint = out / "config.json", cfg.fingerprint()
     if config_path.exists():
         old = json.loads(config_path.read_text())
-        changed = sorted(k for k in set(old) | set(cfg.fingerprint()) if old.get(k) != cfg.fingerprint().get(k))
+        changed = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
         if changed:
             raise EvalError(f"{out} holds a run with other settings ({', '.join(changed)} differ): give another -o "
                             "or delete it")
-    config_path.write_text(json.dumps(cfg.fingerprint(), indent=1, default=str))
+    config_path.write_text(json.dumps(fingerprint, indent=1, default=str))
 
     vocab = items_module.vocab_model(str(model_path))
     records: dict = {}
@@ -282,7 +280,7 @@ def run(cfg: EvalConfig) -> int:
     run_records = _read_jsonl(runs_path)
     summary = report.summarize(samples, run_records, skipped)
     memory_notes, over = report.memory_check(run_records, dev)
-    settings = dict(cfg.fingerprint(), model_path=model_path.name, heads_file=Path(heads).name if heads else None,
+    settings = dict(fingerprint, model_path=model_path.name, heads_file=Path(heads).name if heads else None,
                     incomplete=stopped)
     (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary, "skipped": skipped,
                                                   "memory": memory_notes}, indent=1, default=str))

@@ -83,16 +83,13 @@ def _retained_histogram(llm, n_layer: int, n_head_kv: int, n_prompt: int) -> np.
 
 
 def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) -> int:
-    """Evaluate the prompt; returns the most cells in use seen. With `heat`, one chunk (ubatch) per call
-    (the same chunks as one call: each call starts on a chunk boundary) and the retained units read after
-    each chunk."""
+    """Evaluate the prompt; returns the most cells in use seen (0 without eviction). With `heat` (evicting
+    runs only), one chunk (ubatch) per call (the same chunks as one call: each call starts on a chunk
+    boundary) and the retained units read after each chunk."""
     tokens = list(item.tokens)
-    if not evicting:
-        llm.eval(tokens)
-        return len(tokens)
     if heat is None:
         llm.eval(tokens)
-        return int(llm.locret_stats()["n_cells_used"])
+        return int(llm.locret_stats()["n_cells_used"]) if evicting else 0
     n_layer, n_head_kv = _kv_heads(llm)
     most = 0
     for start in range(0, len(tokens), spec.ubatch):
