@@ -58,6 +58,9 @@ def parser() -> Parser:
                    help=f"shortest built-in example (default {DEFAULTS.min_tokens})")
     p.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
                    help=f"longest sequence; longer prompts lose their middle (default {DEFAULTS.max_tokens})")
+    p.add_argument("--init-heads", metavar="HEADS.safetensors",
+                   help="start from these heads (a run folder's heads.safetensors or a published Locret "
+                        "checkpoint of the same d_R) instead of a random init: fine-tuning")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of the heads' init and the data order")
     p.add_argument("--max-minutes", type=float, help="stop (checkpointed, resumable) after this many minutes")
     p.add_argument("--stop-after-steps", type=int, metavar="N",
@@ -98,7 +101,8 @@ def main(argv: list[str]) -> int:
                              steps=args.steps, lr=args.lr, warmup_steps=args.warmup_steps, grad_clip=args.grad_clip,
                              min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed,
                              checkpoint_every=args.checkpoint_every, weight_type=args.type, budget=args.budget,
-                             chunk=args.chunk, stabilizers=args.stabilizers, local=args.local)
+                             chunk=args.chunk, stabilizers=args.stabilizers, local=args.local,
+                             init_heads=args.init_heads or "")
         summary = train(config, resume=not args.no_resume, max_minutes=args.max_minutes, threads=args.threads,
                         device=_device(args.device), stop_after_steps=args.stop_after_steps,
                         command="train_heads.py " + shlex.join(argv))

@@ -28,7 +28,7 @@ from tqdm import tqdm
 from .backbone import Backbone, load_backbone
 from .base_model import open_gguf, read_base_model
 from .conversion import ConversionRequest, convert, refuse_bad_output
-from .errors import ConversionError
+from .errors import ConversionError, first_line
 from .gguf_output import Recommended
 from .heads_model import RetainingHeads, head_loss, top_overlap
 from .synthetic import TASKS, SyntheticData
@@ -61,11 +61,12 @@ class TrainConfig:
     chunk: int = 512
     stabilizers: int = 128
     local: int = 100
+    init_heads: str = ""         # heads.safetensors to start from (fine-tuning); empty: a seeded random init
 
     def fingerprint(self) -> str:
         """What must not change between a run and its resumption."""
         keys = ("base", "data", "tasks", "d_r", "steps", "lr", "warmup_steps", "grad_clip", "min_tokens",
-                "max_tokens", "seed")
+                "max_tokens", "seed", "init_heads")
         text = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -93,6 +94,8 @@ def check_config(config: TrainConfig) -> None:
     for path in config.data:
         if not Path(path).is_file():
             raise ConversionError(f"training data {path}: no such file")
+    if config.init_heads and not Path(config.init_heads).is_file():
+        raise ConversionError(f"--init-heads {config.init_heads}: no such file")
 
 
 def resolve_model(text: str) -> Path:
@@ -144,6 +147,19 @@ class ExampleSource:
         return tokenize(self.tokenizer, self.records[order[index]], self.config.max_tokens), "data"
 
 
+def read_init_heads(path: Path) -> dict[str, torch.Tensor]:
+    """Head tensors of a safetensors checkpoint in the published layout (this trainer's heads.safetensors or a
+    published Locret checkpoint), to start training from."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ConversionError(f"--init-heads {path}: not a readable safetensors file ({first_line(e)})") from None
+    return {name: t for name, t in tensors.items() if ".self_attn.fc" in name}
+
+
 def learning_rate(config: TrainConfig, step: int) -> float:
     """Linear warmup over warmup_steps, then cosine from lr down to FINAL_LR_FRACTION * lr at the last step."""
     if step < config.warmup_steps:
@@ -193,6 +209,8 @@ def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = 
     source = ExampleSource(config, backbone)
     heads = RetainingHeads(backbone.n_layer, backbone.d_in, config.d_r, backbone.n_head_kv, backbone.activation,
                            config.seed).to(backbone.device)
+    if config.init_heads:
+        heads.load_checkpoint_tensors(read_init_heads(Path(config.init_heads)), config.init_heads)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, betas=BETAS, weight_decay=0.0)
 
     checkpoint_path = run_dir / "checkpoint.pt"

@@ -137,6 +137,38 @@ def test_training_reduces_the_loss_and_resumes_exactly(tiny, tmp_path):
     assert [s["loss"] for s in resumed["steps"]] == losses
 
 
+def test_fine_tuning_starts_from_the_given_heads(tiny, tmp_path):
+    """--init-heads loads a heads checkpoint: at a vanishing learning rate the run ends with the very heads it
+    started from, and its first loss is the trained heads' loss, not a random init's."""
+    from safetensors.numpy import load_file
+
+    hf_dir, gguf = tiny
+    data = _data(tmp_path / "data.jsonl")
+    common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--warmup-steps", 0, "--seed", 3, "--d-r", 32]
+    _train(*common, "-o", tmp_path / "a.gguf", "--steps", 30, "--lr", 0.01)
+    trained = tmp_path / "a.run" / "heads.safetensors"
+    _train(*common, "-o", tmp_path / "b.gguf", "--steps", 2, "--lr", 1e-30, "--init-heads", trained)
+    _train(*common, "-o", tmp_path / "c.gguf", "--steps", 2, "--lr", 1e-30)
+    a, b = load_file(trained), load_file(tmp_path / "b.run" / "heads.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-12, err_msg=name)
+    first = {run: json.loads((tmp_path / f"{run}.run" / "train-log.json").read_text())["steps"][0]["loss"]
+             for run in "bc"}
+    assert first["b"] < 0.7 * first["c"], first
+    assert "--init-heads" in json.loads((tmp_path / "b.run" / "train-log.json").read_text())["command"]
+
+    # a checkpoint of another width, a file that is not safetensors, a missing file
+    not_safetensors = tmp_path / "heads.safetensors"
+    not_safetensors.write_bytes(b"\x00" * 64)
+    for init, d_r, needle in ((trained, 16, "has shape [32, "), (not_safetensors, 32, "not a readable safetensors"),
+                              (tmp_path / "missing.safetensors", 32, "no such file")):
+        proc = _train(*common[:-1], d_r, "-o", tmp_path / "d.gguf", "--steps", 2, "--init-heads", init,
+                      "--no-resume", check=False)
+        assert proc.returncode == 1 and needle in proc.stderr, (init, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr
+
+
 def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path):
     """Heads from a short run on SmolLM2 go through the converter; llama.cpp's scores in its graph match the
     trainer's own scores (its backbone's captured Q/K/V through its own head module)."""
