@@ -58,9 +58,9 @@ def parser() -> Parser:
                    help=f"shortest built-in example (default {DEFAULTS.min_tokens})")
     p.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens,
                    help=f"longest sequence; longer prompts lose their middle (default {DEFAULTS.max_tokens})")
-    p.add_argument("--init-heads", metavar="HEADS.safetensors",
-                   help="start from these heads (a run folder's heads.safetensors or a published Locret "
-                        "checkpoint of the same d_R) instead of a random init: fine-tuning")
+    p.add_argument("--init-heads", metavar="CKPT",
+                   help="start from these heads instead of a random init (fine-tuning): a run folder's "
+                        "heads.safetensors or a published Locret checkpoint (file or directory) of the same d_R")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of the heads' init and the data order")
     p.add_argument("--max-minutes", type=float, help="stop (checkpointed, resumable) after this many minutes")
     p.add_argument("--stop-after-steps", type=int, metavar="N",

@@ -12,7 +12,6 @@ import math
 import torch
 from torch import nn
 
-from .errors import ConversionError
 from .heads import tensor_name
 
 ACTIVATIONS = {
@@ -56,27 +55,15 @@ class RetainingHeads(nn.Module):
         return out
 
 
-    def load_checkpoint_tensors(self, tensors: dict[str, torch.Tensor], where: str) -> None:
-        """Take the weights of `checkpoint_tensors()`'s layout; refuse biases, missing layers or other shapes."""
-        if biases := sorted(n for n in tensors if n.endswith(".bias")):
-            raise ConversionError(f"{where}: heads with biases ({biases[0]}, ...) cannot be trained here "
-                                  f"(the trainer's heads have none)")
-        expected = {tensor_name(i, fc, "weight"): p for i in range(self.n_layer)
-                    for fc, p in (("fc1", self.fc1[i]), ("fc2", self.fc2[i]))}
-        if extra := sorted(set(tensors) - set(expected)):
-            raise ConversionError(f"{where}: head tensor {extra[0]} is not one of this model's "
-                                  f"{self.n_layer} layers")
-        for name, param in expected.items():
-            if name not in tensors:
-                raise ConversionError(f"{where}: missing {name}")
-            if tuple(tensors[name].shape) != tuple(param.shape):
-                raise ConversionError(f"{where}: {name} has shape {list(tensors[name].shape)}, this run needs "
-                                      f"{list(param.shape)} (check --d-r and the base model)")
-            value = tensors[name].float()
-            if not torch.isfinite(value).all():
-                raise ConversionError(f"{where}: {name} holds NaN or Inf")
-            with torch.no_grad():
-                param.copy_(value.to(param.device))
+    @property
+    def d_r(self) -> int:
+        return self.fc1[0].shape[0]
+
+    def set_layer(self, layer: int, fc1: torch.Tensor, fc2: torch.Tensor) -> None:
+        """Take one layer's weights in `checkpoint_tensors()`'s layout (shapes checked by the caller)."""
+        with torch.no_grad():
+            self.fc1[layer].copy_(fc1)
+            self.fc2[layer].copy_(fc2)
 
 
 def _linear_init(shape: tuple[int, int], generator: torch.Generator) -> torch.Tensor:

@@ -26,10 +26,12 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .backbone import Backbone, load_backbone
-from .base_model import open_gguf, read_base_model
+from .base_model import BaseModel, open_gguf, read_base_model
+from .checkpoint import read_checkpoint
 from .conversion import ConversionRequest, convert, refuse_bad_output
-from .errors import ConversionError, first_line
+from .errors import ConversionError
 from .gguf_output import Recommended
+from .heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
 from .synthetic import TASKS, SyntheticData
 from .training_data import TokenizedExample, read_examples, tokenize
@@ -94,8 +96,8 @@ def check_config(config: TrainConfig) -> None:
     for path in config.data:
         if not Path(path).is_file():
             raise ConversionError(f"training data {path}: no such file")
-    if config.init_heads and not Path(config.init_heads).is_file():
-        raise ConversionError(f"--init-heads {config.init_heads}: no such file")
+    if config.init_heads and not Path(config.init_heads).exists():
+        raise ConversionError(f"--init-heads {config.init_heads}: no such file or directory")
 
 
 def resolve_model(text: str) -> Path:
@@ -147,17 +149,20 @@ class ExampleSource:
         return tokenize(self.tokenizer, self.records[order[index]], self.config.max_tokens), "data"
 
 
-def read_init_heads(path: Path) -> dict[str, torch.Tensor]:
-    """Head tensors of a safetensors checkpoint in the published layout (this trainer's heads.safetensors or a
-    published Locret checkpoint), to start training from."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(path)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ConversionError(f"--init-heads {path}: not a readable safetensors file ({first_line(e)})") from None
-    return {name: t for name, t in tensors.items() if ".self_attn.fc" in name}
+def load_init_heads(heads: RetainingHeads, path: Path, base: BaseModel) -> None:
+    """Start from trained heads: any checkpoint the converter reads (this trainer's heads.safetensors, a
+    published Locret checkpoint file or directory), checked against the base model by the converter's own
+    layout check; biases and another d_R are refused (the trained heads have neither)."""
+    checkpoint = read_checkpoint(path)
+    layout = check_layout(checkpoint, base)
+    if layout.has_fc1_bias or layout.has_fc2_bias:
+        raise ConversionError(f"--init-heads {path}: heads with biases cannot be trained here (the trainer's heads "
+                              f"have none)")
+    if layout.d_r != heads.d_r:
+        raise ConversionError(f"--init-heads {path}: its heads have d_R {layout.d_r}, this run's --d-r is {heads.d_r}")
+    for layer in range(base.n_layer):
+        weights = load_layer(checkpoint, layout, layer, fc1_column_order=None)  # Hugging Face Q/K order, as trained
+        heads.set_layer(layer, torch.from_numpy(weights.fc1_weight), torch.from_numpy(weights.fc2_weight))
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
@@ -185,13 +190,15 @@ def train_step(heads: RetainingHeads, optimizer: torch.optim.Optimizer, inputs: 
     return float(loss.detach()), accuracy / len(inputs)
 
 
-def check_backbone_matches_gguf(backbone: Backbone, gguf: Path) -> None:
+def check_backbone_matches_gguf(backbone: Backbone, gguf: Path) -> BaseModel:
+    """The GGUF's model, refused unless it is the backbone's; returned for the heads' own checks."""
     model = read_base_model(open_gguf(gguf, "base model"), gguf)
     ours = (backbone.gguf_architecture, backbone.n_layer, backbone.n_head, backbone.n_head_kv, backbone.head_dim)
     theirs = (model.architecture, model.n_layer, model.n_head, model.n_head_kv, model.head_dim_k)
     if ours != theirs:
         raise ConversionError(f"the backbone {backbone.source} (arch, layers, heads, kv heads, head size = {ours}) "
                               f"is not the model of {gguf} ({theirs})")
+    return model
 
 
 def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = None, threads: int | None = None,
@@ -205,12 +212,12 @@ def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = 
     torch.manual_seed(config.seed)
 
     backbone = load_backbone(resolve_model(config.base), threads=threads, device=device)
-    check_backbone_matches_gguf(backbone, resolve_model(config.gguf))
+    base = check_backbone_matches_gguf(backbone, resolve_model(config.gguf))
     source = ExampleSource(config, backbone)
     heads = RetainingHeads(backbone.n_layer, backbone.d_in, config.d_r, backbone.n_head_kv, backbone.activation,
                            config.seed).to(backbone.device)
     if config.init_heads:
-        heads.load_checkpoint_tensors(read_init_heads(Path(config.init_heads)), config.init_heads)
+        load_init_heads(heads, Path(config.init_heads), base)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, betas=BETAS, weight_decay=0.0)
 
     checkpoint_path = run_dir / "checkpoint.pt"

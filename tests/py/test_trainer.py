@@ -161,7 +161,7 @@ def test_fine_tuning_starts_from_the_given_heads(tiny, tmp_path):
     # a checkpoint of another width, a file that is not safetensors, a missing file
     not_safetensors = tmp_path / "heads.safetensors"
     not_safetensors.write_bytes(b"\x00" * 64)
-    for init, d_r, needle in ((trained, 16, "has shape [32, "), (not_safetensors, 32, "not a readable safetensors"),
+    for init, d_r, needle in ((trained, 16, "heads have d_R 32, this run's --d-r is 16"), (not_safetensors, 32, "not a readable safetensors"),
                               (tmp_path / "missing.safetensors", 32, "no such file")):
         proc = _train(*common[:-1], d_r, "-o", tmp_path / "d.gguf", "--steps", 2, "--init-heads", init,
                       "--no-resume", check=False)
