@@ -18,7 +18,7 @@ from pathlib import Path
 from locret_heads.backbone import TRAINABLE_MODEL_TYPES
 from locret_heads.errors import ConversionError
 from locret_heads.gguf_output import WEIGHT_TYPES
-from locret_heads.synthetic import TASKS
+from locret_heads.synthetic import DEFAULT_TASKS, TASKS
 from locret_heads.trainer import TrainConfig, train
 
 PROGRAM = "train_heads"
@@ -44,8 +44,9 @@ def parser() -> Parser:
     p.add_argument("--data", action="append", default=[], metavar="FILE",
                    help="local SFT data (.jsonl or .json array; sharegpt, messages, or prompt/answer records); "
                         "repeatable. Default: the built-in generator")
-    p.add_argument("--tasks", default=",".join(TASKS),
-                   help=f"built-in generator's task mix, comma separated (default {','.join(TASKS)})")
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
+                   help=f"built-in generator's task mix, comma separated; a task named twice is drawn twice as "
+                        f"often (known: {','.join(TASKS)}; default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--d-r", type=int, default=DEFAULTS.d_r, help=f"head hidden width (default {DEFAULTS.d_r})")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps,
                    help=f"optimizer steps, one sequence each (default {DEFAULTS.steps})")

@@ -14,7 +14,11 @@ between paragraphs:
              final variable's value asked;
 - quote:     the first sentence of a named section, asked back (answers that are natural text);
 - frequent:  a word planted many more times than any other made-up word, asked for (the answer
-             depends on the whole context, not on one spot).
+             depends on the whole context, not on one spot);
+- repeats:   one number stated once inside a context that is a few sentences of one section repeated
+             over and over (boilerplate, logs, a template filled in many times). Not in the default
+             mix: it teaches heads that a fact stated once must outrank every repeat of the text
+             around it, which pointwise scores otherwise rank alike (heads/README.md).
 
 Everything is drawn from `random.Random(f"{seed}:{index}")`, so example `index` of a seed is the
 same in every run and on every machine, whatever was generated before it (resuming a run is
@@ -28,7 +32,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent")
+TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats")
+# the mix when none is chosen: the shipped heads' recipe, kept fixed so that it reproduces them
+DEFAULT_TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent")
 
 _OBJECTS = ["vault", "locker", "gate", "archive", "server room", "boathouse", "greenhouse", "radio cabinet",
             "tool shed", "cellar", "loading dock", "north tower", "map case", "pump station", "observatory"]
@@ -65,7 +71,7 @@ class SyntheticData:
     """Example `index` of the built-in task mix for one seed."""
 
     def __init__(self, count_tokens: Callable[[str], int], seed: int, min_tokens: int, max_tokens: int,
-                 tasks: tuple[str, ...] = TASKS) -> None:
+                 tasks: tuple[str, ...] = DEFAULT_TASKS) -> None:
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise ValueError(f"unknown synthetic task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
@@ -107,6 +113,24 @@ class SyntheticData:
             blocks.pop()
         return blocks
 
+    def _repeated_context(self, rng: random.Random, target_tokens: int, reserve_tokens: int) -> list[str]:
+        """A passage of 2-6 consecutive sentences from one section, as blocks repeated to about
+        target - reserve tokens (whole repeats, measured)."""
+        budget = max(50, target_tokens - reserve_tokens)
+        while True:
+            _, paragraphs = self.sections[rng.randrange(len(self.sections))]
+            sentences = [s for p in paragraphs for s in _SENTENCE_END.split(p) if 20 <= len(s) <= 300]
+            if len(sentences) >= 2:
+                break
+        count = rng.randint(2, min(6, len(sentences)))
+        first = rng.randrange(len(sentences) - count + 1)
+        passage = " ".join(sentences[first:first + count])
+        per_block = self.count_tokens(passage + "\n\n")
+        blocks = [passage] * max(1, budget // max(1, per_block))
+        while len(blocks) > 1 and self.count_tokens("\n\n".join(blocks)) > budget:
+            blocks.pop()
+        return blocks
+
     @staticmethod
     def _place(rng: random.Random, blocks: list[str], needles: list[str], ordered: bool = False) -> None:
         """Insert needles between blocks at random depths (in the given order if `ordered`)."""
@@ -132,6 +156,17 @@ class SyntheticData:
         question = rng.choice([f"What is the code of the {thing}?", f"Which code opens the {thing}?"])
         return SyntheticExample("passkey", self._prompt(blocks, question, "Read the document and answer the "
                                                         "question after it."), code)
+
+    def _repeats(self, rng: random.Random, target: int) -> SyntheticExample:
+        thing = rng.choice(_OBJECTS)
+        code = str(rng.randint(10000, 999999))
+        needle = rng.choice([f"The {thing} code is {code}.", f"Code for the {thing}: {code}.",
+                             f"Use {code} to open the {thing}."])
+        blocks = self._repeated_context(rng, target, 60)
+        self._place(rng, blocks, [needle])
+        question = rng.choice([f"What is the code of the {thing}?", f"Which code opens the {thing}?"])
+        return SyntheticExample("repeats", self._prompt(blocks, question, "The text below repeats itself. "
+                                                        "Answer the question after it."), code)
 
     def _lookup(self, rng: random.Random, target: int) -> SyntheticExample:
         keys = rng.sample(_WORDS, rng.randint(4, 12))

@@ -33,7 +33,7 @@ from .errors import ConversionError
 from .gguf_output import Recommended
 from .heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
-from .synthetic import TASKS, SyntheticData
+from .synthetic import DEFAULT_TASKS, TASKS, SyntheticData
 from .training_data import TokenizedExample, read_examples, tokenize
 
 BETAS = (0.9, 0.95)
@@ -48,7 +48,7 @@ class TrainConfig:
     output: str                  # heads GGUF to write
     run_dir: str
     data: list[str] = field(default_factory=list)  # local SFT files; empty: the built-in generator
-    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
     d_r: int = 256
     steps: int = 600
     lr: float = 5e-4

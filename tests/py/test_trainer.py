@@ -265,16 +265,16 @@ def test_unsupported_base_models_are_refused(tmp_path):
 
 
 def test_synthetic_examples_are_seeded_and_hold_their_answer():
-    from locret_heads.synthetic import TASKS, SyntheticData
+    from locret_heads.synthetic import DEFAULT_TASKS, TASKS, SyntheticData
 
     def count(text):
         return len(text.split())  # a stand-in tokenizer: words
 
-    data = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600)
-    again = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600)
-    other = SyntheticData(count, seed=8, min_tokens=300, max_tokens=600)
+    data = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=TASKS)
+    again = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=TASKS)
+    other = SyntheticData(count, seed=8, min_tokens=300, max_tokens=600, tasks=TASKS)
     seen = set()
-    for i in range(60):
+    for i in range(80):
         ex = data.example(i)
         assert ex == again.example(i)
         seen.add(ex.task)
@@ -283,6 +283,15 @@ def test_synthetic_examples_are_seeded_and_hold_their_answer():
             assert ex.answer in context, (ex.task, ex.answer)
         if ex.task == "frequent":
             assert context.count(f"The {ex.answer} was seen again.") >= 6
+        if ex.task == "repeats":
+            # the code is stated once, in a context made of one passage repeated
+            assert context.count(ex.answer) == 1
+            blocks = context.split("\n\n")[1:]
+            passage = max(set(blocks), key=blocks.count)
+            assert blocks.count(passage) >= len(blocks) - 1 >= 3, blocks[:3]
         assert count(ex.prompt) <= 600 + 5
     assert seen == set(TASKS)
     assert [data.example(i) for i in range(10)] != [other.example(i) for i in range(10)]
+    # the default mix is the shipped heads' recipe: fixed, without the opt-in task
+    assert SyntheticData(count, seed=7, min_tokens=300, max_tokens=600).tasks == DEFAULT_TASKS
+    assert "repeats" not in DEFAULT_TASKS
