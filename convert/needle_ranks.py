@@ -5,12 +5,14 @@
 
 Scores the passkey evaluation's own prompt (py/locret/tasks/passkey.py, the prompts of
 scripts/eval_passkey.py) with each heads checkpoint in PyTorch, and prints, for each share `keep`,
-how many of the key's digit tokens rank inside the top `keep` of the prompt per (layer, KV head).
-A cache of budget b holds about the top (b - stabilizers - local) / n of an n-token prompt:
-0.13 is 6,000 tokens at b 1024, 0.055 is 32,768 tokens at b 2048. The "labels" row ranks the
+how many of the key's digit tokens (and of the needle's tokens) rank inside the top `keep` of the
+prompt per (layer, KV head). A cache of budget b holds about the top (b - stabilizers - local) / n
+of an n-token prompt: 0.13 is 6,000 tokens at b 1024, 0.055 is 32,768 tokens at b 2048. The "labels" row ranks the
 model's own attention from the answer (the trainer's targets). Heads are read as --init-heads reads
 them: this trainer's heads.safetensors or a published Locret checkpoint (file or directory).
-Refusals are one line on stderr ("needle_ranks: error: ...") with exit status 1.
+It shows what heads keep, not what the model answers from it (keeping the key is necessary, not
+sufficient: heads/README.md). Refusals are one line on stderr ("needle_ranks: error: ...") with
+exit status 1.
 """
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ def passkey_prompts(model_path: Path, length: int, depths: list[float], seed: in
             digits = [i for i in range(start, end)
                       if any(c.isdigit() for c in vocab.detokenize([tokens[i]]).decode(errors="replace"))]
             answer = answer_tokens(item.answers[0])
-            prompts.append(NeedlePrompt(f"passkey-{length}-d{item.depth:.2f}", tokens + answer, len(tokens), digits))
+            prompts.append(NeedlePrompt(f"passkey-{length}-d{item.depth:.2f}", tokens + answer, len(tokens), digits,
+                                        list(range(start, end))))
         return prompts
     finally:
         vocab.close()
@@ -99,17 +102,23 @@ def main(argv: list[str]) -> int:
         return backbone.tokenizer.encode(key, add_special_tokens=False)
 
     prompts = passkey_prompts(model_path, args.length, depths, args.seed, answer_tokens)
+    last = keeps[-1]
     keep_head = "  ".join(f"top {k:g}" for k in keeps)
-    print(f"{'prompt':<22} {'source':<48} {keep_head}  pairs holding all ({keeps[-1]:g})  per layer ({keeps[-1]:g}, 0-9)")
+    print(f"share of the key's digits (needle: of the whole needle sentence) ranked in the top share of the prompt; "
+          f"pairs: (layer, KV head) holding every digit; per layer: tenths of digits held in the top {last:g}")
+    print(f"{'prompt':<20} {'source':<36} {keep_head}  needle  pairs  per layer")
     records = []
     for prompt in prompts:
         for r in needle_ranks(backbone, prompt, heads):
-            layers = "".join(str(min(9, int(10 * x))) for x in r.layers_inside(keeps[-1]))
+            layers = "".join(str(min(9, int(10 * x))) for x in r.layers_inside(last))
             cells = "  ".join(f"{r.inside(k):>{len(f'top {k:g}')}.2f}" for k in keeps)
-            print(f"{r.prompt:<22} {r.source[-48:]:<48} {cells}  {r.pairs_holding_all(keeps[-1]):>3} of "
-                  f"{r.shares.shape[0] * r.shares.shape[1]}             {layers}", flush=True)
+            source = r.source if len(r.source) <= 36 else "..." + r.source[-33:]
+            print(f"{r.prompt:<20} {source:<36} {cells}  {r.needle_inside(last):>6.2f}  {r.pairs_holding_all(last):>5}  "
+                  f"{layers}", flush=True)
             records.append({"prompt": r.prompt, "source": r.source, "digits": len(prompt.digit_positions),
-                            "inside": {str(k): r.inside(k) for k in keeps}, "shares": r.shares.round(5).tolist()})
+                            "inside": {str(k): r.inside(k) for k in keeps},
+                            "needle_inside": {str(k): r.needle_inside(k) for k in keeps},
+                            "shares": r.shares.round(5).tolist()})
     if args.json:
         Path(args.json).write_text(json.dumps({"model": str(args.model), "length": args.length, "depths": depths,
                                                "seed": args.seed, "records": records}, indent=1))

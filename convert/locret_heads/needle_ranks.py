@@ -4,11 +4,14 @@ Locret's eviction keeps, per layer and KV head, the units whose scores are in th
 seen so far (scores never change once computed). After a prompt of n tokens under a budget b, a unit
 is still held only if its score is roughly in the top (b - stabilizers - local) / n of the prompt's.
 This module scores the evaluation's own passkey prompt with heads in PyTorch (no llama.cpp run) and
-reports, for shares `keep`, how many of the key's digit tokens rank inside that top share, per
-(layer, KV head). The model's own labels (the trainer's targets) get the same report, as the bound a
+reports, for shares `keep`, how many of the key's digit tokens (and of the whole needle sentence,
+whose words a model copies before the key) rank inside that top share, per (layer, KV head). The model's own labels (the trainer's targets) get the same report, as the bound a
 head that fitted them exactly would reach.
 
 Used to compare heads checkpoints in about a minute on a CPU, before a passkey run of many minutes.
+Keeping the key is necessary for an answer, not sufficient: heads fine-tuned with the `repeats` task
+rank the digits higher than the shipped heads and still answer less often within the window
+(heads/README.md), so a passkey run has the last word.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ class NeedlePrompt:
     token_ids: list[int]      # prompt then answer
     n_prompt: int
     digit_positions: list[int]
+    needle_positions: list[int]   # the whole needle, digits included
 
 
 @dataclass(frozen=True)
@@ -35,10 +39,15 @@ class NeedleRanks:
     prompt: str
     source: str                # a heads file, or "labels"
     shares: np.ndarray         # [n_layer, n_head_kv, n_digits]
+    needle_shares: np.ndarray  # [n_layer, n_head_kv, n_needle]
 
     def inside(self, keep: float) -> float:
         """Share of (layer, KV head, digit) ranked inside the top `keep` of the prompt."""
         return float((self.shares < keep).mean())
+
+    def needle_inside(self, keep: float) -> float:
+        """Share of (layer, KV head, needle token) ranked inside the top `keep` of the prompt."""
+        return float((self.needle_shares < keep).mean())
 
     def layers_inside(self, keep: float) -> np.ndarray:
         """[n_layer] the same, per layer."""
@@ -65,10 +74,12 @@ def needle_ranks(backbone: Backbone, prompt: NeedlePrompt,
     """The labels' ranks, then each named heads' ranks, for one prompt."""
     features = backbone.features(prompt.token_ids, prompt.n_prompt)
     n_layer = len(features.inputs)
-    out = [NeedleRanks(prompt.name, "labels", np.stack([
-        rank_shares(features.labels[layer], prompt.digit_positions) for layer in range(n_layer)]))]
-    for name, model in heads.items():
-        shares = np.stack([rank_shares(model.layer_scores(layer, features.inputs[layer]),
-                                       prompt.digit_positions) for layer in range(n_layer)])
-        out.append(NeedleRanks(prompt.name, name, shares))
+    sources = [("labels", list(features.labels))]
+    sources += [(name, [model.layer_scores(layer, x) for layer, x in enumerate(features.inputs)])
+                for name, model in heads.items()]
+    out = []
+    for name, scores in sources:
+        needle = np.stack([rank_shares(s, prompt.needle_positions) for s in scores])
+        where = [prompt.needle_positions.index(p) for p in prompt.digit_positions]
+        out.append(NeedleRanks(prompt.name, name, needle[:, :, where], needle))
     return out

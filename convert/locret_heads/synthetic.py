@@ -165,8 +165,11 @@ class SyntheticData:
         blocks = self._repeated_context(rng, target, 60)
         self._place(rng, blocks, [needle])
         question = rng.choice([f"What is the code of the {thing}?", f"Which code opens the {thing}?"])
+        # half the answers are a sentence, as models answer when not told to be brief: its words, not only the
+        # digits, then lead the labels to the needle (a model copies "code is" before it copies the code)
+        answer = rng.choice([code, f"The {thing} code is {code}."])
         return SyntheticExample("repeats", self._prompt(blocks, question, "The text below repeats itself. "
-                                                        "Answer the question after it."), code)
+                                                        "Answer the question after it."), answer)
 
     def _lookup(self, rng: random.Random, target: int) -> SyntheticExample:
         keys = rng.sample(_WORDS, rng.randint(4, 12))

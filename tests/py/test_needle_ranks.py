@@ -36,8 +36,10 @@ def test_rank_shares_match_a_counting_reference():
     np.testing.assert_array_equal(got, _numpy_rank_shares(scores, positions))
 
     shares = np.array([[[0.01, 0.2]], [[0.04, 0.05]]])  # 2 layers, 1 KV head, 2 digits
-    r = NeedleRanks("p", "h", shares)
+    needle = np.concatenate([shares, [[[0.5]], [[0.9]]]], axis=2)  # and one more needle token
+    r = NeedleRanks("p", "h", shares, needle)
     assert r.inside(0.06) == 0.75 and r.pairs_holding_all(0.06) == 1 and r.layers_inside(0.06).tolist() == [0.5, 1.0]
+    assert r.needle_inside(0.06) == 0.5
 
 
 def test_the_report_matches_a_recomputation(model_path, tmp_path):
@@ -81,6 +83,10 @@ def test_the_report_matches_a_recomputation(model_path, tmp_path):
     got = np.array(by_source[str(ckpt)]["shares"])
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert by_source[str(ckpt)]["inside"]["0.1"] == pytest.approx(float((want < 0.1).mean()))
+    with torch.no_grad():
+        needle = np.stack([_numpy_rank_shares(heads.layer_scores(l, x).numpy(), list(range(start, end)))
+                           for l, x in enumerate(features.inputs)])
+    assert by_source[str(ckpt)]["needle_inside"]["0.3"] == pytest.approx(float((needle < 0.3).mean()))
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -7,6 +7,7 @@ own numpy code, builds the full attention-score matrix and takes the maxima with
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -285,7 +286,8 @@ def test_synthetic_examples_are_seeded_and_hold_their_answer():
             assert context.count(f"The {ex.answer} was seen again.") >= 6
         if ex.task == "repeats":
             # the code is stated once, in a context made of one passage repeated
-            assert context.count(ex.answer) == 1
+            code = re.search(r"\d+", ex.answer).group()
+            assert context.count(code) == 1
             blocks = context.split("\n\n")[1:]
             passage = max(set(blocks), key=blocks.count)
             assert blocks.count(passage) >= len(blocks) - 1 >= 3, blocks[:3]
