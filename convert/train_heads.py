@@ -25,6 +25,21 @@ PROGRAM = "train_heads"
 DEFAULTS = TrainConfig(base="", gguf="", output="", run_dir="")
 
 
+def _layers(text: str) -> list[int]:
+    """'0-5,7' -> [0, 1, 2, 3, 4, 5, 7]."""
+    layers: list[int] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        first, _, last = part.partition("-")
+        try:
+            lo, hi = int(first), int(last or first)
+        except ValueError:
+            raise ConversionError(f"--freeze-layers {text}: expected layer numbers and ranges like 0-5,7") from None
+        if lo > hi:
+            raise ConversionError(f"--freeze-layers {text}: the range {part} is empty")
+        layers += range(lo, hi + 1)
+    return sorted(set(layers))
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise ConversionError(message)
@@ -62,6 +77,9 @@ def parser() -> Parser:
     p.add_argument("--init-heads", metavar="CKPT",
                    help="start from these heads instead of a random init (fine-tuning): a run folder's "
                         "heads.safetensors or a published Locret checkpoint (file or directory) of the same d_R")
+    p.add_argument("--freeze-layers", metavar="LAYERS", default="",
+                   help="with --init-heads: layers whose heads stay as given, e.g. 0-5 or 0,2,4-6 (they still "
+                        "count in the loss and the log)")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of the heads' init and the data order")
     p.add_argument("--max-minutes", type=float, help="stop (checkpointed, resumable) after this many minutes")
     p.add_argument("--stop-after-steps", type=int, metavar="N",
@@ -103,7 +121,7 @@ def main(argv: list[str]) -> int:
                              min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed,
                              checkpoint_every=args.checkpoint_every, weight_type=args.type, budget=args.budget,
                              chunk=args.chunk, stabilizers=args.stabilizers, local=args.local,
-                             init_heads=args.init_heads or "")
+                             init_heads=args.init_heads or "", freeze_layers=_layers(args.freeze_layers))
         summary = train(config, resume=not args.no_resume, max_minutes=args.max_minutes, threads=args.threads,
                         device=_device(args.device), stop_after_steps=args.stop_after_steps,
                         command="train_heads.py " + shlex.join(argv))

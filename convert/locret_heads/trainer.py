@@ -64,12 +64,16 @@ class TrainConfig:
     stabilizers: int = 128
     local: int = 100
     init_heads: str = ""         # heads.safetensors to start from (fine-tuning); empty: a seeded random init
+    freeze_layers: list[int] = field(default_factory=list)  # layers kept as init_heads gave them
 
     def fingerprint(self) -> str:
         """What must not change between a run and its resumption."""
         keys = ("base", "data", "tasks", "d_r", "steps", "lr", "warmup_steps", "grad_clip", "min_tokens",
                 "max_tokens", "seed", "init_heads")
-        text = json.dumps({k: getattr(self, k) for k in keys}, sort_keys=True)
+        settings = {k: getattr(self, k) for k in keys}
+        if self.freeze_layers:  # only when used, so that runs from before the option still resume
+            settings["freeze_layers"] = sorted(self.freeze_layers)
+        text = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -98,6 +102,9 @@ def check_config(config: TrainConfig) -> None:
             raise ConversionError(f"training data {path}: no such file")
     if config.init_heads and not Path(config.init_heads).exists():
         raise ConversionError(f"--init-heads {config.init_heads}: no such file or directory")
+    if config.freeze_layers and not config.init_heads:
+        raise ConversionError("--freeze-layers keeps layers as --init-heads gives them; without --init-heads they "
+                              "would stay random")
 
 
 def resolve_model(text: str) -> Path:
@@ -165,6 +172,24 @@ def load_init_heads(heads: RetainingHeads, path: Path, base: BaseModel) -> None:
         heads.set_layer(layer, torch.from_numpy(weights.fc1_weight), torch.from_numpy(weights.fc2_weight))
 
 
+def freeze(heads: RetainingHeads, layers: list[int]) -> list[torch.nn.Parameter]:
+    """Stop gradients to the given layers' heads; the parameters left to train. Every layer still counts in
+    the loss and the log, so a run's figures compare with an unfrozen run's."""
+    n_layer = len(heads.fc1)
+    outside = sorted(set(l for l in layers if not 0 <= l < n_layer))
+    if outside:
+        raise ConversionError(f"--freeze-layers {outside}: the model has layers 0-{n_layer - 1}")
+    if len(set(layers)) == n_layer:
+        raise ConversionError("--freeze-layers names every layer: nothing would be trained")
+    trainable = []
+    for layer in range(n_layer):
+        for param in (heads.fc1[layer], heads.fc2[layer]):
+            param.requires_grad_(layer not in layers)
+            if layer not in layers:
+                trainable.append(param)
+    return trainable
+
+
 def learning_rate(config: TrainConfig, step: int) -> float:
     """Linear warmup over warmup_steps, then cosine from lr down to FINAL_LR_FRACTION * lr at the last step."""
     if step < config.warmup_steps:
@@ -218,7 +243,8 @@ def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = 
                            config.seed).to(backbone.device)
     if config.init_heads:
         load_init_heads(heads, Path(config.init_heads), base)
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, betas=BETAS, weight_decay=0.0)
+    trainable = freeze(heads, config.freeze_layers)
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=BETAS, weight_decay=0.0)
 
     checkpoint_path = run_dir / "checkpoint.pt"
     log: list[dict] = []

@@ -217,6 +217,34 @@ def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path):
     assert corr > 0.99 and err < 0.05 * scale
 
 
+def test_frozen_layers_keep_the_given_heads(tiny, tmp_path):
+    """--freeze-layers: the named layers end exactly as --init-heads gave them while the others learn."""
+    from safetensors.numpy import load_file
+
+    hf_dir, gguf = tiny
+    data = _data(tmp_path / "data.jsonl")
+    common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--warmup-steps", 0, "--seed", 3, "--d-r", 32]
+    _train(*common, "-o", tmp_path / "a.gguf", "--steps", 5, "--lr", 0.01)
+    given = tmp_path / "a.run" / "heads.safetensors"
+    _train(*common, "-o", tmp_path / "b.gguf", "--steps", 5, "--lr", 0.01, "--init-heads", given,
+           "--freeze-layers", "0")
+    a, b = load_file(given), load_file(tmp_path / "b.run" / "heads.safetensors")
+    for kind in ("fc1", "fc2"):
+        frozen, trained = f"model.layers.0.self_attn.{kind}.weight", f"model.layers.1.self_attn.{kind}.weight"
+        np.testing.assert_array_equal(b[frozen], a[frozen])
+        assert np.abs(b[trained] - a[trained]).max() > 1e-4, kind
+
+    n_layer = TINY_LLAMA.n_layer
+    for extra, needle in (([], "without --init-heads they would stay random"),
+                          (["--init-heads", given, "--freeze-layers", "0-1,x"], "expected layer numbers and ranges"),
+                          (["--init-heads", given, "--freeze-layers", f"{n_layer}"], f"the model has layers 0-{n_layer - 1}"),
+                          (["--init-heads", given, "--freeze-layers", f"0-{n_layer - 1}"], "nothing would be trained")):
+        args = extra if extra else ["--freeze-layers", "0"]
+        proc = _train(*common, "-o", tmp_path / "c.gguf", "--steps", 2, "--no-resume", *args, check=False)
+        assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("case,needle", [
     ("empty", "the file is empty"),
     ("malformed", "data.jsonl:2: not a JSON object"),
