@@ -5,8 +5,9 @@ seen so far (scores never change once computed). After a prompt of n tokens unde
 is still held only if its score is roughly in the top (b - stabilizers - local) / n of the prompt's.
 This module scores the evaluation's own passkey prompt with heads in PyTorch (no llama.cpp run) and
 reports, for shares `keep`, how many of the key's digit tokens (and of the whole needle sentence,
-whose words a model copies before the key) rank inside that top share, per (layer, KV head). The model's own labels (the trainer's targets) get the same report, as the bound a
-head that fitted them exactly would reach.
+whose words a model copies before the key) rank inside that top share, per (layer, KV head). The
+model's own labels (the trainer's targets) get the same report, as the bound a head that fitted
+them exactly would reach.
 
 Used to compare heads checkpoints in about a minute on a CPU, before a passkey run of many minutes.
 Keeping the key is necessary for an answer, not sufficient: heads fine-tuned with the `repeats` task
@@ -35,11 +36,16 @@ class NeedlePrompt:
 
 @dataclass(frozen=True)
 class NeedleRanks:
-    """Rank shares of the digit tokens: 0 is the top-scored position of the prompt, 1 the lowest."""
+    """Rank shares of the needle's tokens: 0 is the top-scored position of the prompt, 1 the lowest."""
     prompt: str
     source: str                # a heads file, or "labels"
-    shares: np.ndarray         # [n_layer, n_head_kv, n_digits]
     needle_shares: np.ndarray  # [n_layer, n_head_kv, n_needle]
+    digits: list[int]          # indices of the key's digit tokens within the needle
+
+    @property
+    def shares(self) -> np.ndarray:
+        """[n_layer, n_head_kv, n_digits] the digit tokens' rank shares."""
+        return self.needle_shares[:, :, self.digits]
 
     def inside(self, keep: float) -> float:
         """Share of (layer, KV head, digit) ranked inside the top `keep` of the prompt."""
@@ -73,13 +79,9 @@ def needle_ranks(backbone: Backbone, prompt: NeedlePrompt,
                  heads: dict[str, RetainingHeads]) -> list[NeedleRanks]:
     """The labels' ranks, then each named heads' ranks, for one prompt."""
     features = backbone.features(prompt.token_ids, prompt.n_prompt)
-    n_layer = len(features.inputs)
     sources = [("labels", list(features.labels))]
     sources += [(name, [model.layer_scores(layer, x) for layer, x in enumerate(features.inputs)])
                 for name, model in heads.items()]
-    out = []
-    for name, scores in sources:
-        needle = np.stack([rank_shares(s, prompt.needle_positions) for s in scores])
-        where = [prompt.needle_positions.index(p) for p in prompt.digit_positions]
-        out.append(NeedleRanks(prompt.name, name, needle[:, :, where], needle))
-    return out
+    digits = [prompt.needle_positions.index(p) for p in prompt.digit_positions]
+    return [NeedleRanks(prompt.name, name, np.stack([rank_shares(s, prompt.needle_positions) for s in scores]), digits)
+            for name, scores in sources]

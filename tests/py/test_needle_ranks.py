@@ -37,7 +37,8 @@ def test_rank_shares_match_a_counting_reference():
 
     shares = np.array([[[0.01, 0.2]], [[0.04, 0.05]]])  # 2 layers, 1 KV head, 2 digits
     needle = np.concatenate([shares, [[[0.5]], [[0.9]]]], axis=2)  # and one more needle token
-    r = NeedleRanks("p", "h", shares, needle)
+    r = NeedleRanks("p", "h", needle, digits=[0, 1])
+    np.testing.assert_array_equal(r.shares, shares)
     assert r.inside(0.06) == 0.75 and r.pairs_holding_all(0.06) == 1 and r.layers_inside(0.06).tolist() == [0.5, 1.0]
     assert r.needle_inside(0.06) == 0.5
 
