@@ -13,25 +13,17 @@ The file format is described in convert/HEADS-FORMAT.md. Refusals are one line o
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from locret_heads.architectures import ARCHITECTURES
 from locret_heads.conversion import ConversionRequest, convert, make_random
-from locret_heads.errors import PROGRAM, ConversionError
+from locret_heads.errors import PROGRAM, ConversionError, RefusingParser
 from locret_heads.gguf_output import WEIGHT_TYPES, Recommended
 from locret_heads.random_heads import CHECKPOINT_DTYPES
 
 # The Locret paper's setting for Phi-3-mini-128K; a reasonable starting point for other models.
 DEFAULT_BUDGET, DEFAULT_CHUNK, DEFAULT_STABILIZERS, DEFAULT_LOCAL = 6000, 3072, 2500, 100
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one-line refusals like every other (exit status 1)."""
-
-    def error(self, message: str):
-        raise ConversionError(message)
 
 
 def uint32(text: str) -> int:
@@ -44,8 +36,8 @@ def uint32(text: str) -> int:
 uint32.__name__ = "unsigned 32-bit integer"  # argparse names the type in its message
 
 
-def convert_parser() -> Parser:
-    parser = Parser(
+def convert_parser() -> RefusingParser:
+    parser = RefusingParser(
         prog="heads_to_gguf.py",
         description="Convert Locret retaining heads to GGUF, standalone (--base) or merged into a model "
                     "(--merge-into). `heads_to_gguf.py make-random --help` makes random heads.",
@@ -80,8 +72,8 @@ def convert_parser() -> Parser:
     return parser
 
 
-def make_random_parser() -> Parser:
-    parser = Parser(prog="heads_to_gguf.py make-random",
+def make_random_parser() -> RefusingParser:
+    parser = RefusingParser(prog="heads_to_gguf.py make-random",
                     description="Write randomly initialised heads (nn.Linear-style init, no biases, Hugging Face "
                                 "Q/K order) in the published Locret checkpoint format.")
     parser.add_argument("--base", type=Path, required=True, metavar="MODEL.gguf",

@@ -16,7 +16,6 @@ exit status 1.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,18 +26,13 @@ sys.path.insert(0, str(REPO / "py"))
 from locret_heads.backbone import load_backbone  # noqa: E402
 from locret_heads.base_model import open_gguf, read_base_model  # noqa: E402
 from locret_heads.checkpoint import read_checkpoint  # noqa: E402
-from locret_heads.errors import ConversionError  # noqa: E402
+from locret_heads.errors import ConversionError, RefusingParser  # noqa: E402
 from locret_heads.heads import check_layout  # noqa: E402
 from locret_heads.heads_model import RetainingHeads  # noqa: E402
 from locret_heads.needle_ranks import NeedlePrompt, needle_ranks  # noqa: E402
 from locret_heads.trainer import check_backbone_matches_gguf, load_init_heads, resolve_model  # noqa: E402
 
 PROGRAM = "needle_ranks"
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise ConversionError(message)
 
 
 def passkey_prompts(model_path: Path, length: int, depths: list[float], seed: int,
@@ -63,7 +57,7 @@ def passkey_prompts(model_path: Path, length: int, depths: list[float], seed: in
 
 
 def main(argv: list[str]) -> int:
-    p = Parser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
+    p = RefusingParser(prog=PROGRAM, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="model GGUF or name from `locret models list`")
     p.add_argument("--heads", action="append", required=True, metavar="CKPT",
                    help="heads checkpoint (repeatable): a heads.safetensors or a published Locret checkpoint")

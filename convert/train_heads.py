@@ -10,13 +10,12 @@ command again resumes. Refusals are one line on stderr ("train_heads: error: ...
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
 
 from locret_heads.backbone import TRAINABLE_MODEL_TYPES
-from locret_heads.errors import ConversionError
+from locret_heads.errors import ConversionError, RefusingParser
 from locret_heads.gguf_output import WEIGHT_TYPES
 from locret_heads.synthetic import DEFAULT_TASKS, TASKS
 from locret_heads.trainer import TrainConfig, train
@@ -40,13 +39,8 @@ def _layers(text: str) -> list[int]:
     return sorted(set(layers))
 
 
-class Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise ConversionError(message)
-
-
-def parser() -> Parser:
-    p = Parser(prog="train_heads.py", description=__doc__.split("\n\n")[0],
+def parser() -> RefusingParser:
+    p = RefusingParser(prog="train_heads.py", description=__doc__.split("\n\n")[0],
                epilog=f"Backbones the trainer supports (transformers model types): {', '.join(TRAINABLE_MODEL_TYPES)}.")
     p.add_argument("--base", required=True, metavar="MODEL.gguf|HF_DIR|NAME",
                    help="the frozen backbone: a model GGUF (dequantized by transformers), a Hugging Face directory, "

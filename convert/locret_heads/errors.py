@@ -7,6 +7,7 @@ Notes tell the user about a choice the converter made for them (e.g. a type fall
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 PROGRAM = "heads_to_gguf"
@@ -14,6 +15,14 @@ PROGRAM = "heads_to_gguf"
 
 class ConversionError(Exception):
     """A refusal with a one-line, user-facing message."""
+
+
+class RefusingParser(argparse.ArgumentParser):
+    """argparse whose usage errors are ConversionErrors, so a bad flag is a one-line refusal (exit status 1)
+    like every other, in each of the convert/ commands."""
+
+    def error(self, message: str):
+        raise ConversionError(message)
 
 
 def note(message: str) -> None:
