@@ -74,6 +74,10 @@ def parser() -> RefusingParser:
     p.add_argument("--freeze-layers", metavar="LAYERS", default="",
                    help="with --init-heads: layers whose heads stay as given, e.g. 0-5 or 0,2,4-6 (they still "
                         "count in the loss and the log)")
+    p.add_argument("--rank-weight", type=float, default=DEFAULTS.rank_weight, metavar="W",
+                   help="add W x KL(softmax(label) || softmax(prediction)) per KV head to the loss: weighs tokens by "
+                        "the attention they get, so rare important ones (a needle) count more. Not the paper's "
+                        "loss; default 0 (off)")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of the heads' init and the data order")
     p.add_argument("--max-minutes", type=float, help="stop (checkpointed, resumable) after this many minutes")
     p.add_argument("--stop-after-steps", type=int, metavar="N",
@@ -115,7 +119,8 @@ def main(argv: list[str]) -> int:
                              min_tokens=args.min_tokens, max_tokens=args.max_tokens, seed=args.seed,
                              checkpoint_every=args.checkpoint_every, weight_type=args.type, budget=args.budget,
                              chunk=args.chunk, stabilizers=args.stabilizers, local=args.local,
-                             init_heads=args.init_heads or "", freeze_layers=_layers(args.freeze_layers))
+                             init_heads=args.init_heads or "", freeze_layers=_layers(args.freeze_layers),
+                             rank_weight=args.rank_weight)
         summary = train(config, resume=not args.no_resume, max_minutes=args.max_minutes, threads=args.threads,
                         device=_device(args.device), stop_after_steps=args.stop_after_steps,
                         command="train_heads.py " + shlex.join(argv))

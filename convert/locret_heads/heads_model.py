@@ -71,12 +71,27 @@ def _linear_init(shape: tuple[int, int], generator: torch.Generator) -> torch.Te
     return (torch.rand(shape, generator=generator) * 2.0 - 1.0) * bound
 
 
-def head_loss(pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    """SmoothL1(pred, label) + alpha * MSE between neighbouring tokens' predictions; both [n_head_kv, n]."""
+def head_loss(pred: torch.Tensor, label: torch.Tensor, rank_weight: float = 0.0) -> torch.Tensor:
+    """SmoothL1(pred, label) + alpha * MSE between neighbouring tokens' predictions; both [n_head_kv, n].
+    rank_weight > 0 adds rank_weight * attention_kl(pred, label), an opt-in term that is not the paper's."""
     loss = nn.functional.smooth_l1_loss(pred, label)
     if pred.shape[-1] > 1:
         loss = loss + SMOOTHNESS_WEIGHT * nn.functional.mse_loss(pred[:, 1:], pred[:, :-1])
+    if rank_weight > 0:
+        loss = loss + rank_weight * attention_kl(pred, label)
     return loss
+
+
+def attention_kl(pred: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Mean over KV heads of KL(softmax(label) || softmax(pred)) over the prompt's tokens; both [n_head_kv, n].
+
+    The labels are pre-softmax attention scores, so softmax(label) is the attention the answer's strongest
+    query pays over the prompt. Unlike SmoothL1, whose gradient is capped at 1/n per token, this term weighs
+    each token by the attention it gets, so the few units eviction must keep (a needle among thousands of
+    filler tokens) dominate it. It ignores a per-head offset: only the order and gaps of the scores count,
+    which is all a top-b selection uses."""
+    target = torch.log_softmax(label, dim=-1)
+    return (target.exp() * (target - torch.log_softmax(pred, dim=-1))).sum(dim=-1).mean()
 
 
 @torch.no_grad()

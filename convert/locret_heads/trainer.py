@@ -2,8 +2,9 @@
 
 One step is one sequence: the backbone's forward pass gives every layer's head input and labels
 (backbone.py, labels.py), every head predicts its layer's scores, and the loss is the mean over
-layers of SmoothL1 + alpha * smoothness (heads_model.py). AdamW with the paper's betas, linear
-warmup then cosine decay to a tenth of the peak rate, gradients clipped.
+layers of SmoothL1 + alpha * smoothness (heads_model.py), plus --rank-weight's attention KL when asked.
+AdamW with the paper's betas, linear warmup then cosine decay to a tenth of the peak rate, gradients
+clipped.
 
 The run folder holds everything a run leaves: `checkpoint.pt` (written every --checkpoint-every
 steps and when the run stops, so a killed or time-limited run resumes where it was),
@@ -65,6 +66,7 @@ class TrainConfig:
     local: int = 100
     init_heads: str = ""         # heads.safetensors to start from (fine-tuning); empty: a seeded random init
     freeze_layers: list[int] = field(default_factory=list)  # layers kept as init_heads gave them
+    rank_weight: float = 0.0     # weight of heads_model.attention_kl in the loss; 0: the paper's loss alone
 
     def fingerprint(self) -> str:
         """What must not change between a run and its resumption."""
@@ -73,6 +75,8 @@ class TrainConfig:
         settings = {k: getattr(self, k) for k in keys}
         if self.freeze_layers:  # only when used, so that runs from before the option still resume
             settings["freeze_layers"] = sorted(self.freeze_layers)
+        if self.rank_weight:  # likewise
+            settings["rank_weight"] = self.rank_weight
         text = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -102,6 +106,8 @@ def check_config(config: TrainConfig) -> None:
             raise ConversionError(f"training data {path}: no such file")
     if config.init_heads and not Path(config.init_heads).exists():
         raise ConversionError(f"--init-heads {config.init_heads}: no such file or directory")
+    if not (math.isfinite(config.rank_weight) and config.rank_weight >= 0):
+        raise ConversionError(f"--rank-weight must be a finite number >= 0, got {config.rank_weight}")
     if config.freeze_layers and not config.init_heads:
         raise ConversionError("--freeze-layers keeps layers as --init-heads gives them; without --init-heads they "
                               "would stay random")
@@ -200,13 +206,13 @@ def learning_rate(config: TrainConfig, step: int) -> float:
 
 
 def train_step(heads: RetainingHeads, optimizer: torch.optim.Optimizer, inputs: list[torch.Tensor],
-               labels: torch.Tensor, grad_clip: float) -> tuple[float, float]:
+               labels: torch.Tensor, grad_clip: float, rank_weight: float = 0.0) -> tuple[float, float]:
     """One optimizer step on one sequence; returns (loss, top-10 % overlap accuracy) averaged over layers."""
     optimizer.zero_grad(set_to_none=True)
     losses, accuracy = [], 0.0
     for layer, x in enumerate(inputs):
         pred = heads.layer_scores(layer, x)
-        losses.append(head_loss(pred, labels[layer]))
+        losses.append(head_loss(pred, labels[layer], rank_weight))
         accuracy += top_overlap(pred.detach(), labels[layer])
     loss = torch.stack(losses).mean()
     loss.backward()
@@ -282,7 +288,8 @@ def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = 
             features = backbone.features(example.token_ids, example.n_prompt)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(config, step)
-            loss, accuracy = train_step(heads, optimizer, features.inputs, features.labels, config.grad_clip)
+            loss, accuracy = train_step(heads, optimizer, features.inputs, features.labels, config.grad_clip,
+                                        config.rank_weight)
             if not math.isfinite(loss):
                 raise ConversionError(f"the loss became {loss} at step {step} ({example.where}); lower --lr")
             log.append({"step": step, "loss": loss, "top10_accuracy": accuracy, "task": task,
@@ -317,7 +324,9 @@ def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = 
         "steps": log,
     }
     (run_dir / "train-log.json").write_text(json.dumps(summary, indent=1))
-    plot_loss(log, run_dir / "loss.png", title=f"Locret heads d_R {config.d_r}, seed {config.seed}")
+    plot_loss(log, run_dir / "loss.png", title=f"Locret heads d_R {config.d_r}, seed {config.seed}",
+              loss_name=f"SmoothL1 + smoothness + {config.rank_weight:g} rank" if config.rank_weight
+              else "SmoothL1 + smoothness")
     export(heads, config, summary, run_dir)
     return summary
 
@@ -347,7 +356,7 @@ def _mean(records: list[dict], key: str) -> float:
     return sum(r[key] for r in records) / len(records) if records else float("nan")
 
 
-def plot_loss(log: list[dict], path: Path, title: str) -> None:
+def plot_loss(log: list[dict], path: Path, title: str, loss_name: str = "SmoothL1 + smoothness") -> None:
     """Loss and top-10 % accuracy per step, with a running mean."""
     import matplotlib
 
@@ -356,7 +365,7 @@ def plot_loss(log: list[dict], path: Path, title: str) -> None:
 
     steps = [r["step"] for r in log]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, key, name in ((axes[0], "loss", "loss (SmoothL1 + smoothness)"),
+    for ax, key, name in ((axes[0], "loss", f"loss ({loss_name})"),
                           (axes[1], "top10_accuracy", "top-10 % overlap accuracy")):
         values = [r[key] for r in log]
         ax.plot(steps, values, lw=0.6, alpha=0.4, label="per step")

@@ -245,6 +245,53 @@ def test_frozen_layers_keep_the_given_heads(tiny, tmp_path):
         assert "Traceback" not in proc.stderr
 
 
+def test_attention_kl_matches_a_numpy_reference():
+    """--rank-weight's term: KL(softmax(label) || softmax(pred)) per KV head, written out in float64 numpy."""
+    import torch
+    from locret_heads.heads_model import SMOOTHNESS_WEIGHT, attention_kl, head_loss
+
+    rng = np.random.default_rng(5)
+    pred, label = rng.normal(size=(3, 40)) * 2, rng.normal(size=(3, 40)) * 3
+    expected = []
+    for p_row, l_row in zip(pred, label):
+        p_attn = np.exp(l_row - l_row.max()) / np.exp(l_row - l_row.max()).sum()
+        q_attn = np.exp(p_row - p_row.max()) / np.exp(p_row - p_row.max()).sum()
+        expected.append(sum(p_attn[k] * np.log(p_attn[k] / q_attn[k]) for k in range(len(p_row))))
+    pred_t, label_t = torch.tensor(pred), torch.tensor(label)
+    assert float(attention_kl(pred_t, label_t)) == pytest.approx(np.mean(expected), rel=1e-10)
+    # a per-head offset changes nothing; a perfect order and gaps give zero
+    offsets = torch.tensor([[1.5], [-7.0], [30.0]], dtype=torch.float64)
+    assert float(attention_kl(pred_t + offsets, label_t)) == pytest.approx(np.mean(expected), rel=1e-10)
+    assert float(attention_kl(label_t + offsets, label_t)) == pytest.approx(0.0, abs=1e-12)
+    # head_loss: the paper's loss exactly when the weight is 0, plus the weighted term otherwise
+    huber = np.where(np.abs(pred - label) < 1, 0.5 * (pred - label) ** 2, np.abs(pred - label) - 0.5).mean()
+    paper = huber + SMOOTHNESS_WEIGHT * ((pred[:, 1:] - pred[:, :-1]) ** 2).mean()
+    assert float(head_loss(pred_t, label_t)) == pytest.approx(paper, rel=1e-10)
+    assert float(head_loss(pred_t, label_t, 0.5)) == pytest.approx(paper + 0.5 * np.mean(expected), rel=1e-10)
+
+
+def test_rank_weight_is_used_recorded_and_checked(tiny, tmp_path):
+    """--rank-weight changes what is learnt, is kept in the log's settings, and is refused when negative."""
+    from safetensors.numpy import load_file
+
+    hf_dir, gguf = tiny
+    data = _data(tmp_path / "data.jsonl")
+    common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--warmup-steps", 0, "--seed", 3, "--d-r", 32,
+              "--steps", 4, "--lr", 0.01]
+    _train(*common, "-o", tmp_path / "a.gguf")
+    _train(*common, "-o", tmp_path / "b.gguf", "--rank-weight", 2)
+    log = json.loads((tmp_path / "b.run" / "train-log.json").read_text())
+    assert log["config"]["rank_weight"] == 2
+    plain = json.loads((tmp_path / "a.run" / "train-log.json").read_text())
+    assert log["steps"][0]["loss"] > plain["steps"][0]["loss"]  # same heads and data at step 0: the KL adds
+    a, b = load_file(tmp_path / "a.run" / "heads.safetensors"), load_file(tmp_path / "b.run" / "heads.safetensors")
+    assert max(np.abs(a[n] - b[n]).max() for n in a) > 1e-4
+    for bad in ("-1", "nan"):
+        proc = _train(*common, "-o", tmp_path / "c.gguf", "--rank-weight", bad, check=False)
+        assert proc.returncode == 1 and "--rank-weight must be a finite number >= 0" in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("case,needle", [
     ("empty", "the file is empty"),
     ("malformed", "data.jsonl:2: not a JSON object"),
