@@ -43,6 +43,11 @@ class Trial:
     answer: str
     correct: bool
     seconds: float
+    # evicting methods only, read after the prompt: per layer, the share of the key's digit tokens (both
+    # statements) that its KV heads still hold, averaged over the heads; and how many (layer, KV head)
+    # pairs hold every digit. They tell a key that was evicted from one that was kept and not read back.
+    key_held_by_layer: list[float] | None = None
+    pairs_holding_key: int | None = None
 
 
 @dataclass
@@ -116,10 +121,15 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
                     llm.load_state(snapshot)
                 rest = needle + pieces.filler[at:n_filler] + pieces.tail
             llm.eval(rest)
+            held, pairs = None, None
+            digits = digit_offsets(llm, needle)
+            if digits and getattr(llm, "locret_enabled", False):
+                first = len(pieces.head) + at  # logical position of the needle's first token
+                held, pairs = key_held(llm, [first + k for k in digits])
             answer = decoding.greedy(llm, MAX_NEW_TOKENS)[0]
             prompt_tokens = len(pieces.head) + n_filler + len(needle) + len(pieces.tail)
             results.append(Trial(method, prompt_tokens, budget, depths[i], at, keys[i], answer.strip(), passkey.score(answer, keys[i]),
-                                 round(time.monotonic() - t0, 2)))
+                                 round(time.monotonic() - t0, 2), held, pairs))
             if on_trial is not None:
                 on_trial(results[-1])
             if progress is not None:
@@ -128,6 +138,26 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
         return sorted(results, key=lambda r: r.depth)
     finally:
         llm.close()
+
+
+def digit_offsets(llm, needle: list[int]) -> list[int]:
+    """Offsets in the needle of the tokens that spell the key (both statements): tokens made of digits
+    alone. Empty for a tokenizer that merges digits with other text; the trial then records no key_held."""
+    return [k for k, t in enumerate(needle)
+            if llm.detokenize([t]).decode("utf-8", errors="replace").strip().isdigit()]
+
+
+def key_held(llm, positions: list[int]) -> tuple[list[float], int]:
+    """Per layer, the share of `positions` (logical) its KV heads hold, mean over heads; and the number of
+    (layer, KV head) pairs that hold all of them."""
+    n_layer, n_head_kv = worker.kv_heads(llm)
+    wanted = np.asarray(positions)
+    by_layer, pairs = [], 0
+    for il in range(n_layer):
+        shares = [float(np.isin(wanted, llm.locret_retained(il, ih)).mean()) for ih in range(n_head_kv)]
+        by_layer.append(round(float(np.mean(shares)), 3))
+        pairs += sum(share == 1.0 for share in shares)
+    return by_layer, pairs
 
 
 def check_prefix_reuse(setup: Setup, method: str, length: int, budget: int | None, seed: int,
@@ -166,20 +196,30 @@ def summarize(trials: list[Trial]) -> list[dict]:
         for k in range(5):
             sel = [t.correct for t in group if min(4, int(t.depth * 5)) == k]
             fifths.append(round(float(np.mean(sel)), 3) if sel else None)
+        measured = [t for t in group if t.key_held_by_layer is not None]
         rows.append({"length": int(np.mean([t.length for t in group])), "method": method, "budget": budget,
                      "trials": len(group), "accuracy": round(float(np.mean([t.correct for t in group])), 3),
                      "accuracy_by_depth_fifth": fifths,
+                     "key_held": round(float(np.mean([np.mean(t.key_held_by_layer) for t in measured])), 3)
+                     if measured else None,
+                     "pairs_holding_key": round(float(np.mean([t.pairs_holding_key for t in measured])), 1)
+                     if measured else None,
                      "seconds_per_trial": round(float(np.mean([t.seconds for t in group])), 1)})
     return rows
 
 
 def markdown_table(rows: list[dict]) -> str:
-    lines = ["| prompt tokens | method | budget | trials | accuracy | by depth 0-20/20-40/40-60/60-80/80-100 % |",
-             "|---:|---|---:|---:|---:|---|"]
+    """One row per (length, method, budget). "key held": the share of the key's digit tokens the cache
+    still holds after the prompt, over layers and KV heads, and the (layer, KV head) pairs holding all
+    of them, both averaged over trials (evicting methods only)."""
+    lines = ["| prompt tokens | method | budget | trials | accuracy | by depth 0-20/20-40/40-60/60-80/80-100 % "
+             "| key held: share / pairs |",
+             "|---:|---|---:|---:|---:|---|---|"]
     for r in rows:
         fifths = " / ".join("-" if f is None else f"{f:.2f}" for f in r["accuracy_by_depth_fifth"])
+        held = "-" if r.get("key_held") is None else f"{r['key_held']:.2f} / {r['pairs_holding_key']:.1f}"
         lines.append(f"| {r['length']} | {r['method']} | {r['budget'] or '-'} | {r['trials']} | "
-                     f"{r['accuracy']:.2f} | {fifths} |")
+                     f"{r['accuracy']:.2f} | {fifths} | {held} |")
     return "\n".join(lines)
 
 

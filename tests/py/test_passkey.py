@@ -66,3 +66,30 @@ def test_prefix_reuse_is_exact_under_eviction(model_path, tmp_path):
     single, reused = passkey_eval.check_prefix_reuse(setup, "streaming", length=1200, budget=256, seed=0,
                                                      return_logits=True)
     assert np.abs(single - reused).max() <= 1e-4 * np.abs(single).max()
+
+
+def test_trials_record_whether_the_cache_still_holds_the_key(model_path):
+    """Under streaming (sinks + recent units), a key at the start of the filler or in the middle is evicted
+    from every (layer, KV head) and one at the very end is held by all; the table reports both."""
+    from locret import passkey_eval
+
+    setup = passkey_eval.Setup(model_path=str(model_path), heads=None, random_heads=None, n_ubatch=128)
+    trials = passkey_eval.run_length(setup, "streaming", length=1200, budget=256, trials=3, seed=0)
+    assert [t.depth for t in trials] == [0.0, 0.5, 1.0]
+    n_pairs = 30 * 3  # SmolLM2-135M: 30 layers, 3 KV heads
+    for t in trials[:2]:
+        assert t.key_held_by_layer == [0.0] * 30 and t.pairs_holding_key == 0, t
+    assert trials[2].key_held_by_layer == [1.0] * 30 and trials[2].pairs_holding_key == n_pairs, trials[2]
+    row, = passkey_eval.summarize(trials)
+    assert row["key_held"] == pytest.approx(1 / 3, abs=1e-3) and row["pairs_holding_key"] == n_pairs / 3
+    assert "| 0.33 / 30.0 |" in passkey_eval.markdown_table([row])
+
+
+def test_digit_offsets_find_both_statements_of_the_key(model_path):
+    from locret import Llama, passkey_eval
+
+    llm = Llama(str(model_path), n_ctx=256, verbose=False, vocab_only=True)
+    needle = llm.tokenize(passkey.needle_text("48213").encode(), add_bos=False)
+    offsets = passkey_eval.digit_offsets(llm, needle)
+    spelled = "".join(llm.detokenize([needle[k]]).decode().strip() for k in offsets)
+    assert spelled == "4821348213"

@@ -60,7 +60,7 @@ def make_llm(spec: RunSpec):
     return Llama(spec.model_path, locret_policy=spec.method, **kwargs)
 
 
-def _kv_heads(llm) -> tuple[int, int]:
+def kv_heads(llm) -> tuple[int, int]:
     arch = llm.metadata["general.architecture"]
     n_layer = int(llm.metadata[f"{arch}.block_count"])
     n_head_kv = int(llm.metadata.get(f"{arch}.attention.head_count_kv", llm.metadata[f"{arch}.attention.head_count"]))
@@ -90,7 +90,7 @@ def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) 
     if heat is None:
         llm.eval(tokens)
         return int(llm.locret_stats()["n_cells_used"]) if evicting else 0
-    n_layer, n_head_kv = _kv_heads(llm)
+    n_layer, n_head_kv = kv_heads(llm)
     most = 0
     for start in range(0, len(tokens), spec.ubatch):
         part = tokens[start: start + spec.ubatch]
