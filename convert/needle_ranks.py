@@ -39,6 +39,7 @@ def passkey_prompts(model_path: Path, length: int, depths: list[float], seed: in
                     answer_tokens) -> list[NeedlePrompt]:
     """The evaluation's passkey prompts, with the digit tokens of each key located."""
     from locret.evaluation import items
+    from locret.tasks import passkey
 
     vocab = items.vocab_model(str(model_path))
     try:
@@ -46,8 +47,7 @@ def passkey_prompts(model_path: Path, length: int, depths: list[float], seed: in
         for item in items.task_items(vocab, ["passkey"], [length], depths, 1, seed=seed):
             _, start, end = item.extra["needles"][0]
             tokens = list(item.tokens)
-            digits = [i for i in range(start, end)
-                      if any(c.isdigit() for c in vocab.detokenize([tokens[i]]).decode(errors="replace"))]
+            digits = [start + k for k in passkey.key_token_offsets(tokens[start:end], vocab.detokenize)]
             answer = answer_tokens(item.answers[0])
             prompts.append(NeedlePrompt(f"passkey-{length}-d{item.depth:.2f}", tokens + answer, len(tokens), digits,
                                         list(range(start, end))))

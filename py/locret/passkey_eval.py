@@ -122,10 +122,9 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
                 rest = needle + pieces.filler[at:n_filler] + pieces.tail
             llm.eval(rest)
             held, pairs = None, None
-            digits = digit_offsets(llm, needle)
-            if digits and getattr(llm, "locret_enabled", False):
+            if getattr(llm, "locret_enabled", False):
                 first = len(pieces.head) + at  # logical position of the needle's first token
-                held, pairs = key_held(llm, [first + k for k in digits])
+                held, pairs = key_held(llm, [first + k for k in passkey.key_token_offsets(needle, llm.detokenize)])
             answer = decoding.greedy(llm, MAX_NEW_TOKENS)[0]
             prompt_tokens = len(pieces.head) + n_filler + len(needle) + len(pieces.tail)
             results.append(Trial(method, prompt_tokens, budget, depths[i], at, keys[i], answer.strip(), passkey.score(answer, keys[i]),
@@ -138,13 +137,6 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
         return sorted(results, key=lambda r: r.depth)
     finally:
         llm.close()
-
-
-def digit_offsets(llm, needle: list[int]) -> list[int]:
-    """Offsets in the needle of the tokens that spell the key (both statements): tokens made of digits
-    alone. Empty for a tokenizer that merges digits with other text; the trial then records no key_held."""
-    return [k for k, t in enumerate(needle)
-            if llm.detokenize([t]).decode("utf-8", errors="replace").strip().isdigit()]
 
 
 def key_held(llm, positions: list[int]) -> tuple[list[float], int]:

@@ -30,6 +30,9 @@ def test_prompt_holds_the_needle_once_at_the_asked_offset():
         assert prompt[start:start + len(needle)] == needle
         key_id = vocab[f"{key}."]
         assert prompt.count(key_id) == 2  # the needle says it twice, nothing else does
+        words = {i: w for w, i in vocab.items()}
+        offsets = passkey.key_token_offsets(needle, lambda ids: " ".join(words[i] for i in ids).encode())
+        assert [needle[k] for k in offsets] == [key_id, key_id]  # found although merged with the full stop
         assert len(prompt) == len(pieces.head) + 700 + len(needle) + len(pieces.tail)
     with pytest.raises(ValueError):
         pieces.build(700, 701, [])
@@ -85,11 +88,11 @@ def test_trials_record_whether_the_cache_still_holds_the_key(model_path):
     assert "| 0.33 / 30.0 |" in passkey_eval.markdown_table([row])
 
 
-def test_digit_offsets_find_both_statements_of_the_key(model_path):
-    from locret import Llama, passkey_eval
+def test_key_tokens_are_found_in_both_statements_of_the_key(model_path):
+    from locret import Llama
 
     llm = Llama(str(model_path), n_ctx=256, verbose=False, vocab_only=True)
     needle = llm.tokenize(passkey.needle_text("48213").encode(), add_bos=False)
-    offsets = passkey_eval.digit_offsets(llm, needle)
+    offsets = passkey.key_token_offsets(needle, llm.detokenize)
     spelled = "".join(llm.detokenize([needle[k]]).decode().strip() for k in offsets)
     assert spelled == "4821348213"

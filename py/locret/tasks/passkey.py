@@ -55,6 +55,13 @@ def prompt_pieces(tokenize: Callable[[str, bool], list[int]], chat_format: Calla
     return PromptPieces(head=tokenize(head_text, True), filler=filler[:n_filler], tail=tokenize(tail_text, False))
 
 
+def key_token_offsets(needle: list[int], detokenize: Callable[[list[int]], bytes]) -> list[int]:
+    """Offsets in the needle's tokens of those that carry the key's digits, in both statements (the
+    needle's other words hold no digit). A tokenizer that merges a digit with other text ("3.") still
+    has that token found."""
+    return [k for k, t in enumerate(needle) if any(c.isdigit() for c in detokenize([t]).decode(errors="replace"))]
+
+
 def make_keys(seed: int, n: int) -> list[str]:
     rng = random.Random(f"passkey:{seed}")
     return [str(rng.randint(10000, 99999)) for _ in range(n)]
