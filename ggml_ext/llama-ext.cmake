@@ -14,7 +14,12 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-heads.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-graph.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-context.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/locret-evict.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-settings.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-select.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-debug.cpp
 )
 
 configure_file(${CMAKE_CURRENT_LIST_DIR}/src/locret-build-config.h.in

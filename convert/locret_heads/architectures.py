@@ -54,6 +54,10 @@ ARCHITECTURES: dict[str, Architecture] = {arch.name: arch for arch in [
     # conversion/phi.py Phi3MiniModel(TextModel): no Q/K permutation (NEOX rope).
     # Activation: src/models/phi3.cpp, LLM_FFN_SWIGLU (silu-gated).
     Architecture("phi3", permutes_qk=False, activation="silu"),
+    # conversion/stablelm.py StableLMModel(TextModel): no Q/K permutation (NEOX rope, on the first
+    # partial_rotary_factor of each head).
+    # Activation: src/models/stablelm.cpp, LLM_FFN_SILU.
+    Architecture("stablelm", permutes_qk=False, activation="silu"),
     # conversion/gemma.py GemmaModel(TextModel): no Q/K permutation (NEOX rope).
     # Activation: src/models/gemma.cpp, LLM_FFN_GELU.
     Architecture("gemma", permutes_qk=False, activation="gelu"),

@@ -124,11 +124,14 @@ struct llama_locret_params {
 // heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped to n_ubatch, and n_s to b/2.
 LLAMA_API struct llama_locret_params llama_locret_params_default(void);
 
-// Contexts created from `model` after this call (llama_init_from_model) use these settings: with a budget,
-// their KV cache holds b + n_ubatch cells (padded to 256) whatever n_ctx is, and n_ctx becomes the logical
-// limit on positions. NULL (or budget 0 without heads) removes the settings. Settings that cannot work for
-// the context (stabilizers > n_ubatch, a sliding-window model, more than one sequence, ...) make context
-// creation fail with the reason in llama_locret_last_error(). Returns 0, or -1 on invalid settings.
+// Contexts created from `model` after this call (llama_init_from_model) use these settings: with a budget, their
+// memory is a Locret memory wrapping the model's own KV cache, which holds b + n_ubatch cells (padded to 256) per
+// sequence whatever n_ctx is; n_ctx becomes the limit on logical positions. Several sequences (n_seq_max > 1) need a
+// non-unified cache: each sequence gets its own stream, budget and evictions. Models with sliding-window layers (iSWA)
+// evict their full-attention layers; the window layers keep their own cache. NULL (or budget 0 without heads) removes
+// the settings. Settings that cannot work for the context (stabilizers > n_ubatch, an embeddings context, a recurrent
+// model, ...) make context creation fail with the reason in llama_locret_last_error(). Returns 0, or -1 on invalid
+// settings.
 LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params);
 
 // The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local,
@@ -156,20 +159,49 @@ struct llama_locret_stats {
     uint32_t local;
     uint32_t n_ubatch;
     enum llama_locret_policy policy; // what scores the units for eviction
+    uint32_t n_seq;            // sequences (KV streams) the context keeps
 };
 
-// All zero when the context does not evict.
+// Statistics of sequence 0 (n_cells_used, pos_logical, n_evictions and n_units_evicted are per sequence; kv_bytes is
+// the whole cache). All zero when the context does not evict.
 LLAMA_API struct llama_locret_stats llama_locret_get_stats(const struct llama_context * ctx);
 
-// Debug: logical positions of the units that layer il, KV head ih holds, in cell order (cell c has physical
-// position c). Copies them into logical_pos when it is not NULL (n_max must be large enough).
-// Returns the number of units, or -1 (see llama_locret_last_error()).
+// The same for sequence seq_id (all zero when the context does not evict or has no such sequence).
+LLAMA_API struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context * ctx, llama_seq_id seq_id);
+
+// KV cells per sequence that a budget and a ubatch need: b + n_ubatch padded to 256 (0 for a budget or ubatch < 1).
+// Tools size their memory plans with it (-fit).
+LLAMA_API uint32_t llama_locret_kv_cells_per_seq(int32_t budget, int32_t n_ubatch);
+
+// Debug: logical positions of the units that layer il, KV head ih holds in sequence 0, in cell order (cell c has
+// physical position c). Copies them into logical_pos when it is not NULL (n_max must be large enough).
+// Returns the number of units, or -1 (see llama_locret_last_error()); -1 too for a window layer of an iSWA model,
+// which is not evicted.
 LLAMA_API int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih,
                                         int32_t * logical_pos, int32_t n_max);
 
-// Debug: layer il's K (read_v false) or V cache for cells [0, n_cells), dequantized to F32 as
+// The same for sequence seq_id.
+LLAMA_API int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t ih,
+                                            int32_t * logical_pos, int32_t n_max);
+
+// Debug: layer il's K (read_v false) or V cache of sequence 0 for cells [0, n_cells), dequantized to F32 as
 // [n_cells][n_embd_gqa] (keys as stored: after RoPE at their physical positions). Returns n_embd_gqa, or -1.
 LLAMA_API int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool read_v, float * out, int32_t n_cells);
+
+// The same for sequence seq_id.
+LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, bool read_v,
+                                                 float * out, int32_t n_cells);
+
+// Test only: make the next matching operation of an evicting context fail, to check that every failure leaves the
+// context consistent and usable.
+enum llama_locret_fault {
+    LLAMA_LOCRET_FAULT_NONE          = 0,
+    LLAMA_LOCRET_FAULT_EVICT_ALLOC   = 1, // the next compaction graph cannot be allocated
+    LLAMA_LOCRET_FAULT_EVICT_COMPUTE = 2, // the next compaction graph fails to start
+    LLAMA_LOCRET_FAULT_UBATCH        = 3, // the next ubatch fails after it was placed in the cache and computed
+    LLAMA_LOCRET_FAULT_STATE_READ    = 4, // the next state load fails after the KV cells were restored
+};
+LLAMA_API int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_locret_fault fault);
 
 #ifdef __cplusplus
 }

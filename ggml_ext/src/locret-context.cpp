@@ -1,31 +1,71 @@
-// Per-context Locret state: the attached heads and the optional score recorder.
+// A context's Locret state and the hooks around its ubatches: attached heads, the score recorder, the Locret memory's
+// creation, and the eviction before / scores after each ubatch.
 
-#include "locret-heads.h"
+#include "locret-context.h"
 #include "locret-hooks.h"
-#include "locret-state.h"
+#include "locret-memory.h"
+#include "locret-settings.h"
 
 #include "llama-batch.h"
 #include "llama-context.h"
+#include "llama-cparams.h"
 #include "llama-graph.h"
 #include "llama-impl.h"
 #include "llama-model.h"
 
+#include <stdexcept>
 #include <vector>
 
 static llama_locret_context & locret_of(llama_context * ctx) {
-    llama_locret_context *& lctx = llama_locret_access::state(ctx);
-    if (lctx == nullptr) {
-        lctx = new llama_locret_context();
+    if (!ctx->locret) {
+        ctx->locret.reset(new llama_locret_context());
     }
-    return *lctx;
+    return *ctx->locret;
 }
 
-void llama_locret_context_free(llama_locret_context * lctx) {
+llama_locret_context * llama_locret_context_create(const llama_model & model) {
+    llama_locret_params p;
+    if (!locret_settings_find(model, p)) {
+        return nullptr;
+    }
+    auto * lctx = new llama_locret_context();
+    lctx->heads = p.heads; // with the random and streaming policies heads, if any, only score for the recorder
+    return lctx;
+}
+
+void llama_locret_context_deleter::operator()(llama_locret_context * lctx) const {
     delete lctx;
 }
 
 const llama_locret_heads * llama_locret_context_heads(const llama_locret_context * lctx) {
     return lctx ? lctx->heads : nullptr;
+}
+
+llama_memory_i * llama_locret_memory_create(const llama_model & model, const llama_memory_params & params,
+        llama_cparams & cparams, uint32_t n_ubatch_requested) {
+    llama_locret_params p;
+    if (!locret_settings_find(model, p) || p.budget <= 0) {
+        return nullptr;
+    }
+    try {
+        const locret_config cfg = locret_settings_resolve(model, p, cparams, n_ubatch_requested);
+        // the model's own cache, made for the cells the budget needs, one stream per sequence
+        llama_cparams cparams_mem = cparams;
+        cparams_mem.n_ctx_seq  = cfg.n_cells;
+        cparams_mem.n_ctx      = cfg.n_cells * std::max(1u, cparams.n_seq_max);
+        cparams_mem.kv_unified = false;
+        // RoPE sees positions below the cells of a sequence, whatever the logical context: LongRoPE models choose
+        // their factor set by that (keys, queries and re-rotation alike)
+        cparams.n_ctx_rope = cfg.n_cells;
+        llama_memory_ptr inner(model.create_memory(params, cparams_mem));
+        if (!inner) {
+            throw std::runtime_error(format("the '%s' model has no KV cache to evict", llm_arch_name(model.arch)));
+        }
+        return new llama_locret_memory(model, cparams, cfg, std::move(inner));
+    } catch (const std::exception & e) {
+        locret_set_error(e.what());
+        throw std::runtime_error(std::string("Locret: ") + e.what());
+    }
 }
 
 int32_t llama_locret_set_heads(llama_context * ctx, const llama_locret_heads * heads) {
@@ -36,8 +76,8 @@ int32_t llama_locret_set_heads(llama_context * ctx, const llama_locret_heads * h
         return -1;
     }
     llama_locret_context & lctx = locret_of(ctx);
-    // the other policies do not evict by the heads' scores: their heads may come and go (recording only)
-    if (lctx.evicting && lctx.ev.policy == LLAMA_LOCRET_POLICY_HEADS && heads != lctx.heads) {
+    const llama_locret_memory * mem = locret_memory_of(llama_get_memory(ctx));
+    if (mem != nullptr && mem->get_policy().uses_heads() && heads != lctx.heads) {
         locret_set_error("this context evicts with the heads it was created with; they cannot be replaced or detached");
         LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
         return -1;
@@ -138,7 +178,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
 }
 
 const llama_locret_heads * llama_locret_get_heads(const llama_context * ctx) {
-    return llama_locret_context_heads(llama_locret_access::state(ctx));
+    return llama_locret_context_heads(ctx->locret.get());
 }
 
 bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph_result * res, int32_t n_layer) {
@@ -149,8 +189,8 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
         if (il >= (int32_t) res->t_locret_cis.size() || res->t_locret_cis[il] == nullptr) {
             const llama_model * model = lctx->heads->model;
             locret_set_error(format("the '%s' graph does not compute layer %d's Q, K, V through build_qkv, "
-                    "so retaining heads cannot score it; Locret does not support this architecture",
-                    llm_arch_name(model->arch), il));
+                    "so retaining heads cannot score it; Locret does not support this architecture (the random and "
+                    "streaming policies need no heads)", llm_arch_name(model->arch), il));
             LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
             return false;
         }
@@ -158,12 +198,28 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
     return true;
 }
 
-void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
-        const llama_ubatch & ubatch) {
-    // the CIS feed the eviction only with the heads policy; the other policies score units when they evict
-    const bool evict_by_cis = lctx != nullptr && lctx->evicting && lctx->ev.policy == LLAMA_LOCRET_POLICY_HEADS;
+int llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx) {
+    llama_locret_memory * mem = nullptr;
+    const locret_ubatch_plan * plan = locret_plan_of(mctx, &mem);
+    if (plan == nullptr) {
+        return 0;
+    }
+    return mem->evict(ctx, *plan);
+}
+
+bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
+        const llama_ubatch & ubatch, const llama_memory_context_i * mctx) {
+    llama_locret_memory * mem = nullptr;
+    const locret_ubatch_plan * plan = locret_plan_of(mctx, &mem);
+    if (mem != nullptr && mem->take_fault(LOCRET_FAULT_UBATCH)) {
+        locret_set_error("the ubatch failed after it was placed (injected)");
+        LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
+        return false;
+    }
+    // the scores feed the eviction only with the heads policy; the other policies score units when they evict
+    const bool evict_by_cis = mem != nullptr && mem->get_policy().uses_heads();
     if (lctx == nullptr || lctx->heads == nullptr || (!lctx->record && !evict_by_cis)) {
-        return;
+        return true;
     }
     // the graph may still be running on an asynchronous backend: wait before reading the scores
     ggml_backend_sched_synchronize(sched);
@@ -182,7 +238,7 @@ void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
         GGML_ASSERT(cis != nullptr && (size_t) cis->ne[0] == n_head_kv && (size_t) cis->ne[1] == n_tokens);
         ggml_backend_tensor_get(cis, lctx->staging.data(), 0, ggml_nbytes(cis));
         if (evict_by_cis) {
-            llama_locret_kv_scores(lctx, (uint32_t) il, lctx->staging.data(), (uint32_t) n_tokens);
+            mem->set_scores((uint32_t) il, lctx->staging.data(), (uint32_t) n_head_kv, *plan);
         }
         if (lctx->record) {
             for (size_t t = 0; t < n_tokens; ++t) {
@@ -194,12 +250,12 @@ void llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
         }
     }
     if (lctx->record) {
-        // logical positions: with eviction the ubatch now carries physical ones
-        const int32_t * logical = lctx->evicting ? lctx->ev.unit_pos[0].data() + lctx->ev.last_start : nullptr;
+        // the client's positions: an evicting memory gives the graph physical ones
         for (size_t t = 0; t < n_tokens; ++t) {
-            lctx->positions.push_back(logical ? logical[t] : ubatch.pos[t]);
+            lctx->positions.push_back(plan != nullptr ? plan->logical[t] : ubatch.pos[t]);
         }
     }
+    return true;
 }
 
 void llama_locret_record_scores(llama_context * ctx, bool enable) {
@@ -212,13 +268,13 @@ void llama_locret_record_scores(llama_context * ctx, bool enable) {
 }
 
 int32_t llama_locret_recorded_n_tokens(const llama_context * ctx) {
-    const llama_locret_context * lctx = llama_locret_access::state(ctx);
+    const llama_locret_context * lctx = ctx->locret.get();
     return lctx ? (int32_t) lctx->positions.size() : 0;
 }
 
 int32_t llama_locret_recorded_scores(const llama_context * ctx, float * scores, int32_t * positions, int32_t n_tokens) {
     locret_set_error("");
-    const llama_locret_context * lctx = llama_locret_access::state(ctx);
+    const llama_locret_context * lctx = ctx->locret.get();
     const int32_t n_recorded = llama_locret_recorded_n_tokens(ctx);
     if (n_tokens != n_recorded) {
         locret_set_error(format("llama_locret_recorded_scores: asked for %d tokens but %d are recorded", n_tokens, n_recorded));

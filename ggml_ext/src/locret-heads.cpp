@@ -34,6 +34,22 @@ bool llama_locret_is_heads_tensor(const std::string & name) {
 
 namespace {
 
+// FNV-1a over 64-bit words (then the tail bytes): cheap enough for hundreds of MB of heads, and enough to tell two
+// heads files apart in a saved state
+uint64_t locret_fingerprint(uint64_t h, const uint8_t * data, size_t n) {
+    const uint64_t prime = 0x100000001b3ULL;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, data + i, 8);
+        h = (h ^ w) * prime;
+    }
+    for (; i < n; ++i) {
+        h = (h ^ data[i]) * prime;
+    }
+    return h;
+}
+
 struct gguf_deleter { void operator()(gguf_context * ctx) { gguf_free(ctx); } };
 using gguf_ptr = std::unique_ptr<gguf_context, gguf_deleter>;
 
@@ -279,6 +295,7 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         if (std::fseek(f, (long) offset, SEEK_SET) != 0 || std::fread(staging.data(), 1, nbytes, f) != nbytes) {
             throw std::runtime_error(format("%s: failed to read tensor '%s'", path.c_str(), ggml_get_name(t)));
         }
+        heads.fingerprint = locret_fingerprint(heads.fingerprint, staging.data(), nbytes);
     };
     for (uint32_t il = 0; il < n_layer; ++il) {
         const file_layer & src = meta_layers[il];
@@ -351,4 +368,8 @@ int32_t llama_locret_heads_hidden_size(const llama_locret_heads * heads) {
 
 llama_locret_settings llama_locret_heads_recommended(const llama_locret_heads * heads) {
     return heads ? heads->recommended : llama_locret_settings{};
+}
+
+uint64_t llama_locret_heads_fingerprint(const llama_locret_heads * heads) {
+    return heads ? heads->fingerprint : 0;
 }

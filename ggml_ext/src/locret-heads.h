@@ -40,6 +40,7 @@ struct llama_locret_heads {
     uint32_t n_head_kv = 0;
     locret_activation activation = LOCRET_ACT_SILU;
     llama_locret_settings recommended = {};
+    uint64_t fingerprint = 0xcbf29ce484222325ULL; // of the tensor data as read from the file (a saved state names it)
 
     std::vector<locret_head_layer> layers; // [n_layer]
 
@@ -50,3 +51,6 @@ struct llama_locret_heads {
 
 // the error message of the last failed API call on this thread
 void locret_set_error(const std::string & msg);
+
+// a fingerprint of the heads' tensor data (0 for NULL)
+uint64_t llama_locret_heads_fingerprint(const llama_locret_heads * heads);

@@ -26,7 +26,8 @@ class _Stats(ctypes.Structure):
                 ("n_cells", ctypes.c_uint32), ("pos_logical", ctypes.c_int64),
                 ("kv_bytes", ctypes.c_uint64), ("budget", ctypes.c_uint32),
                 ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32),
-                ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int)]
+                ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int),
+                ("n_seq", ctypes.c_uint32)]
 
 
 _SIGNATURES = {
@@ -41,7 +42,17 @@ _SIGNATURES = {
                                ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_read_kv": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_bool,
                                     ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_get_seq_stats": ([ctypes.c_void_p, ctypes.c_int32], _Stats),
+    "llama_locret_retained_seq": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                   ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_debug_read_kv_seq": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool,
+                                        ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_debug_inject_fault": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int32),
+    "llama_locret_kv_cells_per_seq": ([ctypes.c_int32, ctypes.c_int32], ctypes.c_uint32),
 }
+
+# enum llama_locret_fault, in value order (test only: llama_locret_debug_inject_fault)
+FAULTS = ("none", "evict_alloc", "evict_compute", "ubatch", "state_read")
 _ready = False
 
 
@@ -89,33 +100,48 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     return Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path))
 
 
-def stats(ctx: int) -> dict[str, int | bool | str]:
-    """enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used, n_cells,
-    pos_logical (next logical position), kv_bytes, the resolved budget/stabilizers/local/n_ubatch, and
-    policy (its name: "heads", "random" or "streaming")."""
-    s = _api().llama_locret_get_stats(ctx)
+def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
+    """Sequence `seq_id`'s enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used,
+    n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
+    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random" or "streaming") and n_seq (sequences the
+    context keeps)."""
+    s = _api().llama_locret_get_seq_stats(ctx, seq_id)
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
     out["policy"] = name.decode() if name is not None else str(s.policy)
     return out
 
 
-def retained(ctx: int, layer: int, head: int) -> np.ndarray:
-    """Logical positions of the units that (layer, KV head) holds, in cell order."""
-    n = _api().llama_locret_retained(ctx, layer, head, None, 0)
+def retained(ctx: int, layer: int, head: int, seq_id: int = 0) -> np.ndarray:
+    """Logical positions of the units that (layer, KV head) holds in sequence `seq_id`, in cell order."""
+    n = _api().llama_locret_retained_seq(ctx, seq_id, layer, head, None, 0)
     if n < 0:
         raise HeadsError(_last_error())
     out = np.zeros(n, dtype=np.int32)
-    if n and _api().llama_locret_retained(ctx, layer, head, out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n) != n:
+    if n and _api().llama_locret_retained_seq(ctx, seq_id, layer, head,
+                                               out.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n) != n:
         raise HeadsError(_last_error())
     return out
 
 
-def read_kv(ctx: int, layer: int, n_cells: int, *, values: bool = False, width: int) -> np.ndarray:
-    """Layer's K (or V) cache for cells [0, n_cells), dequantized: float32 [n_cells, width]."""
+def read_kv(ctx: int, layer: int, n_cells: int, *, values: bool = False, width: int, seq_id: int = 0) -> np.ndarray:
+    """Layer's K (or V) cache of sequence `seq_id` for cells [0, n_cells), dequantized: float32 [n_cells, width]."""
     out = np.zeros((n_cells, width), dtype=np.float32)
-    got = _api().llama_locret_debug_read_kv(ctx, layer, values, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                                            n_cells)
+    got = _api().llama_locret_debug_read_kv_seq(ctx, seq_id, layer, values,
+                                                out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_cells)
     if got != width:
         raise HeadsError(_last_error() or f"read_kv: width {got} != {width}")
     return out
+
+
+def kv_cells_per_seq(budget: int, n_ubatch: int) -> int:
+    """KV cells a sequence holds with this budget and ubatch: b + n_ubatch padded to 256."""
+    return int(_api().llama_locret_kv_cells_per_seq(budget, n_ubatch))
+
+
+def inject_fault(ctx: int, fault: str) -> None:
+    """Test only: make the next matching operation fail (see FAULTS and llama_locret_debug_inject_fault)."""
+    if fault not in FAULTS:
+        raise HeadsError(f"unknown fault {fault!r}; valid: {', '.join(FAULTS)}")
+    if _api().llama_locret_debug_inject_fault(ctx, FAULTS.index(fault)) != 0:
+        raise HeadsError(_last_error())

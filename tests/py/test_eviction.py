@@ -21,7 +21,7 @@ from conftest import REPO, free_port, http_server, natural_text, post_json, run,
 
 CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 B, UB, NS, NLOC = 96, 32, 16, 8
-GGML_TYPE_F16, GGML_TYPE_Q8_0 = 1, 8
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0 = 0, 1, 8
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +179,11 @@ def hadamard(n):
     return h / np.sqrt(n)
 
 
-@pytest.mark.parametrize("type_k,flash", [(GGML_TYPE_F16, False), (GGML_TYPE_F16, True), (GGML_TYPE_Q8_0, True)],
-                         ids=["f16", "f16-flash-attn", "q8_0"])
+# f32 without flash attention is the transposed V layout whose moves ggml-cuda's transposed-copy fast path used to
+# mis-write: the moves are single-element set_rows now, checked here against numpy (and on a GPU when one is there)
+@pytest.mark.parametrize("type_k,flash", [(GGML_TYPE_F16, False), (GGML_TYPE_F16, True), (GGML_TYPE_Q8_0, True),
+                                          (GGML_TYPE_F32, False)],
+                         ids=["f16", "f16-flash-attn", "q8_0", "f32-no-flash-attn"])
 def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_tokens, type_k, flash):
     llm = make(model_path, heads_file, type_k=type_k, type_v=type_k, flash_attn=flash)
     model = llm._model.model
@@ -283,7 +286,8 @@ BAD_SETTINGS = {
                                  "must fit in one ubatch"),
     "local-above-ubatch": (["--locret-budget", "256", "--locret-local", "100", "-ub", "64"], "must fit in one ubatch"),
     "ubatch-above-context": (["--locret-budget", "256", "-c", "256", "-ub", "512", "-b", "512"], "larger than the context"),
-    "two-sequences": (["--locret-budget", "256", "-np", "2"], "one sequence"),
+    "context-shift": (["--locret-budget", "256", "--context-shift"], "--context-shift cannot be used with --locret-budget"),
+    "keep": (["--locret-budget", "256", "--keep", "16"], "--keep cannot be used with --locret-budget"),
 }
 
 
@@ -296,13 +300,51 @@ def test_tools_refuse_impossible_settings(case, model_path, heads_file):
     assert "Aborted" not in proc.stderr and proc.returncode > 0
 
 
+# llama-server's own options: each refused before the server starts, with its reason and a non-zero exit
+SERVER_BAD_SETTINGS = {
+    "embeddings": (["--embeddings"], "embeddings or pooling context"),
+    "pooling": (["--pooling", "mean"], "embeddings or pooling context"),
+    "cache-reuse": (["--cache-reuse", "256"], "--cache-reuse cannot be used with --locret-budget"),
+    "unified-kv": (["-np", "2", "-kvu"], "unified KV cache"),
+    "speculative": (["-md", "MODEL"], "speculative decoding cannot be used with --locret-budget"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SERVER_BAD_SETTINGS))
+def test_llama_server_refuses_impossible_settings(case, model_path, heads_file):
+    flags, message = SERVER_BAD_SETTINGS[case]
+    flags = [str(model_path) if f == "MODEL" else f for f in flags]
+    proc = run([tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "256",
+                "--port", free_port(), *flags], timeout=120)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+    assert "Aborted" not in proc.stderr
+
+
+def test_python_refuses_an_embeddings_context(model_path, heads_file):
+    with pytest.raises(heads_api.HeadsError, match="embeddings or pooling context"):
+        make(model_path, heads_file, embedding=True)
+
+
+def test_fit_plans_the_memory_with_the_cells_the_cache_holds(model_path, heads_file):
+    """-fit (on by default) measures the memory of a context: with a budget it must measure b + ubatch cells, not -c."""
+    proc = run([tool("llama-completion"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "256",
+                "-c", "1000000", "-b", "128", "-ub", "128", "-fit", "on", "-lv", "4", "-p", "hi", "-n", "1", "-no-cnv"],
+               timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Locret: fitting with 512 KV cells (512 per sequence) instead of -c 1000000" in proc.stderr, proc.stderr[-3000:]
+    projected = re.search(r"projected to use (\d+) MiB of host memory", proc.stderr)
+    assert projected, proc.stderr[-3000:]
+    # a 1M-cell F16 cache of SmolLM2 alone would be ~22 GiB; 512 cells are ~11 MiB next to 98 MiB of weights
+    assert int(projected.group(1)) < 1024, projected.group(0)
+
+
 def test_tools_refuse_a_budget_without_heads(model_path):
     proc = run([tool("llama-completion"), "-m", model_path, "--locret-budget", "256", "-p", "hi", "-n", "4",
                 "-no-cnv"], timeout=120)
     assert proc.returncode != 0 and "needs retaining heads" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_sliding_window_models_are_refused(heads_file):
+def test_sliding_window_models_need_a_budget_of_at_least_the_window(heads_file):
     from locret import models
 
     if not models.is_installed("gemma3-270m"):
@@ -316,7 +358,7 @@ def test_sliding_window_models_are_refused(heads_file):
         assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run([tool("llama-completion"), "-m", gemma, "--locret-heads", out, "--locret-budget", "256", "-p", "hi",
                 "-n", "4", "-no-cnv"], timeout=120)
-    assert proc.returncode != 0 and "sliding-window" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode != 0 and "must be at least the window (512)" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_python_api_refuses_with_the_reason(model_path, heads_file):

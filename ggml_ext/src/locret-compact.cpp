@@ -1,0 +1,273 @@
+// The compaction graph: gather the rows that move, re-rotate their keys exactly, write them to their new rows.
+// Existing ggml ops only (get_rows, rope_ext, set_rows, the Hadamard matmul of a quantized K cache), so every backend
+// runs the same graph.
+
+#include "locret-compact.h"
+
+#include "llama-context.h"
+#include "llama-cparams.h"
+#include "llama-graph.h"
+#include "llama-impl.h"
+#include "llama-kv-cache.h"
+#include "llama-model.h"
+
+#include <cmath>
+#include <cstdlib>
+
+//
+// exact re-rotation
+//
+
+// YaRN's ramp between interpolated and extrapolated frequencies, as ggml computes it for the pair starting at i0
+static float locret_yarn_ramp(float low, float high, int i0) {
+    const float y = (i0 / 2 - low) / std::max(0.001f, high - low);
+    return 1.0f - std::min(1.0f, std::max(0.0f, y));
+}
+
+static bool locret_naive_rope() {
+    const char * env = getenv("LOCRET_DEBUG_NAIVE_ROPE");
+    return env != nullptr && atoi(env) != 0;
+}
+
+locret_rerotation locret_rerotation_make(const llama_model & model, const llama_cparams & cparams, uint32_t il) {
+    const auto & hp = model.hparams;
+    locret_rerotation r;
+    if (hp.rope_type == LLAMA_ROPE_TYPE_NONE || !hp.has_rope(il)) {
+        return r;
+    }
+    r.rope       = true;
+    r.n_rot      = (int) hp.n_rot(il);
+    r.mode       = hp.rope_type;
+    r.n_ctx_orig = (int) cparams.n_ctx_orig_yarn;
+    r.freq_base  = model.get_rope_freq_base(cparams, il);
+    r.beta_fast  = cparams.yarn_beta_fast;
+    r.beta_slow  = cparams.yarn_beta_slow;
+
+    const float freq_scale = model.get_rope_freq_scale(cparams, il);
+    const int   n_pairs    = r.n_rot / 2;
+
+    // the model's own frequency factors (llama3 rope_freqs, LongRoPE short or long), read once
+    std::vector<float> model_factors;
+    if (ggml_tensor * ff = model.get_rope_factors(cparams, il); ff != nullptr && ff->buffer != nullptr) {
+        GGML_ASSERT(ff->type == GGML_TYPE_F32 && ggml_nelements(ff) >= n_pairs);
+        model_factors.resize(n_pairs);
+        ggml_backend_tensor_get(ff, model_factors.data(), 0, sizeof(float) * n_pairs);
+    }
+
+    if (locret_naive_rope()) {
+        r.freq_scale   = freq_scale;
+        r.ext_factor   = cparams.yarn_ext_factor;
+        r.attn_factor  = cparams.yarn_attn_factor;
+        r.freq_factors = model_factors;
+        return r;
+    }
+
+    // the model rotates pair i at position p by p*w_i with w_i = base^(-2i/n_rot) / ff_i * (s*(1 - m_i) + m_i),
+    // where s is the frequency scale and m_i YaRN's ramp mix. Folding everything but base^(-2i/n_rot) into the
+    // factors and rotating with scale 1, no YaRN and attention factor 1 gives the same angles and a magnitude of 1.
+    float corr_dims[2] = { 0.0f, 0.0f };
+    ggml_rope_yarn_corr_dims(r.n_rot, r.n_ctx_orig, r.freq_base, r.beta_fast, r.beta_slow, corr_dims);
+    r.freq_factors.resize(n_pairs);
+    for (int i = 0; i < n_pairs; ++i) {
+        const float ff  = model_factors.empty() ? 1.0f : model_factors[i];
+        const float mix = cparams.yarn_ext_factor != 0.0f ? locret_yarn_ramp(corr_dims[0], corr_dims[1], 2 * i) * cparams.yarn_ext_factor : 0.0f;
+        r.freq_factors[i] = ff / (freq_scale * (1.0f - mix) + mix);
+    }
+    r.freq_scale  = 1.0f;
+    r.ext_factor  = 0.0f;
+    r.attn_factor = 1.0f;
+    return r;
+}
+
+//
+// moves
+//
+
+void locret_moves::reset(size_t n_layers) {
+    src.assign(n_layers, {});
+    dst.assign(n_layers, {});
+    delta.assign(n_layers, {});
+}
+
+bool locret_moves::empty() const {
+    for (const auto & s : src) {
+        if (!s.empty()) {
+            return false;
+        }
+    }
+    return true;
+}
+
+//
+// the graph
+//
+
+namespace {
+
+// per layer: the moving rows (K, and V when it is not transposed), the V elements of a transposed V cache, the
+// position changes and the re-rotation factors; uploaded when the graph runs
+struct locret_compact_input : llm_graph_input_i {
+    struct layer_input {
+        ggml_tensor * src     = nullptr; // I32 [n_moves]
+        ggml_tensor * dst     = nullptr; // I32 [n_moves]
+        ggml_tensor * delta   = nullptr; // I32 [n_moves], or NULL without RoPE
+        ggml_tensor * factors = nullptr; // F32 [n_rot/2], or NULL
+        ggml_tensor * v_src   = nullptr; // I32 [n_moves*d_v] element indices of a transposed V, or NULL
+        ggml_tensor * v_dst   = nullptr;
+        std::vector<int32_t> v_src_data;
+        std::vector<int32_t> v_dst_data;
+    };
+
+    locret_compact_input(const locret_moves & moves, const std::vector<locret_kv_layer> & layers, const llama_kv_cache * kv)
+        : moves(moves), layers(layers), kv(kv) {}
+
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_UNUSED(ubatch);
+        for (size_t i = 0; i < inp.size(); ++i) {
+            const layer_input & li = inp[i];
+            if (li.src == nullptr) {
+                continue;
+            }
+            ggml_backend_tensor_set(li.src, moves.src[i].data(), 0, ggml_nbytes(li.src));
+            ggml_backend_tensor_set(li.dst, moves.dst[i].data(), 0, ggml_nbytes(li.dst));
+            if (li.delta != nullptr) {
+                ggml_backend_tensor_set(li.delta, moves.delta[i].data(), 0, ggml_nbytes(li.delta));
+            }
+            if (li.factors != nullptr) {
+                ggml_backend_tensor_set(li.factors, layers[i].rot.freq_factors.data(), 0, ggml_nbytes(li.factors));
+            }
+            if (li.v_src != nullptr) {
+                ggml_backend_tensor_set(li.v_src, li.v_src_data.data(), 0, ggml_nbytes(li.v_src));
+                ggml_backend_tensor_set(li.v_dst, li.v_dst_data.data(), 0, ggml_nbytes(li.v_dst));
+            }
+        }
+        if (k_rot != nullptr) {
+            kv->set_input_k_rot(k_rot);
+        }
+    }
+
+    std::vector<layer_input> inp;
+    ggml_tensor * k_rot = nullptr; // the Hadamard rotation of a quantized K cache, or NULL
+
+    const locret_moves                 & moves;
+    const std::vector<locret_kv_layer> & layers;
+    const llama_kv_cache               * kv;
+};
+
+// element indices of a transposed V for the moving rows: row (strm*kv_size + cell)*n_head_kv + head holds, for
+// dimension j of the head, the element (strm*n_embd_v_gqa + head*d_v + j)*kv_size + cell
+void locret_v_trans_elements(const std::vector<int32_t> & rows, uint32_t n_head_kv, uint32_t d_v, int64_t kv_size,
+        std::vector<int32_t> & out) {
+    const int64_t n_embd_v_gqa = (int64_t) n_head_kv * d_v;
+    out.resize(rows.size() * d_v);
+    for (size_t m = 0; m < rows.size(); ++m) {
+        const int64_t head = rows[m] % n_head_kv;
+        const int64_t slot = rows[m] / n_head_kv; // strm*kv_size + cell
+        const int64_t strm = slot / kv_size;
+        const int64_t cell = slot % kv_size;
+        for (uint32_t j = 0; j < d_v; ++j) {
+            const int64_t e = (strm * n_embd_v_gqa + head * d_v + j) * kv_size + cell;
+            GGML_ASSERT(e <= INT32_MAX);
+            out[m * d_v + j] = (int32_t) e;
+        }
+    }
+}
+
+ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
+        const std::vector<locret_kv_layer> & layers, const locret_moves & moves) {
+    ggml_context * ctx0 = res->get_ctx();
+    ggml_cgraph  * gf   = res->get_gf();
+    const int64_t kv_size  = kv->get_size();
+    const int64_t n_stream = kv->get_n_stream();
+
+    auto inp = std::make_unique<locret_compact_input>(moves, layers, kv);
+    inp->inp.resize(layers.size());
+    inp->k_rot = kv->build_input_k_rot(ctx0);
+
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const locret_kv_layer & L = layers[i];
+        const int64_t n_moves = (int64_t) moves.src[i].size();
+        if (n_moves == 0) {
+            continue;
+        }
+        auto & li = inp->inp[i];
+        li.src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves);
+        li.dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves);
+        ggml_set_input(li.src);
+        ggml_set_input(li.dst);
+        const int64_t n_rows = (int64_t) L.n_head_kv * kv_size * n_stream;
+
+        // K: one row per (stream, cell, head)
+        ggml_tensor * k_rows = ggml_view_2d(ctx0, L.k, L.d_k, n_rows, ggml_row_size(L.k->type, L.d_k), 0);
+        ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, li.src); // F32 [d_k, n_moves]
+        if (L.rot.rope) {
+            li.delta = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves);
+            ggml_set_input(li.delta);
+            if (!L.rot.freq_factors.empty()) {
+                li.factors = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());
+                ggml_set_input(li.factors);
+            }
+            k_new = ggml_reshape_3d(ctx0, k_new, L.d_k, 1, n_moves);
+            if (inp->k_rot) {
+                k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot); // back to the RoPE basis (rot^2 == I)
+            }
+            // the stored keys were rotated for their old positions: rotating by the difference moves them
+            k_new = ggml_rope_ext(ctx0, k_new, li.delta, li.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
+                    L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor, L.rot.beta_fast, L.rot.beta_slow);
+            if (inp->k_rot) {
+                k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot);
+            }
+            k_new = ggml_reshape_2d(ctx0, k_new, L.d_k, n_moves);
+        }
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, li.dst));
+
+        // V: moved unchanged (a quantized row is dequantized and quantized again, which gives the same bytes)
+        if (!v_trans) {
+            ggml_tensor * v_rows = ggml_view_2d(ctx0, L.v, L.d_v, n_rows, ggml_row_size(L.v->type, L.d_v), 0);
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_rows, ggml_get_rows(ctx0, v_rows, li.src), li.dst));
+        } else {
+            // a transposed V holds each (head, dimension) of a stream as a row of kv_size cells: move single elements,
+            // as llama.cpp itself writes such a cache
+            locret_v_trans_elements(moves.src[i], L.n_head_kv, L.d_v, kv_size, li.v_src_data);
+            locret_v_trans_elements(moves.dst[i], L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
+            li.v_src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
+            li.v_dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
+            ggml_set_input(li.v_src);
+            ggml_set_input(li.v_dst);
+            ggml_tensor * v_elems = ggml_view_2d(ctx0, L.v, 1, ggml_nelements(L.v), ggml_row_size(L.v->type, 1), 0);
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_elems, ggml_get_rows(ctx0, v_elems, li.v_src), li.v_dst));
+        }
+    }
+
+    res->add_input(std::move(inp));
+    return gf;
+}
+
+} // namespace
+
+locret_compact_status locret_compact(llama_context * lctx, llama_kv_cache * kv, bool v_trans,
+        const std::vector<locret_kv_layer> & layers, const locret_moves & moves, bool fail_alloc, bool fail_compute) {
+    ggml_backend_sched_t sched = lctx->get_sched();
+    // the previous ubatch's outputs may still be copied out of the scheduler's buffers
+    ggml_backend_sched_synchronize(sched);
+    ggml_backend_sched_reset(sched);
+
+    llm_graph_result * res = lctx->get_gf_res_reserve();
+    res->reset();
+    ggml_cgraph * gf = locret_build_compact_graph(res, kv, v_trans, layers, moves);
+    if (fail_alloc || !ggml_backend_sched_alloc_graph(sched, gf)) {
+        LLAMA_LOG_ERROR("%s: Locret: failed to allocate the compaction graph%s\n", __func__, fail_alloc ? " (injected)" : "");
+        return LOCRET_COMPACT_NOT_RUN;
+    }
+    res->set_inputs(nullptr);
+    if (fail_compute) {
+        LLAMA_LOG_ERROR("%s: Locret: the compaction graph failed to start (injected)\n", __func__);
+        return LOCRET_COMPACT_NOT_RUN;
+    }
+    const ggml_status status = lctx->graph_compute(gf, true);
+    if (status != GGML_STATUS_SUCCESS) {
+        LLAMA_LOG_ERROR("%s: Locret: the compaction graph failed (status %d)\n", __func__, (int) status);
+        return LOCRET_COMPACT_FAILED;
+    }
+    return LOCRET_COMPACT_OK;
+}

@@ -1,0 +1,71 @@
+// Compaction: after a selection, retained units move to cells 0..n-1 of their (layer, KV head) and their keys are
+// re-rotated by the change of their position. Only rows that move are read or written.
+#pragma once
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <vector>
+
+struct llama_context;
+struct llama_cparams;
+struct llama_model;
+class  llama_kv_cache;
+
+// ggml_rope_ext parameters that rotate one layer's stored keys by a position change. The exact form (the default) is
+// a pure rotation by the angles the model's own RoPE uses per position: YaRN's ramp, the frequency scale, llama3's
+// rope_freqs and LongRoPE's factors are folded into per-pair frequency factors, and the magnitude factors that
+// ggml_rope_ext applies with them (YaRN's mscale, rope.scaling.attn_factor) are left out, so that a key rotated
+// again and again keeps the magnitude the model gave it once. LOCRET_DEBUG_NAIVE_ROPE=1 selects the model's own
+// parameters instead (the key grows by the attention factor at every rotation): tests use it to show the difference.
+struct locret_rerotation {
+    bool  rope = false; // the layer has RoPE: its keys move with their positions
+    int   n_rot = 0;
+    int   mode  = 0;
+    int   n_ctx_orig  = 0;
+    float freq_base   = 10000.0f;
+    float freq_scale  = 1.0f;
+    float ext_factor  = 0.0f;
+    float attn_factor = 1.0f;
+    float beta_fast   = 32.0f;
+    float beta_slow   = 1.0f;
+    std::vector<float> freq_factors; // [n_rot/2], or empty for none
+};
+
+// the re-rotation of model layer il's keys for a context with these parameters (reads the model's frequency factors)
+locret_rerotation locret_rerotation_make(const llama_model & model, const llama_cparams & cparams, uint32_t il);
+
+// one evicting cache's layer, as the compaction sees it
+struct locret_kv_layer {
+    uint32_t      il        = 0; // model layer
+    uint32_t      n_head_kv = 0;
+    uint32_t      d_k       = 0; // head sizes
+    uint32_t      d_v       = 0;
+    ggml_tensor * k = nullptr;   // storage [d_k*n_head_kv, kv_size, n_stream]
+    ggml_tensor * v = nullptr;   // storage [d_v*n_head_kv, kv_size, n_stream] (transposed per stream when v_trans)
+    locret_rerotation rot;
+};
+
+// the rows one eviction moves: for every layer, a (cell, KV head) row of every stream is identified by
+// (stream*kv_size + cell)*n_head_kv + head
+struct locret_moves {
+    std::vector<std::vector<int32_t>> src;   // per layer (index into the layer list): the row a unit leaves
+    std::vector<std::vector<int32_t>> dst;   //   the row it goes to
+    std::vector<std::vector<int32_t>> delta; //   its new physical position minus its old one (cells are positions)
+
+    void reset(size_t n_layers);
+    bool empty() const;
+};
+
+enum locret_compact_status {
+    LOCRET_COMPACT_OK,
+    LOCRET_COMPACT_NOT_RUN, // the graph could not be allocated or started: the cache is unchanged
+    LOCRET_COMPACT_FAILED,  // the computation failed part-way: rows may be half moved
+};
+
+// Build and compute one graph that applies `moves` to the K/V storage of `kv` (layer by layer: gather the moving rows,
+// re-rotate the keys, write them to their new rows). `fail_alloc` / `fail_compute` make the corresponding step report
+// a failure without running (fault injection for tests).
+locret_compact_status locret_compact(llama_context * lctx, llama_kv_cache * kv, bool v_trans,
+                                     const std::vector<locret_kv_layer> & layers, const locret_moves & moves,
+                                     bool fail_alloc, bool fail_compute);

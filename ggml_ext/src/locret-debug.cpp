@@ -1,0 +1,143 @@
+// Read-outs of an evicting context for users, tests, heatmaps and outside checks: statistics, the units each
+// (layer, KV head) retains, the K/V cache itself, and fault injection.
+
+#include "locret-heads.h"
+#include "locret-memory.h"
+#include "locret-settings.h"
+
+#include "llama-context.h"
+#include "llama-impl.h"
+#include "llama-kv-cache.h"
+
+#include <cstring>
+#include <vector>
+
+static const llama_locret_memory * locret_memory_of_ctx(const llama_context * ctx) {
+    return locret_memory_of(llama_get_memory(ctx));
+}
+
+uint32_t llama_locret_kv_cells_per_seq(int32_t budget, int32_t n_ubatch) {
+    return budget > 0 && n_ubatch > 0 ? locret_kv_cells((uint32_t) budget, (uint32_t) n_ubatch) : 0;
+}
+
+struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context * ctx, llama_seq_id seq_id) {
+    llama_locret_stats st = {};
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    const locret_stream * s = mem ? mem->get_stream(seq_id) : nullptr;
+    if (s == nullptr) {
+        return st;
+    }
+    const locret_config & cfg = mem->config();
+    st.enabled         = true;
+    st.n_evictions     = s->n_evictions;
+    st.n_units_evicted = s->n_units_evicted;
+    st.n_cells_used    = s->n_used;
+    st.n_cells         = cfg.n_cells;
+    st.pos_logical     = s->logical_next;
+    st.kv_bytes        = mem->kv_bytes();
+    st.budget          = cfg.budget;
+    st.stabilizers     = cfg.stabilizers;
+    st.local           = cfg.local;
+    st.n_ubatch        = cfg.n_ubatch;
+    st.policy          = cfg.policy;
+    st.n_seq           = mem->n_streams();
+    return st;
+}
+
+struct llama_locret_stats llama_locret_get_stats(const struct llama_context * ctx) {
+    return llama_locret_get_seq_stats(ctx, 0);
+}
+
+int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t ih,
+        int32_t * logical_pos, int32_t n_max) {
+    locret_set_error("");
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    if (mem == nullptr) {
+        locret_set_error("llama_locret_retained: the context does not evict");
+        return -1;
+    }
+    const locret_stream * s = mem->get_stream(seq_id);
+    const int32_t i = il >= 0 ? mem->layer_index((uint32_t) il) : -1;
+    if (s == nullptr || i < 0 || ih < 0 || (uint32_t) ih >= mem->get_layers()[i].n_head_kv) {
+        locret_set_error(format("llama_locret_retained: no sequence %d / evicting layer %d / KV head %d", seq_id, il, ih));
+        return -1;
+    }
+    if (logical_pos != nullptr) {
+        if (n_max < (int32_t) s->n_used) {
+            locret_set_error(format("llama_locret_retained: %u units do not fit in %d", s->n_used, n_max));
+            return -1;
+        }
+        std::memcpy(logical_pos, s->pos[i].data() + (size_t) ih * mem->config().n_cells, sizeof(int32_t) * s->n_used);
+    }
+    return (int32_t) s->n_used;
+}
+
+int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih, int32_t * logical_pos, int32_t n_max) {
+    return llama_locret_retained_seq(ctx, 0, il, ih, logical_pos, n_max);
+}
+
+int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, bool read_v,
+        float * out, int32_t n_cells) {
+    locret_set_error("");
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    if (mem == nullptr) {
+        locret_set_error("llama_locret_debug_read_kv: the context does not evict");
+        return -1;
+    }
+    const int32_t i = il >= 0 ? mem->layer_index((uint32_t) il) : -1;
+    const int64_t kv_size = mem->config().n_cells;
+    if (i < 0 || mem->get_stream(seq_id) == nullptr || n_cells < 0 || n_cells > kv_size) {
+        locret_set_error(format("llama_locret_debug_read_kv: no evicting layer %d, no sequence %d or bad cell count %d",
+                il, seq_id, n_cells));
+        return -1;
+    }
+    llama_synchronize(ctx);
+    const locret_kv_layer & L = mem->get_layers()[i];
+    ggml_tensor * t = read_v ? L.v : L.k;
+    const int64_t width = t->ne[0];
+    const size_t  stream_bytes = ggml_row_size(t->type, width * kv_size);
+    std::vector<uint8_t> raw(stream_bytes);
+    ggml_backend_tensor_get(t, raw.data(), stream_bytes * seq_id, stream_bytes);
+    const auto * traits = ggml_get_type_traits(t->type);
+    auto to_float = [&](const void * src, float * dst, int64_t n) {
+        if (t->type == GGML_TYPE_F32) {
+            std::memcpy(dst, src, sizeof(float) * n);
+        } else {
+            traits->to_float(src, dst, n);
+        }
+    };
+    if (read_v && mem->get_v_trans()) {
+        // element (cell c, column r) lies at r*kv_size + c
+        std::vector<float> row(kv_size);
+        for (int64_t r = 0; r < width; ++r) {
+            to_float(raw.data() + ggml_row_size(t->type, kv_size) * r, row.data(), kv_size);
+            for (int64_t c = 0; c < n_cells; ++c) {
+                out[c * width + r] = row[c];
+            }
+        }
+    } else {
+        for (int64_t c = 0; c < n_cells; ++c) {
+            to_float(raw.data() + ggml_row_size(t->type, width) * c, out + c * width, width);
+        }
+    }
+    return (int32_t) width;
+}
+
+int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool read_v, float * out, int32_t n_cells) {
+    return llama_locret_debug_read_kv_seq(ctx, 0, il, read_v, out, n_cells);
+}
+
+int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_locret_fault fault) {
+    locret_set_error("");
+    llama_locret_memory * mem = locret_memory_of(llama_get_memory(ctx));
+    if (mem == nullptr) {
+        locret_set_error("llama_locret_debug_inject_fault: the context does not evict");
+        return -1;
+    }
+    if (fault < LLAMA_LOCRET_FAULT_NONE || fault > LLAMA_LOCRET_FAULT_STATE_READ) {
+        locret_set_error(format("llama_locret_debug_inject_fault: unknown fault %d", (int) fault));
+        return -1;
+    }
+    mem->inject_fault((locret_fault) fault);
+    return 0;
+}

@@ -1,0 +1,888 @@
+// The Locret memory type (see locret-memory.h): planning ubatches, evicting, the memory interface in logical positions,
+// and state save/load of the eviction bookkeeping.
+
+#include "locret-memory.h"
+#include "locret-heads.h"
+#include "locret-select.h"
+
+#include "llama-batch.h"
+#include "llama-context.h"
+#include "llama-cparams.h"
+#include "llama-impl.h"
+#include "llama-io.h"
+#include "llama-model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <typeinfo>
+
+//
+// memory contexts: llama.cpp's own (the graph reads them as such) plus the plan of each ubatch
+//
+
+namespace {
+
+// what a Locret memory context adds to llama.cpp's: the memory and the plan of every ubatch
+struct locret_batch {
+    virtual ~locret_batch() = default;
+
+    llama_locret_memory * mem = nullptr;
+    std::vector<locret_ubatch_plan> plans;
+    size_t i_plan = 0;
+};
+
+class locret_kv_context : public llama_kv_cache_context, public locret_batch {
+public:
+    locret_kv_context(llama_locret_memory * mem, llama_kv_cache * kv, slot_info_vec_t sinfos,
+            std::vector<llama_ubatch> ubatches, std::vector<locret_ubatch_plan> plans)
+        : llama_kv_cache_context(kv, std::move(sinfos), std::move(ubatches)) {
+        this->mem   = mem;
+        this->plans = std::move(plans);
+    }
+
+    bool next() override {
+        ++i_plan;
+        return llama_kv_cache_context::next();
+    }
+
+    bool apply() override {
+        if (!llama_kv_cache_context::apply()) {
+            return false;
+        }
+        mem->placed(plans[i_plan]);
+        return true;
+    }
+};
+
+class locret_iswa_context : public llama_kv_cache_iswa_context, public locret_batch {
+public:
+    locret_iswa_context(llama_locret_memory * mem, llama_kv_cache_iswa * kv, slot_info_vec_t sinfos_base,
+            slot_info_vec_t sinfos_swa, std::vector<llama_ubatch> ubatches, std::vector<locret_ubatch_plan> plans)
+        : llama_kv_cache_iswa_context(kv, std::move(sinfos_base), std::move(sinfos_swa), std::move(ubatches)) {
+        this->mem   = mem;
+        this->plans = std::move(plans);
+    }
+
+    bool next() override {
+        ++i_plan;
+        return llama_kv_cache_iswa_context::next();
+    }
+
+    bool apply() override {
+        if (!llama_kv_cache_iswa_context::apply()) {
+            return false;
+        }
+        mem->placed(plans[i_plan]);
+        return true;
+    }
+};
+
+// a copy of `u` whose positions are `pos`: the graph gets physical positions, the client's batch keeps its own
+llama_ubatch locret_ubatch_with_pos(const llama_ubatch & u, const std::vector<llama_pos> & pos) {
+    GGML_ASSERT(u.data != nullptr && u.n_pos == 1 && pos.size() == u.n_tokens);
+    auto data = std::make_shared<llama_ubatch::data_t>(*u.data);
+    data->pos = pos;
+    // the per-token sequence pointers point into seq_id_data: point them into the copy
+    llama_seq_id * seq_ptr = data->seq_id_data.data();
+    for (uint32_t i = 0; i < u.n_tokens; ++i) {
+        data->seq_id[i] = seq_ptr;
+        seq_ptr += data->n_seq_id[i];
+    }
+    llama_ubatch r = u;
+    r.token      = u.token ? data->token.data() : nullptr;
+    r.embd       = u.embd  ? data->embd.data()  : nullptr;
+    r.pos        = data->pos.data();
+    r.n_seq_id   = data->n_seq_id.data();
+    r.seq_id     = data->seq_id.data();
+    r.seq_id_unq = data->seq_id_unq.data();
+    r.seq_idx    = data->seq_idx.data();
+    r.output     = data->output.data();
+    r.data       = std::move(data);
+    return r;
+}
+
+} // namespace
+
+llama_locret_memory * locret_memory_of(llama_memory_i * mem) {
+    return dynamic_cast<llama_locret_memory *>(mem);
+}
+
+const llama_locret_memory * locret_memory_of(const llama_memory_i * mem) {
+    return dynamic_cast<const llama_locret_memory *>(mem);
+}
+
+const locret_ubatch_plan * locret_plan_of(const llama_memory_context_i * mctx, llama_locret_memory ** mem) {
+    const auto * b = dynamic_cast<const locret_batch *>(mctx);
+    if (b == nullptr || b->i_plan >= b->plans.size()) {
+        return nullptr;
+    }
+    if (mem != nullptr) {
+        *mem = b->mem;
+    }
+    return &b->plans[b->i_plan];
+}
+
+//
+// construction
+//
+
+llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_cparams & cparams,
+        const locret_config & cfg_in, llama_memory_ptr inner_in)
+    : model(model), cfg(cfg_in), policy(locret_policy_make(cfg_in.policy)), inner(std::move(inner_in)) {
+    const llama_memory_i & m = *inner;
+    if (typeid(m) == typeid(llama_kv_cache)) {
+        kv = static_cast<llama_kv_cache *>(inner.get());
+    } else if (typeid(m) == typeid(llama_kv_cache_iswa)) {
+        iswa   = static_cast<llama_kv_cache_iswa *>(inner.get());
+        kv     = iswa->get_base();
+        kv_swa = iswa->get_swa();
+    } else {
+        throw std::runtime_error(format("the '%s' model's memory is not a KV cache llama.cpp can evict per unit "
+                "(a recurrent, hybrid or sparse-attention memory); Locret eviction does not support it",
+                llm_arch_name(model.arch)));
+    }
+    const uint32_t n_seq = std::max(1u, cparams.n_seq_max);
+    if (kv->get_n_stream() != n_seq || kv->get_size() < cfg.capacity) {
+        throw std::runtime_error(format("the KV cache has %u cells in %u streams, expected at least %u cells in %u",
+                kv->get_size(), kv->get_n_stream(), cfg.capacity, n_seq));
+    }
+    cfg.n_cells = kv->get_size();
+    v_trans     = kv->get_v_trans();
+
+    const auto & hp = model.hparams;
+    layer_of_il.assign(hp.n_layer(), -1);
+    for (uint32_t il : kv->get_layer_ids()) {
+        locret_kv_layer L;
+        L.il        = il;
+        L.n_head_kv = hp.n_head_kv(il);
+        L.d_k       = hp.n_embd_head_k(il);
+        L.d_v       = hp.n_embd_head_v(il);
+        L.k         = kv->get_k_storage(il);
+        L.v         = kv->get_v_storage(il);
+        if (L.k == nullptr || L.v == nullptr || (uint64_t) L.v->ne[0] != (uint64_t) L.d_v * L.n_head_kv ||
+                (uint64_t) L.k->ne[0] != (uint64_t) L.d_k * L.n_head_kv) {
+            throw std::runtime_error(format("layer %u's K/V cache layout is not supported by Locret eviction", il));
+        }
+        L.rot = locret_rerotation_make(model, cparams, il);
+        if (il < layer_of_il.size()) {
+            layer_of_il[il] = (int32_t) layers.size();
+        }
+        layers.push_back(std::move(L));
+    }
+
+    streams.resize(n_seq);
+    for (auto & s : streams) {
+        s.pos.resize(layers.size());
+        s.score.resize(layers.size());
+        for (size_t i = 0; i < layers.size(); ++i) {
+            s.pos[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, -1);
+            s.score[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, 0.0f);
+        }
+    }
+
+    LLAMA_LOG_INFO("%s: Locret eviction: policy %s, budget %u, stabilizers %u, local %u, chunk (ubatch) %u -> %u KV cells "
+            "per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
+            cfg.budget, cfg.stabilizers, cfg.local, cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
+            kv_swa ? ", window layers in their own cache" : "");
+}
+
+int32_t llama_locret_memory::layer_index(uint32_t il) const {
+    return il < layer_of_il.size() ? layer_of_il[il] : -1;
+}
+
+const locret_stream * llama_locret_memory::get_stream(llama_seq_id seq_id) const {
+    return seq_id >= 0 && (size_t) seq_id < streams.size() ? &streams[seq_id] : nullptr;
+}
+
+bool llama_locret_memory::take_fault(locret_fault f) {
+    if (fault != f) {
+        return false;
+    }
+    fault = LOCRET_FAULT_NONE;
+    return true;
+}
+
+uint64_t llama_locret_memory::kv_bytes() const {
+    uint64_t n = 0;
+    for (const auto & L : layers) {
+        n += ggml_nbytes(L.k) + ggml_nbytes(L.v);
+    }
+    if (kv_swa != nullptr) {
+        for (uint32_t il : kv_swa->get_layer_ids()) {
+            n += ggml_nbytes(kv_swa->get_k_storage(il)) + ggml_nbytes(kv_swa->get_v_storage(il));
+        }
+    }
+    return n;
+}
+
+//
+// planning
+//
+
+uint32_t llama_locret_memory::plan_eviction(uint32_t n_used, bool prev_output, uint32_t n_tokens, bool output,
+        uint32_t & n_stab) const {
+    n_stab = 0;
+    if (!prev_output && n_used > cfg.budget) {
+        // after a prefill chunk; the chunk before the prompt's tail is the final one: no stabilizers
+        n_stab = output ? 0 : std::min(cfg.stabilizers, n_used);
+        return cfg.budget;
+    }
+    if (n_used + n_tokens > cfg.capacity) {
+        return std::min(cfg.budget, n_used);
+    }
+    return n_used;
+}
+
+llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) {
+    GGML_UNUSED(embd_all);
+    auto failed = [] { return std::make_unique<llama_kv_cache_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE); };
+
+    const llama_batch & batch = balloc.get_batch();
+    const uint32_t n_tokens = balloc.get_n_tokens();
+
+    // the batch's sequences: how many tokens each has and whether its last one asks for an output (a prompt end)
+    std::vector<uint32_t> count(streams.size(), 0);
+    std::vector<bool>     ends_with_output(streams.size(), false);
+    uint32_t n_seqs = 0;
+    for (uint32_t i = 0; i < n_tokens; ++i) {
+        if (batch.n_seq_id[i] != 1) {
+            LLAMA_LOG_ERROR("%s: Locret: a token belongs to %d sequences; an evicting cache keeps each sequence on its own\n",
+                    __func__, batch.n_seq_id[i]);
+            return failed();
+        }
+        const llama_seq_id s = batch.seq_id[i][0];
+        if (s < 0 || (size_t) s >= streams.size()) {
+            LLAMA_LOG_ERROR("%s: Locret: sequence %d is out of range (%zu sequences)\n", __func__, s, streams.size());
+            return failed();
+        }
+        n_seqs += count[s] == 0;
+        count[s]++;
+        ends_with_output[s] = batch.logits != nullptr && batch.logits[i] != 0;
+    }
+
+    // the ubatches: a sequence's tokens in parts of at most n_ubatch, the local tail of a prompt end in a part of its
+    // own; with several sequences each part holds one sequence, except that one token per sequence (generation)
+    // goes in one ubatch
+    balloc.split_reset();
+    std::vector<llama_ubatch> ubatches;
+    const bool one_each = n_seqs > 1 && std::all_of(count.begin(), count.end(), [](uint32_t c) { return c <= 1; });
+    if (one_each) {
+        while (true) {
+            auto ubatch = balloc.split_equal(n_ubatch, true, 0);
+            if (ubatch.n_tokens == 0) {
+                break;
+            }
+            ubatches.push_back(std::move(ubatch));
+        }
+    } else {
+        std::vector<bool> used(n_tokens, false);
+        std::vector<uint32_t> remaining = count;
+        uint32_t first = 0;
+        while (true) {
+            while (first < n_tokens && used[first]) {
+                ++first;
+            }
+            if (first >= n_tokens) {
+                break;
+            }
+            const llama_seq_id s = batch.seq_id[first][0];
+            uint32_t take = std::min(n_ubatch, remaining[s]);
+            if (cfg.local > 0 && ends_with_output[s] && remaining[s] > cfg.local) {
+                take = std::min(take, remaining[s] - cfg.local);
+            }
+            auto ubatch = n_seqs == 1 ? balloc.split_simple(take) : balloc.split_seq(take);
+            if (ubatch.n_tokens == 0) {
+                break;
+            }
+            for (int32_t idx : ubatch.data->batch_idxs) {
+                used[idx] = true;
+            }
+            remaining[s] -= ubatch.n_tokens;
+            ubatches.push_back(std::move(ubatch));
+        }
+    }
+    if (balloc.get_n_used() < n_tokens) {
+        LLAMA_LOG_ERROR("%s: Locret: failed to split a batch of %u tokens\n", __func__, n_tokens);
+        return failed();
+    }
+
+    // simulate the evictions and placements, per stream
+    struct sim_t { uint32_t n_used; bool prev_output; llama_pos offset; };
+    std::vector<sim_t> sim(streams.size());
+    for (size_t s = 0; s < streams.size(); ++s) {
+        sim[s] = { streams[s].n_used, streams[s].prev_output, streams[s].logical_next - (llama_pos) streams[s].n_used };
+    }
+
+    llama_kv_cache::slot_info_vec_t sinfos;
+    std::vector<locret_ubatch_plan> plans;
+    std::vector<llama_ubatch> physical;
+    std::vector<llama_ubatch> window_frame; // positions in the window cache's frame at the start of the batch
+    for (const auto & ubatch : ubatches) {
+        locret_ubatch_plan plan;
+        plan.logical.assign(ubatch.pos, ubatch.pos + ubatch.n_tokens);
+        plan.strm.resize(ubatch.n_tokens);
+        plan.cell.resize(ubatch.n_tokens);
+
+        // the parts of the ubatch: tokens of one sequence are consecutive (split_simple / split_seq: one part;
+        // split_equal: n_seq_tokens per sequence)
+        std::vector<std::pair<uint32_t, uint32_t>> parts; // [first token, n tokens)
+        for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+            if (i == 0 || ubatch.seq_id[i][0] != ubatch.seq_id[i - 1][0]) {
+                parts.push_back({ i, 0 });
+            }
+            parts.back().second++;
+        }
+
+        llama_kv_cache::slot_info sinfo;
+        sinfo.resize(parts.size());
+        std::vector<llama_pos> pos_phys(ubatch.n_tokens);
+        std::vector<llama_pos> pos_frame(ubatch.n_tokens);
+        for (size_t p = 0; p < parts.size(); ++p) {
+            const auto [i0, n] = parts[p];
+            const uint32_t s = (uint32_t) ubatch.seq_id[i0][0];
+            bool output = false;
+            for (uint32_t i = i0; i < i0 + n; ++i) {
+                output = output || ubatch.output[i] != 0;
+            }
+            locret_step st;
+            st.strm          = s;
+            st.n_keep        = plan_eviction(sim[s].n_used, sim[s].prev_output, n, output, st.n_stab);
+            st.first_cell    = st.n_keep;
+            st.n_tokens      = n;
+            st.first_logical = ubatch.pos[i0];
+            st.output        = output;
+            if (st.first_cell + n > cfg.n_cells) {
+                LLAMA_LOG_ERROR("%s: Locret: a part of %u tokens does not fit after %u retained units in %u cells\n",
+                        __func__, n, st.first_cell, cfg.n_cells);
+                return failed();
+            }
+            sinfo.strm[p] = s;
+            sinfo.idxs[p].resize(n);
+            for (uint32_t j = 0; j < n; ++j) {
+                sinfo.idxs[p][j]   = st.first_cell + j;
+                plan.strm[i0 + j]  = s;
+                plan.cell[i0 + j]  = st.first_cell + j;
+                pos_phys[i0 + j]   = (llama_pos) (st.first_cell + j);
+                pos_frame[i0 + j]  = ubatch.pos[i0 + j] - sim[s].offset;
+            }
+            sim[s].n_used      = st.first_cell + n;
+            sim[s].prev_output = output;
+            plan.steps.push_back(st);
+        }
+        sinfo.s0 = *std::min_element(sinfo.strm.begin(), sinfo.strm.end());
+        sinfo.s1 = *std::max_element(sinfo.strm.begin(), sinfo.strm.end());
+        if (sinfo.s1 - sinfo.s0 + 1 != parts.size()) {
+            LLAMA_LOG_ERROR("%s: Locret: a ubatch's sequences are not consecutive streams\n", __func__);
+            return failed();
+        }
+        sinfos.push_back(std::move(sinfo));
+        physical.push_back(locret_ubatch_with_pos(ubatch, pos_phys));
+        if (kv_swa != nullptr) {
+            window_frame.push_back(locret_ubatch_with_pos(ubatch, pos_frame));
+        }
+        plans.push_back(std::move(plan));
+    }
+
+    if (kv_swa == nullptr) {
+        return std::make_unique<locret_kv_context>(this, kv, std::move(sinfos), std::move(physical), std::move(plans));
+    }
+    // the window cache chooses its own cells, simulated in the frame it has now; the shifts that evictions apply before
+    // each ubatch move the cells and the ubatch alike, so the choice stays valid
+    auto sinfos_swa = kv_swa->prepare(window_frame);
+    if (sinfos_swa.empty()) {
+        LLAMA_LOG_ERROR("%s: Locret: no room in the window cache\n", __func__);
+        return std::make_unique<llama_kv_cache_iswa_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE);
+    }
+    return std::make_unique<locret_iswa_context>(this, iswa, std::move(sinfos), std::move(sinfos_swa), std::move(physical),
+            std::move(plans));
+}
+
+llama_memory_context_ptr llama_locret_memory::init_full() {
+    return inner->init_full();
+}
+
+llama_memory_context_ptr llama_locret_memory::init_update(llama_context * lctx, bool optimize) {
+    return inner->init_update(lctx, optimize);
+}
+
+//
+// placement and scores
+//
+
+void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
+    for (const auto & st : plan.steps) {
+        locret_stream & s = streams[st.strm];
+        // the ubatch split planned this part after the same evictions that ran before it
+        GGML_ASSERT(st.first_cell == s.n_used && "Locret: ubatch placement does not follow the eviction plan");
+        s.undo.valid         = true;
+        s.undo.first_logical = st.first_logical;
+        s.undo.n_used        = s.n_used;
+        s.undo.uniform_from  = s.uniform_from;
+        s.undo.prev_output   = s.prev_output;
+        s.undo.logical_next  = s.logical_next;
+        s.n_used       = st.first_cell + st.n_tokens;
+        s.prev_output  = st.output;
+    }
+    for (size_t t = 0; t < plan.cell.size(); ++t) {
+        locret_stream & s = streams[plan.strm[t]];
+        for (size_t i = 0; i < layers.size(); ++i) {
+            for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
+                s.pos[i]  [(size_t) h * cfg.n_cells + plan.cell[t]] = plan.logical[t];
+                s.score[i][(size_t) h * cfg.n_cells + plan.cell[t]] = 0.0f;
+            }
+        }
+        s.logical_next = std::max(s.logical_next, plan.logical[t] + 1);
+    }
+}
+
+void llama_locret_memory::set_scores(uint32_t il, const float * cis, uint32_t n_head_kv, const locret_ubatch_plan & plan) {
+    const int32_t i = layer_index(il);
+    if (i < 0) {
+        return; // a window layer: never evicted
+    }
+    GGML_ASSERT(n_head_kv == layers[i].n_head_kv);
+    for (size_t t = 0; t < plan.cell.size(); ++t) {
+        float * score = streams[plan.strm[t]].score[i].data() + plan.cell[t];
+        for (uint32_t h = 0; h < n_head_kv; ++h) {
+            score[(size_t) h * cfg.n_cells] = cis[t * n_head_kv + h];
+        }
+    }
+}
+
+//
+// eviction
+//
+
+void llama_locret_memory::free_cells(uint32_t strm, uint32_t from) {
+    // cells hold their physical position: removing positions >= from frees cells [from, n_used)
+    kv->seq_rm((llama_seq_id) strm, (llama_pos) from, -1);
+}
+
+bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llama_pos delta) {
+    if (kv_swa == nullptr || delta == 0) {
+        return true;
+    }
+    kv_swa->seq_add((llama_seq_id) strm, -1, -1, delta);
+    // apply the K-shift now: the next ubatch reads the window cache in the new frame
+    return kv_swa->update(lctx, true, {});
+}
+
+int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
+    // the selections, on copies of the bookkeeping: nothing changes until the graph has run
+    struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; std::vector<std::vector<int32_t>> pos; std::vector<std::vector<float>> score; };
+    std::vector<pending_t> pending;
+    locret_moves moves;
+    moves.reset(layers.size());
+    std::vector<uint32_t> keep;
+    for (const auto & st : plan.steps) {
+        const locret_stream & s = streams[st.strm];
+        if (st.n_keep >= s.n_used) {
+            continue;
+        }
+        GGML_ASSERT(st.n_stab <= st.n_keep);
+        pending_t pd { st.strm, st.n_keep, st.n_stab, s.pos, s.score };
+        for (size_t i = 0; i < layers.size(); ++i) {
+            const uint32_t n_head_kv = layers[i].n_head_kv;
+            for (uint32_t h = 0; h < n_head_kv; ++h) {
+                int32_t * pos   = pd.pos[i].data()   + (size_t) h * cfg.n_cells;
+                float   * score = pd.score[i].data() + (size_t) h * cfg.n_cells;
+                policy->score({ layers[i].il, h, pos, score, s.n_used, s.logical_next });
+                locret_select(score, s.n_used, st.n_keep, st.n_stab, keep);
+                for (uint32_t k = 0; k < st.n_keep; ++k) {
+                    const uint32_t c = keep[k]; // c >= k: compacting forward in place is safe
+                    pos[k]   = pos[c];
+                    score[k] = score[c];
+                    if (c != k) {
+                        const int64_t base = (int64_t) st.strm * cfg.n_cells;
+                        moves.src[i].push_back((int32_t) ((base + c) * n_head_kv + h));
+                        moves.dst[i].push_back((int32_t) ((base + k) * n_head_kv + h));
+                        moves.delta[i].push_back((int32_t) k - (int32_t) c);
+                    }
+                }
+                std::fill(pos + st.n_keep, pos + s.n_used, -1);
+            }
+        }
+        pending.push_back(std::move(pd));
+    }
+    if (pending.empty()) {
+        return 0;
+    }
+
+    const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
+        locret_compact(lctx, kv, v_trans, layers, moves, take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
+    if (status == LOCRET_COMPACT_NOT_RUN) {
+        locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
+        return -1;
+    }
+    bool ok = status == LOCRET_COMPACT_OK;
+
+    for (auto & pd : pending) {
+        locret_stream & s = streams[pd.strm];
+        if (!ok) {
+            break;
+        }
+        const uint32_t n_used = s.n_used;
+        free_cells(pd.strm, pd.n_keep);
+        s.pos   = std::move(pd.pos);
+        s.score = std::move(pd.score);
+        uint64_t n_evicted = 0;
+        for (const auto & L : layers) {
+            n_evicted += (uint64_t) L.n_head_kv * (n_used - pd.n_keep);
+        }
+        s.n_used           = pd.n_keep;
+        s.uniform_from     = pd.n_keep;
+        s.undo.valid       = false;
+        s.n_evictions     += 1;
+        s.n_units_evicted += n_evicted;
+        if (!shift_window(lctx, pd.strm, -(llama_pos) (n_used - pd.n_keep))) {
+            LLAMA_LOG_ERROR("%s: Locret: the window cache could not follow the compaction\n", __func__);
+            ok = false;
+        }
+        LLAMA_LOG_DEBUG("%s: Locret eviction %llu of sequence %u: %u -> %u units per head (%u stabilizers), logical position %d\n",
+                __func__, (unsigned long long) s.n_evictions, pd.strm, n_used, pd.n_keep, pd.n_stab, s.logical_next);
+    }
+    if (!ok) {
+        // the cache may be half moved: empty the sequences involved, so that nothing inconsistent is ever read
+        for (const auto & pd : pending) {
+            kv->seq_rm((llama_seq_id) pd.strm, -1, -1);
+            if (kv_swa != nullptr) {
+                kv_swa->seq_rm((llama_seq_id) pd.strm, -1, -1);
+            }
+            reset_stream(streams[pd.strm]);
+        }
+        locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
+        return -1;
+    }
+    return 1;
+}
+
+//
+// the memory interface in logical positions
+//
+
+void llama_locret_memory::reset_stream(locret_stream & s) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+        std::fill(s.pos[i].begin(), s.pos[i].end(), -1);
+        std::fill(s.score[i].begin(), s.score[i].end(), 0.0f);
+    }
+    s.n_used       = 0;
+    s.uniform_from = 0;
+    s.prev_output  = true;
+    s.logical_next = 0;
+    s.undo.valid   = false;
+}
+
+void llama_locret_memory::clear(bool data) {
+    inner->clear(data);
+    for (auto & s : streams) {
+        reset_stream(s);
+    }
+}
+
+bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
+    if (seq_id < 0) {
+        bool ok = true;
+        for (size_t s = 0; s < streams.size(); ++s) {
+            ok = seq_rm((llama_seq_id) s, p0, p1) && ok;
+        }
+        return ok;
+    }
+    if ((size_t) seq_id >= streams.size()) {
+        return false;
+    }
+    locret_stream & s = streams[seq_id];
+    p0 = std::max(p0, 0);
+    if (p1 < 0) {
+        p1 = std::numeric_limits<llama_pos>::max();
+    }
+    if (s.n_used == 0 || p0 >= p1 || p0 >= s.logical_next) {
+        return true;
+    }
+    if (p0 <= seq_pos_min(seq_id) && p1 >= s.logical_next) {
+        inner->seq_rm(seq_id, -1, -1);
+        reset_stream(s);
+        return true;
+    }
+    if (p1 < s.logical_next) {
+        LLAMA_LOG_DEBUG("%s: Locret: cannot remove positions [%d, %d) from the middle of sequence %d\n", __func__, p0, p1, seq_id);
+        return false;
+    }
+    // a suffix placed after the last eviction sits in the same cells of every head: it can go
+    const int32_t * pos = s.pos.empty() ? nullptr : s.pos[0].data();
+    if (pos == nullptr || s.uniform_from >= s.n_used || pos[s.uniform_from] > p0) {
+        // positions inside the compressed part differ per head: they cannot be removed one by one
+        LLAMA_LOG_DEBUG("%s: Locret: cannot remove positions from %d: sequence %d is compressed there\n", __func__, p0, seq_id);
+        return false;
+    }
+    uint32_t first = s.uniform_from;
+    while (first < s.n_used && pos[first] < p0) {
+        ++first;
+    }
+    const llama_pos offset = s.logical_next - (llama_pos) s.n_used; // logical - physical of the uniform part
+    if (kv_swa != nullptr) {
+        // the window layers continue from p0 only if their cache still holds the window before it
+        const llama_pos swa_min = kv_swa->seq_pos_min(seq_id);
+        if (first > 0 && (swa_min < 0 || swa_min + offset > std::max(0, p0 - (llama_pos) model.hparams.n_swa))) {
+            LLAMA_LOG_DEBUG("%s: Locret: the window cache of sequence %d no longer holds the window before %d\n", __func__, seq_id, p0);
+            return false;
+        }
+        kv_swa->seq_rm(seq_id, (llama_pos) first, -1);
+    }
+    free_cells((uint32_t) seq_id, first);
+    for (size_t i = 0; i < layers.size(); ++i) {
+        for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
+            std::fill(s.pos[i].begin() + (size_t) h * cfg.n_cells + first, s.pos[i].begin() + (size_t) h * cfg.n_cells + s.n_used, -1);
+        }
+    }
+    if (s.undo.valid && s.undo.first_logical == p0 && s.undo.n_used == first) {
+        // exactly the last part placed (a failed ubatch taken back): the state before it
+        s.n_used       = s.undo.n_used;
+        s.uniform_from = s.undo.uniform_from;
+        s.prev_output  = s.undo.prev_output;
+        s.logical_next = s.undo.logical_next;
+    } else {
+        s.n_used       = first;
+        s.logical_next = p0;
+        s.prev_output  = true;
+    }
+    s.undo.valid = false;
+    return true;
+}
+
+void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) {
+    if (seq_id_src == seq_id_dst || seq_id_src < 0 || seq_id_dst < 0 ||
+            (size_t) seq_id_src >= streams.size() || (size_t) seq_id_dst >= streams.size()) {
+        return;
+    }
+    const locret_stream & src = streams[seq_id_src];
+    if (p0 > 0 || (p1 >= 0 && p1 < src.logical_next)) {
+        LLAMA_LOG_ERROR("%s: Locret: a compressed sequence can only be copied whole; sequence %d was not copied\n",
+                __func__, seq_id_src);
+        return;
+    }
+    // the streams' cells are copied at the next update (llama.cpp's stream copy), the bookkeeping now
+    inner->seq_cp(seq_id_src, seq_id_dst, -1, -1);
+    streams[seq_id_dst] = src;
+    streams[seq_id_dst].undo.valid = false;
+}
+
+void llama_locret_memory::seq_keep(llama_seq_id seq_id) {
+    inner->seq_keep(seq_id);
+    for (size_t s = 0; s < streams.size(); ++s) {
+        if ((llama_seq_id) s != seq_id) {
+            reset_stream(streams[s]);
+        }
+    }
+}
+
+void llama_locret_memory::seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos shift) {
+    // logical positions are labels: RoPE uses the physical ones, so a shift only relabels units
+    if (seq_id < 0 || (size_t) seq_id >= streams.size() || shift == 0) {
+        return;
+    }
+    locret_stream & s = streams[seq_id];
+    p0 = std::max(p0, 0);
+    if (p1 < 0) {
+        p1 = std::numeric_limits<llama_pos>::max();
+    }
+    for (auto & layer_pos : s.pos) {
+        for (auto & p : layer_pos) {
+            if (p >= 0 && p >= p0 && p < p1) {
+                p += shift;
+            }
+        }
+    }
+    if (s.logical_next >= p0 && s.logical_next <= p1) {
+        s.logical_next += shift;
+    }
+    s.undo.valid = false;
+}
+
+void llama_locret_memory::seq_div(llama_seq_id seq_id, llama_pos p0, llama_pos p1, int d) {
+    GGML_UNUSED(seq_id); GGML_UNUSED(p0); GGML_UNUSED(p1); GGML_UNUSED(d);
+    LLAMA_LOG_WARN("%s: Locret eviction: seq_div is not supported on a compressed cache; ignored\n", __func__);
+}
+
+llama_pos llama_locret_memory::seq_pos_min(llama_seq_id seq_id) const {
+    const locret_stream * s = get_stream(seq_id);
+    if (s == nullptr || s->n_used == 0) {
+        return -1;
+    }
+    llama_pos res = std::numeric_limits<llama_pos>::max();
+    for (size_t i = 0; i < layers.size(); ++i) {
+        for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
+            res = std::min(res, s->pos[i][(size_t) h * cfg.n_cells]); // cells are in position order
+        }
+    }
+    if (kv_swa != nullptr) {
+        // like llama.cpp's iSWA cache: the positions every layer can still attend from
+        const llama_pos swa_min = kv_swa->seq_pos_min(seq_id);
+        if (swa_min >= 0) {
+            res = std::max(res, swa_min + s->logical_next - (llama_pos) s->n_used);
+        }
+    }
+    return res;
+}
+
+llama_pos llama_locret_memory::seq_pos_max(llama_seq_id seq_id) const {
+    const locret_stream * s = get_stream(seq_id);
+    if (s == nullptr || s->n_used == 0) {
+        return -1;
+    }
+    return s->logical_next - 1;
+}
+
+std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdown() const {
+    return inner->memory_breakdown();
+}
+
+//
+// state save/load: the bookkeeping follows llama.cpp's own cells and K/V data
+//
+
+static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
+static const uint32_t LOCRET_STATE_VERSION = 2;
+
+// what a saved state must agree on with the context that loads it
+struct locret_state_header {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t n_layers;   // evicting layers
+    uint32_t n_cells;    // cells per sequence
+    uint32_t budget;
+    uint32_t policy;
+    uint32_t n_streams;  // streams that follow
+    uint32_t reserved;
+    uint64_t heads_fingerprint;
+};
+
+void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) const {
+    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
+        throw std::runtime_error("Locret: a partial (window-only) state cannot be saved from an evicting cache");
+    }
+    inner->state_write(io, seq_id, flags);
+
+    std::vector<uint32_t> ids;
+    for (size_t s = 0; s < streams.size(); ++s) {
+        if (seq_id < 0 || (size_t) seq_id == s) {
+            ids.push_back((uint32_t) s);
+        }
+    }
+    locret_state_header h = {};
+    h.magic             = LOCRET_STATE_MAGIC;
+    h.version           = LOCRET_STATE_VERSION;
+    h.n_layers          = (uint32_t) layers.size();
+    h.n_cells           = cfg.n_cells;
+    h.budget            = cfg.budget;
+    h.policy            = (uint32_t) cfg.policy;
+    h.n_streams         = (uint32_t) ids.size();
+    h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
+    io.write(&h, sizeof(h));
+    for (uint32_t id : ids) {
+        const locret_stream & s = streams[id];
+        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output };
+        const int64_t  next     = s.logical_next;
+        const uint64_t stats[]  = { s.n_evictions, s.n_units_evicted };
+        io.write(fields, sizeof(fields));
+        io.write(&next, sizeof(next));
+        io.write(stats, sizeof(stats));
+        for (size_t i = 0; i < layers.size(); ++i) {
+            for (uint32_t hd = 0; hd < layers[i].n_head_kv; ++hd) {
+                io.write(s.pos[i].data()   + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
+                io.write(s.score[i].data() + (size_t) hd * cfg.n_cells, sizeof(float)   * s.n_used);
+            }
+        }
+    }
+}
+
+void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
+    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
+        throw std::runtime_error("Locret: a partial (window-only) state cannot be loaded into an evicting cache");
+    }
+    if (seq_id >= 0 && (size_t) seq_id >= streams.size()) {
+        throw std::runtime_error(format("Locret: no sequence %d to load a state into", seq_id));
+    }
+    // the sequences being replaced start empty (the inner cache then restores its cells from cell 0 on)
+    auto empty_target = [&]() {
+        if (seq_id < 0) {
+            inner->clear(true);
+            for (auto & s : streams) {
+                reset_stream(s);
+            }
+        } else {
+            inner->seq_rm(seq_id, -1, -1);
+            reset_stream(streams[seq_id]);
+        }
+    };
+    empty_target();
+    try {
+        inner->state_read(io, seq_id, flags);
+        if (take_fault(LOCRET_FAULT_STATE_READ)) {
+            throw std::runtime_error("Locret: state load failed after the KV cells were restored (injected)");
+        }
+        locret_state_header h;
+        io.read(&h, sizeof(h));
+        if (h.magic != LOCRET_STATE_MAGIC) {
+            throw std::runtime_error("Locret: the saved state has no Locret section (saved without eviction?)");
+        }
+        if (h.version != LOCRET_STATE_VERSION) {
+            throw std::runtime_error(format("Locret: the saved state has version %u, this build reads %u", h.version, LOCRET_STATE_VERSION));
+        }
+        const uint64_t fp = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
+        if (h.n_layers != layers.size() || h.n_cells != cfg.n_cells || h.budget != cfg.budget) {
+            throw std::runtime_error(format("Locret: the saved state was made with another model or budget "
+                    "(%u layers, %u cells, budget %u; this context: %zu, %u, %u)", h.n_layers, h.n_cells, h.budget,
+                    layers.size(), cfg.n_cells, cfg.budget));
+        }
+        if (h.policy != (uint32_t) cfg.policy || h.heads_fingerprint != fp) {
+            throw std::runtime_error("Locret: the saved state was scored by another policy or other retaining heads");
+        }
+        const uint32_t n_expected = seq_id < 0 ? (uint32_t) streams.size() : 1;
+        if (h.n_streams != n_expected) {
+            throw std::runtime_error(format("Locret: the saved state holds %u sequences, expected %u", h.n_streams, n_expected));
+        }
+        for (uint32_t k = 0; k < h.n_streams; ++k) {
+            uint32_t fields[4];
+            int64_t  next;
+            uint64_t stats[2];
+            io.read(fields, sizeof(fields));
+            io.read(&next, sizeof(next));
+            io.read(stats, sizeof(stats));
+            const uint32_t id = seq_id < 0 ? fields[0] : (uint32_t) seq_id;
+            if (id >= streams.size() || fields[1] > cfg.n_cells || fields[2] > fields[1] || next < fields[1] ||
+                    next > std::numeric_limits<llama_pos>::max()) {
+                throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
+            }
+            locret_stream & s = streams[id];
+            s.n_used          = fields[1];
+            s.uniform_from    = fields[2];
+            s.prev_output     = fields[3] != 0;
+            s.logical_next    = (llama_pos) next;
+            s.n_evictions     = stats[0];
+            s.n_units_evicted = stats[1];
+            for (size_t i = 0; i < layers.size(); ++i) {
+                for (uint32_t hd = 0; hd < layers[i].n_head_kv; ++hd) {
+                    int32_t * pos = s.pos[i].data() + (size_t) hd * cfg.n_cells;
+                    io.read(pos, sizeof(int32_t) * s.n_used);
+                    io.read(s.score[i].data() + (size_t) hd * cfg.n_cells, sizeof(float) * s.n_used);
+                    for (uint32_t c = 0; c < s.n_used; ++c) {
+                        if (pos[c] < 0 || pos[c] >= s.logical_next || (c > 0 && pos[c] <= pos[c - 1])) {
+                            throw std::runtime_error("Locret: the saved state is corrupt (positions out of order)");
+                        }
+                    }
+                }
+            }
+            // llama.cpp restored the cells from 0: they must be exactly the used ones
+            const llama_kv_cells & cells = kv->get_cells((llama_seq_id) id);
+            if (cells.get_used() != s.n_used || (s.n_used > 0 && cells.used_max_p1() != s.n_used)) {
+                throw std::runtime_error("Locret: the restored cells do not match the saved Locret state");
+            }
+        }
+    } catch (...) {
+        // a failed load leaves the sequences it was loading empty and consistent
+        empty_target();
+        throw;
+    }
+}

@@ -1,0 +1,180 @@
+// The Locret memory type: llama.cpp's own KV cache (or iSWA pair of caches) behind a memory that evicts.
+//
+// Algorithm 1 of the Locret paper as a property of the cache, with the ubatch as the chunk, for every sequence on its
+// own (one KV stream per sequence):
+//   - after a prefill chunk (a part without outputs) that leaves more than b units, every layer and KV head keeps its
+//     top-b units by score; the last n_s units are kept as stabilizers unless the next part ends the prompt (the final
+//     chunk of Algorithm 1 is evicted without stabilizers);
+//   - otherwise (generation, or a new prompt after generation) the cache evicts back to b only when the next part
+//     would not fit in b + B: every unit is scored like any other;
+//   - a batch whose last token of a sequence asks for an output is a prompt end: its last n_loc tokens form their own
+//     ubatch, processed after the compression and never evicted while the prompt is processed.
+// Retained units keep their order and move to cells 0..n-1 with physical positions 0..n-1 (the same in every layer and
+// head); their keys are re-rotated by their position change (locret-compact). Clients keep their own (logical)
+// positions: the memory reports them (seq_pos_min/max), takes them in seq_rm/seq_add, and gives the graph ubatches
+// whose positions are the physical ones, as copies: the client's batch is never changed.
+//
+// With an iSWA model the window layers keep llama.cpp's own window cache; it follows the global cache's physical frame:
+// when a compaction moves the next position back by d, the window cache's positions are shifted by -d (K-shift), so
+// the window layers see the true distances.
+#pragma once
+
+#include "locret-compact.h"
+#include "locret-policy.h"
+#include "locret-settings.h"
+
+#include "llama-kv-cache-iswa.h"
+#include "llama-kv-cache.h"
+#include "llama-memory.h"
+
+#include <memory>
+#include <vector>
+
+struct llama_context;
+
+// faults a test can inject (llama_locret_debug_inject_fault)
+enum locret_fault {
+    LOCRET_FAULT_NONE           = 0,
+    LOCRET_FAULT_EVICT_ALLOC    = 1, // the next compaction graph cannot be allocated
+    LOCRET_FAULT_EVICT_COMPUTE  = 2, // the next compaction graph fails to start
+    LOCRET_FAULT_UBATCH         = 3, // the next ubatch fails after it was placed and computed
+    LOCRET_FAULT_STATE_READ     = 4, // the next state load fails after the KV cells were restored
+};
+
+// one sequence's part of a ubatch: the eviction due before it and the cells it goes to (decided when the batch is split)
+struct locret_step {
+    uint32_t  strm          = 0;    // the sequence's KV stream (== its seq_id)
+    uint32_t  n_keep        = 0;    // units per (layer, KV head) after the eviction before this part (== n_used: none)
+    uint32_t  n_stab        = 0;    // of which the last n_stab are kept as stabilizers
+    uint32_t  first_cell    = 0;    // the part goes to cells [first_cell, first_cell + n_tokens)
+    uint32_t  n_tokens      = 0;
+    llama_pos first_logical = 0;    // the client's position of its first token
+    bool      output        = false; // the part asks for an output (a prompt end, or generation)
+};
+
+struct locret_ubatch_plan {
+    std::vector<locret_step> steps;   // one per sequence of the ubatch, in the order of the ubatch's streams
+    std::vector<llama_pos>   logical; // per token: the client's position
+    std::vector<uint32_t>    strm;    // per token: its stream
+    std::vector<uint32_t>    cell;    // per token: its cell (== its physical position)
+};
+
+// one sequence's units: the invariant is that every (layer, KV head) holds its units in cells [0, n_used), in their
+// original order, and cell c has physical position c
+struct locret_stream {
+    uint32_t  n_used       = 0;
+    uint32_t  uniform_from = 0;     // cells >= this were placed after the last eviction: the same token in every head
+    bool      prev_output  = true;  // the last part placed asked for an output
+    llama_pos logical_next = 0;     // the client's position of the sequence's next token
+
+    uint64_t n_evictions     = 0;
+    uint64_t n_units_evicted = 0;   // summed over layers and KV heads
+
+    // per evicting layer: [n_head_kv][n_cells] logical position and score of the unit in each cell
+    std::vector<std::vector<int32_t>> pos;
+    std::vector<std::vector<float>>   score;
+
+    // the state before the last part placed, so that a failed ubatch is taken back exactly
+    struct {
+        bool      valid = false;
+        llama_pos first_logical = 0;
+        uint32_t  n_used = 0;
+        uint32_t  uniform_from = 0;
+        bool      prev_output = true;
+        llama_pos logical_next = 0;
+    } undo;
+};
+
+class llama_locret_memory : public llama_memory_i {
+public:
+    // wraps `inner`, the model's own memory made for this context with cfg.n_cells cells per sequence: a
+    // llama_kv_cache, or a llama_kv_cache_iswa whose base (full-attention) cache evicts. Throws for another memory.
+    llama_locret_memory(const llama_model & model, const llama_cparams & cparams, const locret_config & cfg,
+                        llama_memory_ptr inner);
+
+    //
+    // llama_memory_i
+    //
+
+    llama_memory_context_ptr init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) override;
+    llama_memory_context_ptr init_full() override;
+    llama_memory_context_ptr init_update(llama_context * lctx, bool optimize) override;
+
+    bool get_can_shift() const override { return false; } // positions are compacted by the cache itself
+
+    void clear(bool data) override;
+
+    bool seq_rm  (llama_seq_id seq_id,                              llama_pos p0, llama_pos p1) override;
+    void seq_cp  (llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) override;
+    void seq_keep(llama_seq_id seq_id) override;
+    void seq_add (llama_seq_id seq_id,                              llama_pos p0, llama_pos p1, llama_pos shift) override;
+    void seq_div (llama_seq_id seq_id,                              llama_pos p0, llama_pos p1, int d) override;
+
+    llama_pos seq_pos_min(llama_seq_id seq_id) const override;
+    llama_pos seq_pos_max(llama_seq_id seq_id) const override;
+
+    std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown() const override;
+
+    void state_write(llama_io_write_i & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) const override;
+    void state_read (llama_io_read_i  & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) override;
+
+    //
+    // Locret
+    //
+
+    // the eviction the plan puts before its ubatch: 1 if a graph ran, 0 if none was due, -1 on failure (the cache is
+    // then as before, or, if the computation failed part-way, the affected sequences are emptied)
+    int evict(llama_context * lctx, const locret_ubatch_plan & plan);
+
+    // the inner cache placed the plan's ubatch: record its units
+    void placed(const locret_ubatch_plan & plan);
+
+    // the causal importance scores of model layer il for the plan's ubatch: float [n_tokens][n_head_kv]
+    void set_scores(uint32_t il, const float * cis, uint32_t n_head_kv, const locret_ubatch_plan & plan);
+
+    // a fault injected for the next matching operation; consumes it when it matches
+    void inject_fault(locret_fault f) { fault = f; }
+    bool take_fault(locret_fault f);
+
+    const locret_config & config() const { return cfg; }
+    const locret_policy & get_policy() const { return *policy; }
+    const std::vector<locret_kv_layer> & get_layers() const { return layers; }
+    const locret_stream * get_stream(llama_seq_id seq_id) const;
+    uint32_t n_streams() const { return (uint32_t) streams.size(); }
+    llama_kv_cache * get_kv() const { return kv; }
+    bool get_v_trans() const { return v_trans; }
+    int32_t layer_index(uint32_t il) const; // index into get_layers(), or -1 for a layer this cache does not evict
+
+    uint64_t kv_bytes() const;
+
+private:
+    const llama_model & model;
+    locret_config cfg;
+    std::unique_ptr<locret_policy> policy;
+
+    llama_memory_ptr inner;                  // the model's own memory
+    llama_kv_cache      * kv      = nullptr; // the cache that evicts: inner itself, or the base cache of an iSWA pair
+    llama_kv_cache_iswa * iswa    = nullptr; // inner as an iSWA pair, or NULL
+    llama_kv_cache      * kv_swa  = nullptr; // the window cache of the pair, or NULL
+    bool v_trans = true;
+
+    std::vector<locret_kv_layer> layers;
+    std::vector<int32_t>         layer_of_il; // model layer -> index into layers, or -1
+    std::vector<locret_stream>   streams;     // one per sequence
+
+    locret_fault fault = LOCRET_FAULT_NONE;
+
+    // the eviction and placement that put a part of n_tokens after `s`'s current state; returns n_keep
+    uint32_t plan_eviction(uint32_t n_used, bool prev_output, uint32_t n_tokens, bool output, uint32_t & n_stab) const;
+
+    void reset_stream(locret_stream & s);
+    void free_cells(uint32_t strm, uint32_t from);  // inner cells [from, n_used) of a stream become free
+    bool shift_window(llama_context * lctx, uint32_t strm, llama_pos delta); // the window cache follows a compaction
+};
+
+// the Locret memory behind a llama_context's memory, or NULL
+llama_locret_memory * locret_memory_of(llama_memory_i * mem);
+const llama_locret_memory * locret_memory_of(const llama_memory_i * mem);
+
+// the plan of the ubatch a memory context is at, when the context is a Locret one (else NULL)
+const locret_ubatch_plan * locret_plan_of(const llama_memory_context_i * mctx, llama_locret_memory ** mem);

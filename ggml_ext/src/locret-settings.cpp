@@ -1,0 +1,197 @@
+// Locret settings: the per-model registry that the tools fill before creating a context, policy names, and the
+// checks a context's settings must pass when it is created.
+
+#include "locret-settings.h"
+#include "locret-heads.h"
+
+#include "llama-cparams.h"
+#include "llama-impl.h"
+#include "llama-model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+//
+// policy names
+//
+
+static const llama_locret_policy LOCRET_POLICIES[] = {
+    LLAMA_LOCRET_POLICY_HEADS, LLAMA_LOCRET_POLICY_RANDOM, LLAMA_LOCRET_POLICY_STREAMING,
+};
+
+const char * llama_locret_policy_name(enum llama_locret_policy policy) {
+    switch (policy) {
+        case LLAMA_LOCRET_POLICY_HEADS:     return "heads";
+        case LLAMA_LOCRET_POLICY_RANDOM:    return "random";
+        case LLAMA_LOCRET_POLICY_STREAMING: return "streaming";
+    }
+    return nullptr; // a value from outside the enum (C callers, ctypes)
+}
+
+int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out) {
+    locret_set_error("");
+    std::string valid;
+    for (llama_locret_policy p : LOCRET_POLICIES) {
+        if (name != nullptr && std::strcmp(name, llama_locret_policy_name(p)) == 0) {
+            *out = p;
+            return 0;
+        }
+        valid += valid.empty() ? "" : ", ";
+        valid += llama_locret_policy_name(p);
+    }
+    locret_set_error(format("unknown Locret policy '%s'; valid policies: %s", name ? name : "(null)", valid.c_str()));
+    return -1;
+}
+
+//
+// settings registered per model, consumed by the contexts created from it
+//
+
+static std::mutex                                         g_config_mutex;
+static std::map<const llama_model *, llama_locret_params> g_config;
+
+struct llama_locret_params llama_locret_params_default(void) {
+    llama_locret_params p;
+    p.heads       = nullptr;
+    p.budget      = 0;
+    p.stabilizers = -1;
+    p.local       = -1;
+    p.policy      = LLAMA_LOCRET_POLICY_HEADS;
+    return p;
+}
+
+int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params) {
+    locret_set_error("");
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    if (params == nullptr || (params->budget == 0 && params->heads == nullptr)) {
+        g_config.erase(model);
+        return 0;
+    }
+    std::string err;
+    if (llama_locret_policy_name(params->policy) == nullptr) {
+        err = format("unknown Locret policy %d", (int) params->policy);
+    } else if (params->heads == nullptr && params->policy == LLAMA_LOCRET_POLICY_HEADS) {
+        err = "a Locret budget needs retaining heads (--locret-heads, or a model with embedded heads)";
+    } else if (params->heads != nullptr && params->heads->model != model) {
+        err = format("retaining heads from '%s' were loaded for another model", params->heads->path.c_str());
+    } else if (params->budget < 0) {
+        err = format("the Locret budget must be at least 1 unit (got %d)", params->budget);
+    } else if (params->budget > 0 && params->stabilizers >= 0 && params->stabilizers >= params->budget) {
+        err = format("the Locret budget (%d) must be larger than the stabilizers (%d)", params->budget, params->stabilizers);
+    }
+    if (!err.empty()) {
+        locret_set_error(err);
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, err.c_str());
+        return -1;
+    }
+    g_config[model] = *params;
+    return 0;
+}
+
+void llama_locret_model_forget(const llama_model * model) {
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    g_config.erase(model);
+}
+
+bool locret_settings_find(const llama_model & model, llama_locret_params & out) {
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    auto it = g_config.find(&model);
+    if (it == g_config.end()) {
+        return false;
+    }
+    out = it->second;
+    return true;
+}
+
+uint32_t locret_kv_cells(uint32_t budget, uint32_t n_ubatch) {
+    return GGML_PAD(budget + n_ubatch, 256);
+}
+
+//
+// resolution for a context
+//
+
+// an explicit setting (>= 0) must fit in one ubatch; a default (-1) is `recommended` (else `paper`) fitted to `cap`.
+// Sets err (if still empty) when the explicit value does not fit.
+static uint32_t locret_setting(int32_t requested, uint32_t recommended, uint32_t paper, uint32_t cap, uint32_t n_ubatch,
+        const char * what, std::string & err) {
+    if (requested < 0) {
+        return std::min(recommended > 0 ? recommended : paper, cap);
+    }
+    if ((uint32_t) requested > n_ubatch && err.empty()) {
+        err = format("the %s (%d) must fit in one ubatch (-ub %u)", what, requested, n_ubatch);
+    }
+    return (uint32_t) requested;
+}
+
+locret_config locret_settings_resolve(const llama_model & model, const llama_locret_params & p,
+        const llama_cparams & cparams, uint32_t n_ubatch_requested) {
+    const auto & hp = model.hparams;
+    auto fail = [](const std::string & msg) { throw std::runtime_error(msg); };
+
+    if (hp.rope_type == LLAMA_ROPE_TYPE_MROPE || hp.rope_type == LLAMA_ROPE_TYPE_IMROPE || hp.rope_type == LLAMA_ROPE_TYPE_VISION) {
+        fail("multi-dimensional RoPE (M-RoPE) models are not supported by Locret eviction");
+    }
+    if (hp.n_lora_kv > 0) {
+        fail("models with compressed (MLA) attention are not supported by Locret eviction");
+    }
+    if (cparams.embeddings || cparams.pooling_type != LLAMA_POOLING_TYPE_NONE) {
+        fail("Locret eviction is for generation: an embeddings or pooling context would pool only the last "
+             "ubatch (drop --embeddings / --pooling, or the budget)");
+    }
+    if (!cparams.causal_attn) {
+        fail("Locret eviction needs causal attention");
+    }
+    if (cparams.n_seq_max > 1 && cparams.kv_unified) {
+        fail(format("Locret eviction keeps one KV stream per sequence; %u sequences in a unified KV cache cannot be "
+                "evicted separately (drop --kv-unified / -kvu)", cparams.n_seq_max));
+    }
+    if (n_ubatch_requested > cparams.n_ctx) {
+        fail(format("the ubatch (-ub %u) is larger than the context (-c %u)", n_ubatch_requested, cparams.n_ctx));
+    }
+    if (hp.swa_type != LLAMA_SWA_TYPE_NONE) {
+        if (hp.swa_type != LLAMA_SWA_TYPE_STANDARD) {
+            fail("Locret eviction supports standard sliding windows only (not chunked or symmetric ones)");
+        }
+        if (cparams.yarn_ext_factor != 0.0f || cparams.yarn_attn_factor != 1.0f) {
+            // the window cache follows the global cache's compaction through llama.cpp's own K-shift, which scales
+            // keys by the attention factor at every shift
+            fail("sliding-window models with YaRN or an attention factor are not supported by Locret eviction");
+        }
+        if ((uint32_t) p.budget < hp.n_swa) {
+            fail(format("with sliding-window layers the Locret budget (%d) must be at least the window (%u): the window "
+                    "layers keep the last %u tokens, which the compaction must not push below position 0",
+                    p.budget, hp.n_swa, hp.n_swa));
+        }
+    }
+
+    const uint32_t budget   = (uint32_t) p.budget;
+    const uint32_t n_ubatch = cparams.n_ubatch;
+    const llama_locret_settings rec = llama_locret_heads_recommended(p.heads);
+
+    // defaults: the file's recommendation, else the paper's n_s = 2500 and n_loc = 100; n_s also to half the budget
+    std::string err;
+    const uint32_t n_s   = locret_setting(p.stabilizers, rec.stabilizers, 2500, std::min(n_ubatch, budget / 2), n_ubatch,
+                                          "stabilizers", err);
+    const uint32_t n_loc = locret_setting(p.local, rec.local, 100, n_ubatch, n_ubatch, "local length", err);
+    if (!err.empty()) {
+        fail(err);
+    }
+    if (n_s >= budget) {
+        fail(format("the budget (%u) must be larger than the stabilizers (%u)", budget, n_s));
+    }
+
+    locret_config cfg;
+    cfg.heads       = p.heads;
+    cfg.policy      = p.policy;
+    cfg.budget      = budget;
+    cfg.stabilizers = n_s;
+    cfg.local       = n_loc;
+    cfg.n_ubatch    = n_ubatch;
+    cfg.capacity    = budget + n_ubatch;
+    cfg.n_cells     = locret_kv_cells(budget, n_ubatch);
+    return cfg;
+}
