@@ -10,99 +10,13 @@
 
 The file format is described in convert/HEADS-FORMAT.md. Refusals are one line on stderr
 ("heads_to_gguf: error: ...") with exit status 1.
+
+The command lives in the installed package (locret.convert.cli; also `locret convert`); this file is the
+script the README names.
 """
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-from locret_heads.architectures import ARCHITECTURES
-from locret_heads.conversion import ConversionRequest, convert, make_random
-from locret_heads.errors import PROGRAM, ConversionError, RefusingParser
-from locret_heads.gguf_output import WEIGHT_TYPES, Recommended
-from locret_heads.random_heads import CHECKPOINT_DTYPES
-
-# The Locret paper's setting for Phi-3-mini-128K; a reasonable starting point for other models.
-DEFAULT_BUDGET, DEFAULT_CHUNK, DEFAULT_STABILIZERS, DEFAULT_LOCAL = 6000, 3072, 2500, 100
-
-
-def uint32(text: str) -> int:
-    value = int(text)
-    if not 0 <= value < 2**32:
-        raise ValueError(text)
-    return value
-
-
-uint32.__name__ = "unsigned 32-bit integer"  # argparse names the type in its message
-
-
-def convert_parser() -> RefusingParser:
-    parser = RefusingParser(
-        prog="heads_to_gguf.py",
-        description="Convert Locret retaining heads to GGUF, standalone (--base) or merged into a model "
-                    "(--merge-into). `heads_to_gguf.py make-random --help` makes random heads.",
-        epilog=f"Supported architectures: {', '.join(ARCHITECTURES)}. The --budget/--chunk/--stabilizers/--local "
-               "defaults are the Locret paper's setting for Phi-3-mini-128K; they are stored as "
-               "locret.recommended.* and only suggest inference settings.")
-    model = parser.add_mutually_exclusive_group(required=True)
-    model.add_argument("--base", type=Path, metavar="MODEL.gguf", help="write a standalone heads file for this model")
-    model.add_argument("--merge-into", type=Path, metavar="MODEL.gguf",
-                       help="write a copy of this model (all key/values and tensors unchanged) with the heads added")
-    parser.add_argument("--heads", type=Path, required=True, metavar="CKPT",
-                        help=".safetensors or .bin/.pt/.pth checkpoint, or a Hugging Face model directory (one or many "
-                             "shards); only model.layers.{i}.self_attn.fc1/fc2 tensors are read")
-    parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.gguf")
-    parser.add_argument("--type", default="f16", choices=list(WEIGHT_TYPES),
-                        help="type of fc1/fc2 weights (default f16; bf16 keeps bf16 checkpoints exactly; biases "
-                             "are always f32; q8_0 falls back to f16 for a tensor whose rows are not a "
-                             "multiple of 32)")
-    parser.add_argument("--budget", type=uint32, default=DEFAULT_BUDGET,
-                        help=f"recommended retained units per layer and KV head (default {DEFAULT_BUDGET})")
-    parser.add_argument("--chunk", type=uint32, default=DEFAULT_CHUNK,
-                        help=f"recommended prefill chunk (default {DEFAULT_CHUNK})")
-    parser.add_argument("--stabilizers", type=uint32, default=DEFAULT_STABILIZERS,
-                        help=f"recommended stabilizers (default {DEFAULT_STABILIZERS})")
-    parser.add_argument("--local", type=uint32, default=DEFAULT_LOCAL,
-                        help=f"recommended local tail (default {DEFAULT_LOCAL})")
-    parser.add_argument("--name", help="general.name of a standalone file (default: 'Locret heads for <model>')")
-    parser.add_argument("--skip-qk-permutation", action="store_true",
-                        help="TESTING ONLY: leave W1's Q/K columns in Hugging Face order. This produces WRONG "
-                             "heads for architectures that need the permutation (llama and its kin); it exists "
-                             "so that a parity test can prove it detects the mistake.")
-    return parser
-
-
-def make_random_parser() -> RefusingParser:
-    parser = RefusingParser(prog="heads_to_gguf.py make-random",
-                    description="Write randomly initialised heads (nn.Linear-style init, no biases, Hugging Face "
-                                "Q/K order) in the published Locret checkpoint format.")
-    parser.add_argument("--base", type=Path, required=True, metavar="MODEL.gguf",
-                        help="the model whose shape the heads take")
-    parser.add_argument("--d-r", type=int, default=256, help="hidden width d_R (default 256)")
-    parser.add_argument("--seed", type=uint32, default=0, help="random seed (default 0)")
-    parser.add_argument("--dtype", default="bf16", choices=list(CHECKPOINT_DTYPES),
-                        help="tensor type (default bf16, like the published checkpoints)")
-    parser.add_argument("-o", "--output", type=Path, required=True, metavar="CKPT.safetensors|CKPT.bin")
-    return parser
-
-
-def main(argv: list[str]) -> int:
-    try:
-        if argv[:1] == ["make-random"]:
-            args = make_random_parser().parse_args(argv[1:])
-            make_random(args.base, args.output, args.d_r, args.seed, args.dtype)
-        else:
-            args = convert_parser().parse_args(argv)
-            convert(ConversionRequest(
-                heads=args.heads, out=args.output, base=args.base, merge_into=args.merge_into,
-                weight_type=args.type, name=args.name, skip_qk_permutation=args.skip_qk_permutation,
-                recommended=Recommended(budget=args.budget, chunk=args.chunk, stabilizers=args.stabilizers,
-                                        local=args.local)))
-    except ConversionError as e:
-        print(f"{PROGRAM}: error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
+from locret.convert.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

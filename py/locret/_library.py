@@ -12,8 +12,13 @@ import sys
 import warnings
 from pathlib import Path
 
-# py/locret/_library.py -> repository root (the package is installed in editable mode)
+# py/locret/_library.py -> repository root, when the package runs from a checkout (editable install); a wheel
+# installed elsewhere has no checkout: its build folder comes from LOCRET_BUILD_DIR
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def in_checkout() -> bool:
+    return (REPO_ROOT / "scripts" / "setup.sh").is_file()
 LIB_NAME = "libllama.so" if sys.platform != "darwin" else "libllama.dylib"
 
 
@@ -46,9 +51,10 @@ def point_llama_cpp_at_our_library() -> None:
     """Make the next `import llama_cpp` load our libllama (and libmtmd) from the build folder."""
     lib = library_path()
     if not lib.is_file():
-        # not fatal here: model management works without a build; using llama_cpp will not
-        warnings.warn(f"the patched libllama is not built at {lib}: run `bash scripts/setup.sh`",
-                      stacklevel=3)
+        # not fatal here: model management and conversion work without a build; using llama_cpp will not. Outside a
+        # checkout (a wheel) without LOCRET_BUILD_DIR there is nothing to point at and nothing to say.
+        if in_checkout() or "LOCRET_BUILD_DIR" in os.environ:
+            warnings.warn(f"the patched libllama is not built at {lib}: run `bash scripts/setup.sh`", stacklevel=3)
         return
     loaded = sys.modules.get("llama_cpp.llama_cpp")
     if loaded is not None:

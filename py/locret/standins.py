@@ -32,7 +32,6 @@ BUILDER_VERSION = 1
 
 VOCAB = 49152  # the default model's tokenizer
 TREE = REPO_ROOT / "third_party" / "llama.cpp"
-CONVERTER = REPO_ROOT / "convert" / "heads_to_gguf.py"
 
 # SmolLM2's pre-tokenizer (digits split one by one, then byte-level BPE), which llama.cpp knows as "smollm";
 # transformers' GGUF reader writes a plain byte-level one
@@ -226,7 +225,7 @@ def _convert_model(hf_dir: Path, out: Path) -> None:
 
 
 def _make_heads(s: Standin) -> None:
-    _run([sys.executable, CONVERTER, "make-random", "--base", s.gguf, "--d-r", "64", "--seed", "5",
-          "-o", s.heads_checkpoint], "random heads")
-    _run([sys.executable, CONVERTER, "--base", s.gguf, "--heads", s.heads_checkpoint, "-o", s.heads],
-         "heads conversion")
+    convert = [sys.executable, "-m", "locret", "convert"]
+    _run(convert + ["make-random", "--base", s.gguf, "--d-r", "64", "--seed", "5", "-o", s.heads_checkpoint],
+         "random heads")
+    _run(convert + ["--base", s.gguf, "--heads", s.heads_checkpoint, "-o", s.heads], "heads conversion")

@@ -1,6 +1,6 @@
 """Test-side helpers for tests/py/test_convert.py: small base GGUFs, head checkpoints, GGUF reading.
 
-Written independently of convert/locret_heads so that the tests check the converter rather than
+Written independently of the converter (locret.convert) so that the tests check the converter rather than
 repeat it: checkpoints are built here with numpy/torch, and outputs are read back with gguf-py.
 """
 from __future__ import annotations

@@ -24,11 +24,10 @@ from safetensors import safe_open
 from locret import models
 from locret.gguf_check import check_gguf
 
-sys.path.insert(0, str(REPO / "convert"))
-import heads_to_gguf  # noqa: E402  (convert/ is a script folder, not an installed package)
+from locret.convert import cli as heads_to_gguf  # noqa: E402  (the command behind convert/heads_to_gguf.py)
 
 SCRIPT = REPO / "convert" / "heads_to_gguf.py"
-SUPPORTED = ["llama", "mistral3", "smollm3", "granite", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"]
+SUPPORTED = ["llama", "mistral3", "smollm3", "granite", "qwen2", "qwen3", "phi3", "stablelm", "gemma", "gemma2", "gemma3"]
 F32, F16, BF16, Q8_0 = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
                       GGMLQuantizationType.Q8_0)
 U32, STR, BOOL = [GGUFValueType.UINT32], [GGUFValueType.STRING], [GGUFValueType.BOOL]

@@ -1,4 +1,4 @@
-"""The survival forecast (convert/needle_ranks.py, convert/locret_heads/needle_ranks.py): ranks against
+"""The survival forecast (convert/needle_ranks.py, locret.train.needle_ranks): ranks against
 numpy, the tool's report against an independent recomputation on the default model, and refusals."""
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from conftest import REPO, run
 
-sys.path.insert(0, str(REPO / "convert"))
 TOOL = REPO / "convert" / "needle_ranks.py"
 
 
@@ -26,7 +25,7 @@ def _numpy_rank_shares(scores: np.ndarray, positions: list[int]) -> np.ndarray:
 
 def test_rank_shares_match_a_counting_reference():
     import torch
-    from locret_heads.needle_ranks import NeedleRanks, rank_shares
+    from locret.train.needle_ranks import NeedleRanks, rank_shares
 
     rng = np.random.default_rng(3)
     scores = rng.normal(size=(3, 200)).astype(np.float32)
@@ -48,8 +47,8 @@ def test_the_report_matches_a_recomputation(model_path, tmp_path):
     the heads module's scores, and the digit tokens it found spell the key."""
     import torch
     from locret.evaluation import items
-    from locret_heads.backbone import load_backbone
-    from locret_heads.heads_model import RetainingHeads
+    from locret.train.backbone import load_backbone
+    from locret.train.heads_model import RetainingHeads
     from safetensors.torch import save_file
 
     backbone = load_backbone(model_path, threads=2)

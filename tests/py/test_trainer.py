@@ -1,4 +1,4 @@
-"""The head trainer (convert/train_heads.py, convert/locret_heads/): labels, learning, resumption,
+"""The head trainer (convert/train_heads.py, locret.train): labels, learning, resumption,
 the round trip into llama.cpp, and refusals.
 
 The label reference here is brute force: the test hooks q_proj/k_proj itself, applies RoPE with its
@@ -15,7 +15,6 @@ import pytest
 from conftest import REPO, natural_text, run
 from trainer_fixtures import TINY_LLAMA, sentence, write_jsonl, write_tiny_llama, write_tiny_llama_gguf
 
-sys.path.insert(0, str(REPO / "convert"))
 TRAINER = REPO / "convert" / "train_heads.py"
 
 
@@ -37,7 +36,7 @@ def _rope_rotate_half(x: np.ndarray, theta: float) -> np.ndarray:
 
 def test_labels_match_a_brute_force_reference(tiny):
     import torch
-    from locret_heads.backbone import load_backbone
+    from locret.train.backbone import load_backbone
 
     hf_dir, _ = tiny
     backbone = load_backbone(hf_dir)
@@ -82,7 +81,7 @@ def test_labels_match_a_brute_force_reference(tiny):
 
 def test_label_capture_leaves_the_forward_pass_unchanged(tiny):
     import torch
-    from locret_heads.backbone import load_backbone
+    from locret.train.backbone import load_backbone
     from transformers import AutoModelForCausalLM
 
     hf_dir, _ = tiny
@@ -176,8 +175,8 @@ def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path):
     import torch
     import locret  # noqa: F401
     import llama_cpp
-    from locret_heads.backbone import load_backbone
-    from locret_heads.heads_model import RetainingHeads
+    from locret.train.backbone import load_backbone
+    from locret.train.heads_model import RetainingHeads
     from safetensors.torch import load_file
 
     from locret import heads as runtime_heads
@@ -248,7 +247,7 @@ def test_frozen_layers_keep_the_given_heads(tiny, tmp_path):
 def test_attention_kl_matches_a_numpy_reference():
     """--rank-weight's term: KL(softmax(label) || softmax(pred)) per KV head, written out in float64 numpy."""
     import torch
-    from locret_heads.heads_model import SMOOTHNESS_WEIGHT, attention_kl, head_loss
+    from locret.train.heads_model import SMOOTHNESS_WEIGHT, attention_kl, head_loss
 
     rng = np.random.default_rng(5)
     pred, label = rng.normal(size=(3, 40)) * 2, rng.normal(size=(3, 40)) * 3
@@ -341,7 +340,7 @@ def test_unsupported_base_models_are_refused(tmp_path):
 
 
 def test_synthetic_examples_are_seeded_and_hold_their_answer():
-    from locret_heads.synthetic import DEFAULT_TASKS, TASKS, SyntheticData
+    from locret.train.synthetic import DEFAULT_TASKS, TASKS, SyntheticData
 
     def count(text):
         return len(text.split())  # a stand-in tokenizer: words

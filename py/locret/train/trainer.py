@@ -27,12 +27,12 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .backbone import Backbone, load_backbone
-from .base_model import BaseModel, open_gguf, read_base_model
-from .checkpoint import read_checkpoint
-from .conversion import ConversionRequest, convert, refuse_bad_output
-from .errors import ConversionError
-from .gguf_output import Recommended
-from .heads import check_layout, load_layer
+from ..convert.base_model import BaseModel, open_gguf, read_base_model
+from ..convert.checkpoint import read_checkpoint
+from ..convert.conversion import ConversionRequest, convert, refuse_bad_output
+from ..convert.errors import ConversionError
+from ..convert.gguf_output import Recommended
+from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
 from .synthetic import DEFAULT_TASKS, TASKS, SyntheticData
 from .training_data import TokenizedExample, read_examples, tokenize

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .architectures import architecture
-from .errors import ConversionError, first_line
+from ..convert.architectures import architecture
+from ..convert.errors import ConversionError, first_line
 from .labels import attention_labels
 
 # transformers model_type -> llama.cpp general.architecture of the same model's GGUF.

@@ -3,7 +3,7 @@
 One head per layer: S = W2 . act(W1 . x), x = concat(Q, K, V) of one token, W1 [d_R, d_in],
 W2 [n_head_kv, d_R], no biases. Parameter names are the published Locret checkpoint's
 (model.layers.{i}.self_attn.fc1.weight / fc2.weight) and Q/K are in Hugging Face order, so a
-state dict saved from here goes through convert/heads_to_gguf.py like a published checkpoint.
+state dict saved from here goes through the converter (locret.convert) like a published checkpoint.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from .heads import tensor_name
+from ..convert.heads import tensor_name
 
 ACTIVATIONS = {
     "silu": nn.functional.silu,

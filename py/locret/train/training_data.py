@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ConversionError
+from ..convert.errors import ConversionError
 
 _ROLES = {"human": "user", "user": "user", "system": "system", "gpt": "assistant", "assistant": "assistant",
           "model": "assistant", "bot": "assistant"}
