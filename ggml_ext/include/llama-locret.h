@@ -91,6 +91,10 @@ LLAMA_API int32_t llama_locret_recorded_n_tokens(const struct llama_context * ct
 LLAMA_API int32_t llama_locret_recorded_scores(const struct llama_context * ctx, float * scores,
                                                int32_t * positions, int32_t n_tokens);
 
+// Copy the sequence of each recorded token, in decode order: seq_ids int32 [n_tokens] (the first sequence of a token
+// that belongs to several). `n_tokens` must equal llama_locret_recorded_n_tokens(). Returns n_tokens, or -1.
+LLAMA_API int32_t llama_locret_recorded_sequences(const struct llama_context * ctx, int32_t * seq_ids, int32_t n_tokens);
+
 //
 // Eviction (Locret Algorithm 1 inside llama.cpp's KV cache)
 //
@@ -191,6 +195,12 @@ LLAMA_API int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t
 // The same for sequence seq_id.
 LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, bool read_v,
                                                  float * out, int32_t n_cells);
+
+// Debug: the window cache of an evicting iSWA model (Gemma 3): for each cell of sequence seq_id that holds a token, in
+// cell order, the client's position of that token and the token itself, as the cache records them. Returns the number
+// of such cells (copies at most n_max), or -1 when the context does not evict an iSWA model.
+LLAMA_API int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id seq_id, int32_t * logical_pos,
+                                            llama_token * tokens, int32_t n_max);
 
 // Test only: make the next matching operation of an evicting context fail, to check that every failure leaves the
 // context consistent and usable.

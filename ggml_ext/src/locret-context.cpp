@@ -253,6 +253,7 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
         // the client's positions: an evicting memory gives the graph physical ones
         for (size_t t = 0; t < n_tokens; ++t) {
             lctx->positions.push_back(plan != nullptr ? plan->logical[t] : ubatch.pos[t]);
+            lctx->seq_ids.push_back(ubatch.seq_id[t][0]);
         }
     }
     return true;
@@ -264,12 +265,26 @@ void llama_locret_record_scores(llama_context * ctx, bool enable) {
     if (enable) {
         lctx.scores.clear();
         lctx.positions.clear();
+        lctx.seq_ids.clear();
     }
 }
 
 int32_t llama_locret_recorded_n_tokens(const llama_context * ctx) {
     const llama_locret_context * lctx = ctx->locret.get();
     return lctx ? (int32_t) lctx->positions.size() : 0;
+}
+
+int32_t llama_locret_recorded_sequences(const llama_context * ctx, int32_t * seq_ids, int32_t n_tokens) {
+    locret_set_error("");
+    const int32_t n_recorded = llama_locret_recorded_n_tokens(ctx);
+    if (n_tokens != n_recorded) {
+        locret_set_error(format("llama_locret_recorded_sequences: asked for %d tokens but %d are recorded", n_tokens, n_recorded));
+        return -1;
+    }
+    if (n_recorded > 0) {
+        std::copy(ctx->locret->seq_ids.begin(), ctx->locret->seq_ids.end(), seq_ids);
+    }
+    return n_tokens;
 }
 
 int32_t llama_locret_recorded_scores(const llama_context * ctx, float * scores, int32_t * positions, int32_t n_tokens) {

@@ -11,10 +11,11 @@
 struct llama_locret_context {
     const llama_locret_heads * heads = nullptr;
 
-    // score recorder: token-major, [n_recorded][n_layer][n_head_kv]; the client's positions [n_recorded]
+    // score recorder: token-major, [n_recorded][n_layer][n_head_kv]; the client's positions and sequences [n_recorded]
     bool record = false;
     std::vector<float>   scores;
     std::vector<int32_t> positions;
+    std::vector<int32_t> seq_ids;
     std::vector<float>   staging; // one layer of one ubatch: [n_tokens][n_head_kv]
     size_t rec_n_layer   = 0;     // layout of the recorded scores (the heads may be detached later)
     size_t rec_n_head_kv = 0;

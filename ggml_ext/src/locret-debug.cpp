@@ -127,6 +127,37 @@ int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool 
     return llama_locret_debug_read_kv_seq(ctx, 0, il, read_v, out, n_cells);
 }
 
+int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id seq_id, int32_t * logical_pos,
+        llama_token * tokens, int32_t n_max) {
+    locret_set_error("");
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    const locret_stream * s = mem ? mem->get_stream(seq_id) : nullptr;
+    if (s == nullptr || mem->get_kv_swa() == nullptr) {
+        locret_set_error("llama_locret_debug_window: the context does not evict an iSWA model, or has no such sequence");
+        return -1;
+    }
+    // the window cache's cells hold physical positions; the uniform part of the global cache gives the offset to the
+    // client's positions (the window cache follows every compaction, so the same offset holds for all its cells)
+    const llama_pos offset = s->logical_next - (llama_pos) s->n_used;
+    const llama_kv_cells & cells = mem->get_kv_swa()->get_cells(seq_id);
+    int32_t n = 0;
+    for (uint32_t c = 0; c < cells.size(); ++c) {
+        if (cells.is_empty(c) || !cells.seq_has(c, seq_id)) {
+            continue;
+        }
+        if (n < n_max) {
+            if (logical_pos != nullptr) {
+                logical_pos[n] = cells.pos_get(c) + offset;
+            }
+            if (tokens != nullptr) {
+                tokens[n] = cells.ext_get(c).tok;
+            }
+        }
+        ++n;
+    }
+    return n;
+}
+
 int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_locret_fault fault) {
     locret_set_error("");
     llama_locret_memory * mem = locret_memory_of(llama_get_memory(ctx));

@@ -142,6 +142,7 @@ public:
     const locret_stream * get_stream(llama_seq_id seq_id) const;
     uint32_t n_streams() const { return (uint32_t) streams.size(); }
     llama_kv_cache * get_kv() const { return kv; }
+    llama_kv_cache * get_kv_swa() const { return kv_swa; }
     bool get_v_trans() const { return v_trans; }
     int32_t layer_index(uint32_t il) const; // index into get_layers(), or -1 for a layer this cache does not evict
 

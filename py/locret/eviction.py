@@ -49,6 +49,8 @@ _SIGNATURES = {
                                         ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_inject_fault": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int32),
     "llama_locret_kv_cells_per_seq": ([ctypes.c_int32, ctypes.c_int32], ctypes.c_uint32),
+    "llama_locret_debug_window": ([ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+                                   ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
 }
 
 # enum llama_locret_fault, in value order (test only: llama_locret_debug_inject_fault)
@@ -132,6 +134,18 @@ def read_kv(ctx: int, layer: int, n_cells: int, *, values: bool = False, width: 
     if got != width:
         raise HeadsError(_last_error() or f"read_kv: width {got} != {width}")
     return out
+
+
+def window(ctx: int, seq_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """An iSWA model's window cache for sequence `seq_id`: (logical positions, tokens) of its cells, in cell order."""
+    n = _api().llama_locret_debug_window(ctx, seq_id, None, None, 0)
+    if n < 0:
+        raise HeadsError(_last_error())
+    pos, tok = np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32)
+    if n:
+        _api().llama_locret_debug_window(ctx, seq_id, pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                                         tok.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n)
+    return pos, tok
 
 
 def kv_cells_per_seq(budget: int, n_ubatch: int) -> int:

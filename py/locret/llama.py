@@ -34,7 +34,8 @@ class Llama(llama_cpp.Llama):
 
     def __init__(self, model_path: str, *args: Any, locret_heads: str | os.PathLike | None = None,
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
-                 locret_local: int | None = None, locret_policy: str | None = None, **kwargs: Any):
+                 locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
+                 **kwargs: Any):
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
                         local=locret_local, policy=locret_policy)
         self._locret_heads: Heads | None = None
@@ -44,6 +45,10 @@ class Llama(llama_cpp.Llama):
             # llama-cpp-python loads the model and creates its context in one constructor: register the
             # Locret settings for the model in between, so the context is created with them
             def __init__(self, *, model, params, verbose=True):
+                if n_seq_max is not None:
+                    # several sequences, each in its own KV stream (an evicting cache keeps them apart)
+                    params.n_seq_max = n_seq_max
+                    params.kv_unified = False
                 try:
                     holder["heads"] = eviction.configure(model.model, model_path, **settings)
                 except HeadsError:
@@ -70,13 +75,13 @@ class Llama(llama_cpp.Llama):
     def locret_enabled(self) -> bool:
         return self.locret_stats()["enabled"]
 
-    def locret_stats(self) -> dict[str, int | bool | str]:
-        """Eviction figures of this context: see `locret.eviction.stats`."""
-        return eviction.stats(self._ctx.ctx)
+    def locret_stats(self, seq_id: int = 0) -> dict[str, int | bool | str]:
+        """Eviction figures of this context (of sequence `seq_id`): see `locret.eviction.stats`."""
+        return eviction.stats(self._ctx.ctx, seq_id)
 
-    def locret_retained(self, layer: int, head: int):
-        """Logical positions of the units that (layer, KV head) holds, in cell order."""
-        return eviction.retained(self._ctx.ctx, layer, head)
+    def locret_retained(self, layer: int, head: int, seq_id: int = 0):
+        """Logical positions of the units that (layer, KV head) holds in sequence `seq_id`, in cell order."""
+        return eviction.retained(self._ctx.ctx, layer, head, seq_id)
 
     def eval(self, tokens: Sequence[int], prompt_continues: bool = False):
         """As llama-cpp-python's, except that only the last token of the whole call asks for logits.

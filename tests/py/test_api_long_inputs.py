@@ -9,6 +9,7 @@ shipped heads (trained on sequences of at most 1,024 tokens) lose the needle pas
 b = 1024-2048 (heads/README.md), so these use a budget at which they keep it."""
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -118,3 +119,55 @@ def test_locret_serve_refuses_bad_settings(model_path):
     for cmd, message in cases:
         proc = run(cmd, timeout=120, cwd=REPO)
         assert proc.returncode != 0 and message in (proc.stdout + proc.stderr), proc.stdout[-1500:] + proc.stderr[-1500:]
+
+
+def _chat(url, sample, max_tokens=24):
+    return post_json(url + "/v1/chat/completions",
+                     {"messages": [{"role": "user", "content": user_message(sample)}], "max_tokens": max_tokens,
+                      "temperature": 0})
+
+
+def test_llama_server_serves_two_long_requests_at_once_and_reuses_only_what_it_holds(model_path, heads, llm, tmp_path):
+    """-np 2: two slots, each with its own budget of cells, answer two concurrent requests past the window. Then a new
+    request on a slot: one that leaves the cached prompt in its last part reuses the cached prefix; one that leaves it
+    inside the compressed part (the needle changed) is processed whole, and answers the new key."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import tool
+
+    samples = [tasks.get("passkey").generate(seed, 0, tokenize=decoding.tokenizer(llm), n_tokens=N_TOKENS, depth=DEPTH,
+                                             chat_format=decoding.chat_format(llm)) for seed in (7, 11)]
+    assert samples[0].answers != samples[1].answers
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads, "--locret-budget", BUDGET, "-np", 2,
+           "-c", 65536, "-b", UBATCH, "-ub", UBATCH, "-t", 2, "-fa", "on", "--host", "127.0.0.1", "--port", port,
+           "-lv", 4]
+    with http_server(cmd, log_path, port, startup_s=240) as url:
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda s: _chat(url, s), samples))
+        for sample, reply in zip(samples, replies):
+            assert reply["usage"]["prompt_tokens"] > WINDOW
+            answer = reply["choices"][0]["message"]["content"]
+            assert sample.score(answer) == 1.0, f"key {sample.answers[0]} not in {answer!r}"
+
+        # the same document, another question: the prompts part in the last few hundred tokens, which the slot
+        # placed after its last eviction
+        asked = tasks.get("passkey").generate(7, 0, tokenize=decoding.tokenizer(llm), n_tokens=N_TOKENS, depth=DEPTH,
+                                              chat_format=decoding.chat_format(llm))
+        again = post_json(url + "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": user_message(asked).replace(passkey.QUESTION,
+                                                                                 "What is the pass key? Reply with it.")}],
+            "max_tokens": 24, "temperature": 0})
+        assert again["timings"]["cache_n"] > WINDOW, again["timings"]
+        # a different needle in the middle: the cached prompt cannot be cut there
+        other = tasks.get("passkey").generate(13, 0, tokenize=decoding.tokenizer(llm), n_tokens=N_TOKENS,
+                                              depth=DEPTH, chat_format=decoding.chat_format(llm))
+        changed = _chat(url, other)
+        assert changed["timings"]["cache_n"] == 0, changed["timings"]
+        answer = changed["choices"][0]["message"]["content"]
+        assert other.score(answer) == 1.0, f"key {other.answers[0]} not in {answer!r}"
+    text = log_path.read_text()
+    # two streams of b + ubatch cells, whatever -c is
+    assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( *4352 cells, +30 layers, +2/2 seqs\)", text), text[-3000:]
+    assert "diverges inside the compressed part" in text

@@ -1,0 +1,142 @@
+"""Sliding-window (iSWA) models: Gemma-3-270M, whose window layers (5 of every 6, window 512) keep llama.cpp's own
+window cache while its full-attention layers evict (b = 512, ubatch 64, n_s = 16, n_loc = 8, random heads).
+
+  - a budget above the input gives plain llama.cpp's logits;
+  - the full-attention layers retain exactly what the numpy model of Algorithm 1 predicts;
+  - the window cache follows every compaction: each of its cells holds the token at the client's position the cache
+    reports for it (the cells record their token), and it always holds the last 512 positions;
+  - state save/load carries both caches.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import locret  # noqa: F401  (points llama_cpp at our library)
+import llama_cpp
+from locret import eviction, heads as heads_api, models
+from locret.llama import Llama
+
+from conftest import natural_text
+from test_eviction import Algorithm1, decode, last_logits
+
+B, UB, NS, NLOC, WINDOW = 512, 64, 16, 8, 512
+
+pytestmark = pytest.mark.skipif(not models.is_installed("gemma3-270m"), reason="gemma3-270m is not installed")
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return models.resolve("gemma3-270m", fetch=False)
+
+
+@pytest.fixture(scope="module")
+def gemma_heads(tmp_path_factory, gemma):
+    from locret.convert.cli import main as convert
+
+    work = tmp_path_factory.mktemp("gemma")
+    ckpt, out = work / "random.safetensors", work / "heads.gguf"
+    assert convert(["make-random", "--base", str(gemma), "--d-r", "64", "--seed", "2", "-o", str(ckpt)]) == 0
+    assert convert(["--base", str(gemma), "--heads", str(ckpt), "-o", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokens(gemma):
+    llm = llama_cpp.Llama(model_path=str(gemma), vocab_only=True, verbose=False)
+    out = llm.tokenize(natural_text().encode(), add_bos=True)
+    assert len(out) >= 1600
+    return out[:1600]
+
+
+def make(gemma, heads, **kw):
+    args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_heads=str(heads), locret_budget=B, locret_stabilizers=NS,
+                locret_local=NLOC, n_threads=2, verbose=False)
+    args.update(kw)
+    return Llama(model_path=str(gemma), **args)
+
+
+def evicting_layers(llm, n_layer):
+    out = []
+    for il in range(n_layer):
+        try:
+            llm.locret_retained(il, 0)
+            out.append(il)
+        except heads_api.HeadsError:
+            pass
+    return out
+
+
+def test_gemma_budget_above_the_input_gives_plain_logits(gemma, gemma_heads, tokens):
+    toks = tokens[:600]
+    plain = llama_cpp.Llama(model_path=str(gemma), n_ctx=2048, n_batch=256, n_ubatch=64, n_threads=2, verbose=False)
+    plain.eval(toks)
+    want = last_logits(plain)
+    plain.close()
+    llm = make(gemma, gemma_heads, n_ctx=2048, n_batch=256, locret_budget=1024)
+    llm.eval(toks)
+    got = last_logits(llm)
+    assert llm.locret_stats()["n_evictions"] == 0
+    llm.close()
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
+
+
+def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows(gemma, gemma_heads, tokens):
+    llm = make(gemma, gemma_heads)
+    heads_api.record_scores(llm)
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    layers = evicting_layers(llm, n_layer)
+    assert layers == [5, 11, 17], layers  # Gemma 3: every 6th layer attends to everything
+    ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)
+
+    calls = [(tokens[i:i + UB], i + UB >= 1400) for i in range(0, 1400, UB)]
+    calls += [([t], True) for t in tokens[1400:1440]]
+    calls += [(tokens[1500:1564], False), (tokens[1564:1600], True)]  # a second prompt
+    n_past, token_at = 0, {}
+    for toks, out in calls:
+        token_at.update((n_past + j, t) for j, t in enumerate(toks))
+        n_past = decode(llm, toks, n_past, out)
+        scores, positions = heads_api.recorded_scores(llm)
+        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
+        first, offset = n_past - len(toks), 0
+        for size in ref.split(len(toks), out):
+            pos = list(range(first + offset, first + offset + size))
+            ref.place(pos, scores_of, out and offset + size == len(toks))
+            offset += size
+        for il in layers:
+            for h in range(n_head_kv):
+                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], (il, h, n_past)
+        # the window cache: every cell's token is the token at the position the cache reports for it, and the last
+        # WINDOW positions are all there
+        pos, tok = eviction.window(llm._ctx.ctx)
+        assert all(token_at[int(p)] == int(t) for p, t in zip(pos, tok)), n_past
+        assert set(range(max(0, n_past - WINDOW), n_past)) <= set(pos.tolist()), n_past
+    st = llm.locret_stats()
+    assert st["n_evictions"] >= 15 and st["pos_logical"] == n_past
+    llm.close()
+
+
+def test_gemma_state_round_trip(gemma, gemma_heads, tokens):
+    llm = make(gemma, gemma_heads)
+    n_past = 0
+    for i in range(0, 1024, UB):
+        n_past = decode(llm, tokens[i:i + UB], n_past, i + UB >= 1024)
+    assert llm.locret_stats()["n_evictions"] > 3
+    state = llm.save_state()
+    stats = llm.locret_stats()
+    window = eviction.window(llm._ctx.ctx)
+    decode(llm, tokens[1024:1030], n_past, True)
+    want = last_logits(llm)
+
+    other = make(gemma, gemma_heads)
+    other.load_state(state)
+    assert other.locret_stats() == stats
+    got_window = eviction.window(other._ctx.ctx)
+    assert sorted(got_window[0].tolist()) == sorted(window[0].tolist())
+    decode(other, tokens[1024:1030], n_past, True)
+    np.testing.assert_allclose(last_logits(other), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    llm.close()
+    other.close()

@@ -1,0 +1,176 @@
+"""Several sequences in one evicting context (one KV stream per sequence, llama.cpp's non-unified cache): every
+sequence evicts on its own, exactly as the numpy model of Algorithm 1 (test_eviction.Algorithm1) run on that sequence
+alone predicts, while the batches mix the sequences the way llama-server does (prompt chunks of several slots in one
+call, then one token per slot). State save/load carries every sequence, and a single sequence's state (the server's
+prompt cache) moves between contexts.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import locret  # noqa: F401  (points llama_cpp at our library)
+import llama_cpp
+from locret import heads as heads_api
+
+from test_eviction import B, NLOC, NS, UB, Algorithm1, heads_file, make, prompt_tokens  # noqa: F401
+
+
+def decode_batch(llm, parts):
+    """One llama_decode of several sequences' tokens: parts are (seq, tokens, first position, last asks for logits)."""
+    n = sum(len(toks) for _, toks, _, _ in parts)
+    batch = llama_cpp.llama_batch_init(n, 0, 1)
+    try:
+        i = 0
+        for seq, toks, p0, out in parts:
+            for j, tok in enumerate(toks):
+                batch.token[i] = tok
+                batch.pos[i] = p0 + j
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = bool(out) and j == len(toks) - 1
+                i += 1
+        batch.n_tokens = n
+        rc = llama_cpp.llama_decode(llm._ctx.ctx, batch)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+    assert rc == 0, f"llama_decode returned {rc}"
+
+
+def logits_of(llm, i):
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm._model.model))
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, i), shape=(n_vocab,)).copy()
+
+
+def conversation(tokens, n_seq):
+    """Calls of a multi-slot server: prompts of different lengths arriving in chunks (some calls carry only some
+    sequences), then generation one token per sequence, then a second prompt for every sequence. Each call is a
+    list of (seq, tokens, last asks for logits); positions follow per sequence."""
+    streams = [tokens[s * 97:] for s in range(n_seq)]  # a different text for every sequence
+    lengths = [288 + 64 * s for s in range(n_seq)]      # prompts end at different calls
+    calls, used = [], [0] * n_seq
+    for k in range(0, max(lengths), UB):
+        call = []
+        for s in range(n_seq):
+            if k < lengths[s] and not (s % 2 == 1 and (k // UB) % 3 == 1):  # odd sequences skip some calls
+                take = min(UB if s % 2 == 0 else 2 * UB, lengths[s] - used[s])
+                if take > 0:
+                    call.append((s, streams[s][used[s]:used[s] + take], used[s] + take >= lengths[s]))
+                    used[s] += take
+        if call:
+            calls.append(call)
+    while any(used[s] < lengths[s] for s in range(n_seq)):  # the rest of the skipped chunks
+        call = []
+        for s in range(n_seq):
+            take = min(UB, lengths[s] - used[s])
+            if take > 0:
+                call.append((s, streams[s][used[s]:used[s] + take], used[s] + take >= lengths[s]))
+                used[s] += take
+        calls.append(call)
+    for g in range(40):  # generation: one token per sequence, one batch
+        calls.append([(s, [streams[s][500 + g]], True) for s in range(n_seq)])
+    for s in range(n_seq):
+        used[s] += 40
+    second = [(s, streams[s][600:680], True) for s in range(n_seq)]
+    calls.append(second)
+    return calls
+
+
+@pytest.mark.parametrize("n_seq", [2, 4])
+def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file, prompt_tokens, n_seq):
+    llm = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024)
+    heads_api.record_scores(llm)
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    refs = [Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC) for _ in range(n_seq)]
+    n_past = [0] * n_seq
+    checked = 0
+    for call in conversation(prompt_tokens, n_seq):
+        decode_batch(llm, [(s, toks, n_past[s], out) for s, toks, out in call])
+        scores, positions = heads_api.recorded_scores(llm)
+        seqs = heads_api.recorded_sequences(llm)
+        scores_of = {(int(q), int(p)): scores[:, :, i] for i, (q, p) in enumerate(zip(seqs, positions))}
+        for s, toks, out in call:
+            first, offset = n_past[s], 0
+            for size in refs[s].split(len(toks), out):
+                pos = list(range(first + offset, first + offset + size))
+                refs[s].place(pos, {p: scores_of[(s, p)] for p in pos}, out and offset + size == len(toks))
+                offset += size
+            n_past[s] += len(toks)
+        for s in range(n_seq):
+            for il in range(n_layer):
+                for h in range(n_head_kv):
+                    got = llm.locret_retained(il, h, seq_id=s).tolist()
+                    assert got == [u[0] for u in refs[s].units[il][h]], f"sequence {s} layer {il} head {h}"
+                    checked += 1
+            st = llm.locret_stats(seq_id=s)
+            assert st["n_cells_used"] <= B + UB and st["pos_logical"] == n_past[s]
+    single = make(model_path, heads_file)
+    for s in range(n_seq):
+        st = llm.locret_stats(seq_id=s)
+        assert st["n_evictions"] >= 8, (s, st)
+        assert st["n_seq"] == n_seq and st["n_cells"] == single.locret_stats()["n_cells"]
+    # KV memory: n_seq x (b + ubatch) cells, padded
+    assert llm.locret_stats()["kv_bytes"] == n_seq * single.locret_stats()["kv_bytes"]
+    # the sequences really hold different units
+    assert llm.locret_retained(0, 0, seq_id=0).tolist() != llm.locret_retained(0, 0, seq_id=1).tolist()
+    single.close()
+    llm.close()
+
+
+def _prefill(llm, tokens, n_seq):
+    calls = conversation(tokens, n_seq)[:6]
+    n_past = [0] * n_seq
+    for call in calls:
+        decode_batch(llm, [(s, toks, n_past[s], out) for s, toks, out in call])
+        for s, toks, _ in call:
+            n_past[s] += len(toks)
+    return n_past
+
+
+def test_state_round_trip_with_several_sequences(model_path, heads_file, prompt_tokens):
+    llm = make(model_path, heads_file, n_seq_max=3, n_batch=1024)
+    n_past = _prefill(llm, prompt_tokens, 3)
+    assert all(llm.locret_stats(seq_id=s)["n_evictions"] > 0 for s in range(3))
+    state = llm.save_state()
+    kept = {(s, il): llm.locret_retained(il, 1, seq_id=s).tolist() for s in range(3) for il in (0, 29)}
+    nxt = [(s, prompt_tokens[900 + s:905 + s], n_past[s], True) for s in range(3)]
+    decode_batch(llm, nxt)
+    want = [logits_of(llm, 4 + 5 * s) for s in range(3)]
+
+    other = make(model_path, heads_file, n_seq_max=3, n_batch=1024)
+    other.load_state(state)
+    for s in range(3):
+        assert other.locret_stats(seq_id=s)["pos_logical"] == n_past[s]
+        for il in (0, 29):
+            assert other.locret_retained(il, 1, seq_id=s).tolist() == kept[(s, il)]
+    decode_batch(other, nxt)
+    for s in range(3):
+        np.testing.assert_allclose(logits_of(other, 4 + 5 * s), want[s], rtol=0, atol=1e-4 * np.abs(want[s]).max())
+    llm.close()
+    other.close()
+
+
+def test_one_sequences_state_moves_to_another_context(model_path, heads_file, prompt_tokens):
+    """What llama-server's prompt cache does: save a slot's sequence, load it into a slot of another context."""
+    llm = make(model_path, heads_file, n_seq_max=2, n_batch=1024)
+    n_past = _prefill(llm, prompt_tokens, 2)
+    size = llama_cpp.llama_state_seq_get_size(llm._ctx.ctx, 1)
+    buf = (ctypes.c_uint8 * size)()
+    assert llama_cpp.llama_state_seq_get_data(llm._ctx.ctx, buf, size, 1) == size
+
+    other = make(model_path, heads_file, n_seq_max=2, n_batch=1024)
+    assert llama_cpp.llama_state_seq_set_data(other._ctx.ctx, buf, size, 1) == size
+    assert other.locret_stats(seq_id=0)["n_cells_used"] == 0
+    assert other.locret_stats(seq_id=1)["pos_logical"] == n_past[1]
+    for il in range(30):
+        assert other.locret_retained(il, 2, seq_id=1).tolist() == llm.locret_retained(il, 2, seq_id=1).tolist()
+    nxt = [(1, prompt_tokens[900:905], n_past[1], True)]
+    decode_batch(llm, nxt)
+    decode_batch(other, nxt)
+    want = logits_of(llm, 4)
+    np.testing.assert_allclose(logits_of(other, 4), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    llm.close()
+    other.close()
