@@ -52,7 +52,7 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
 bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
                                const llama_ubatch & ubatch, const llama_memory_context_i * mctx);
 
-// llama_context constructor (patches/0005), instead of model.create_memory: a Locret memory wrapping the model's own
+// llama_context constructor (patches/0009), instead of model.create_memory: a Locret memory wrapping the model's own
 // cache when the model was configured with a budget (else NULL). The cache then holds b + n_ubatch cells per
 // sequence whatever n_ctx is, and n_ctx stays the limit on logical positions; cparams.n_ctx_rope is set to the cells
 // RoPE sees. n_ubatch_requested is the ubatch asked for, before clamping. Throws std::runtime_error for settings that
@@ -60,10 +60,10 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
 llama_memory_i * llama_locret_memory_create(const llama_model & model, const llama_memory_params & params,
                                             llama_cparams & cparams, uint32_t n_ubatch_requested);
 
-// llama_context::process_ubatch (patches/0005), before the memory context places the ubatch: runs the eviction that
+// llama_context::process_ubatch (patches/0009), before the memory context places the ubatch: runs the eviction that
 // the split planned for it. 1 after an eviction (the scheduler was used: the previous graph cannot be reused), 0 when
 // none was due, -1 on failure (the scheduler may have been used then too).
 int llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx);
 
-// llama_model destructor (patches/0005): forget the model's settings
+// llama_model destructor (patches/0009): forget the model's settings
 void llama_locret_model_forget(const llama_model * model);
