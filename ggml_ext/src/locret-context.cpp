@@ -30,6 +30,7 @@ llama_locret_context * llama_locret_context_create(const llama_model & model) {
     }
     auto * lctx = new llama_locret_context();
     lctx->heads = p.heads; // with the random and streaming policies heads, if any, only score for the recorder
+    lctx->evicts_by_heads = p.budget > 0 && p.policy == LLAMA_LOCRET_POLICY_HEADS;
     return lctx;
 }
 
@@ -38,7 +39,8 @@ void llama_locret_context_deleter::operator()(llama_locret_context * lctx) const
 }
 
 const llama_locret_heads * llama_locret_context_heads(const llama_locret_context * lctx) {
-    return lctx ? lctx->heads : nullptr;
+    // the scores cost a graph per layer: they are computed only when an eviction or the recorder reads them
+    return lctx != nullptr && (lctx->evicts_by_heads || lctx->record) ? lctx->heads : nullptr;
 }
 
 llama_memory_i * llama_locret_memory_create(const llama_model & model, const llama_memory_params & params,
@@ -178,11 +180,11 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
 }
 
 const llama_locret_heads * llama_locret_get_heads(const llama_context * ctx) {
-    return llama_locret_context_heads(ctx->locret.get());
+    return ctx->locret ? ctx->locret->heads : nullptr;
 }
 
 bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph_result * res, int32_t n_layer) {
-    if (lctx == nullptr || lctx->heads == nullptr) {
+    if (llama_locret_context_heads(lctx) == nullptr) {
         return true;
     }
     for (int32_t il = 0; il < n_layer; ++il) {
@@ -218,7 +220,7 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
     }
     // the scores feed the eviction only with the heads policy; the other policies score units when they evict
     const bool evict_by_cis = mem != nullptr && mem->get_policy().uses_heads();
-    if (lctx == nullptr || lctx->heads == nullptr || (!lctx->record && !evict_by_cis)) {
+    if (llama_locret_context_heads(lctx) == nullptr) {
         return true;
     }
     // the graph may still be running on an asynchronous backend: wait before reading the scores

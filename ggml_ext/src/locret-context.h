@@ -10,6 +10,7 @@
 
 struct llama_locret_context {
     const llama_locret_heads * heads = nullptr;
+    bool evicts_by_heads = false; // the context's memory evicts by the heads' scores (the heads policy with a budget)
 
     // score recorder: token-major, [n_recorded][n_layer][n_head_kv]; the client's positions and sequences [n_recorded]
     bool record = false;

@@ -39,7 +39,8 @@ uint32_t llama_locret_graph_n_nodes(uint32_t n_layer);
 // settings; llama_locret_set_heads makes one later) and freed with the context (llama_locret_context_deleter)
 llama_locret_context * llama_locret_context_create(const llama_model & model);
 
-// heads attached to the context (NULL when none): passed into the graph parameters
+// heads that score this context's ubatches: the attached heads when an eviction or the recorder reads the scores, else
+// NULL (nothing is computed for scores nobody reads); passed into the graph parameters
 const llama_locret_heads * llama_locret_context_heads(const llama_locret_context * lctx);
 
 // llama_context::graph_reserve and process_ubatch (patches/0004), after a graph was built: false (with the reason
