@@ -37,6 +37,8 @@ def main(argv: list[str]) -> int:
                     help=f"comma separated, of {','.join(passkey_eval.METHODS)}")
     ap.add_argument("--ubatch", type=int, default=512, help="chunk B (n_ubatch, also n_batch)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--kv-type", choices=["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"],
+                    help="K and V cache type for every method (default f16)")
     ap.add_argument("--stabilizers", type=int,
                     help="stabilizers n_s for every evicting method (default: the heads file's recommendation); "
                          "set it to compare trained and random heads with the same n_s")
@@ -73,7 +75,8 @@ def main(argv: list[str]) -> int:
     random_heads = args.random_heads or (passkey_eval.default_random_heads(model_path)
                                          if "random-heads" in methods else None)
     setup = passkey_eval.Setup(model_path=model_path, heads=heads or None, random_heads=random_heads,
-                               n_ubatch=args.ubatch, threads=args.threads, stabilizers=args.stabilizers)
+                               n_ubatch=args.ubatch, threads=args.threads, stabilizers=args.stabilizers,
+                               kv_type=args.kv_type)
     n_ctx_train = _n_ctx_train(model_path)
 
     if args.check_prefix_reuse:
@@ -115,7 +118,7 @@ def main(argv: list[str]) -> int:
                                          for m, b, length in wanted)]
     rows = passkey_eval.summarize(results)
     settings = {"model": Path(model_path).name, "heads": Path(heads).name if heads else None,
-                "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch, "stabilizers": args.stabilizers,
+                "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch, "stabilizers": args.stabilizers, "kv_type": args.kv_type,
                 "seed": args.seed, "n_ctx_train": n_ctx_train, "command": "scripts/eval_passkey.py " + " ".join(argv)}
     passkey_eval.write_results(args.output, results, rows, settings)
     print(passkey_eval.markdown_table(rows))

@@ -164,6 +164,10 @@ struct llama_locret_stats {
     uint32_t n_ubatch;
     enum llama_locret_policy policy; // what scores the units for eviction
     uint32_t n_seq;            // sequences (KV streams) the context keeps
+    // where eviction time goes, summed over the context's sequences since it was made (microseconds)
+    uint64_t t_select_us;      // choosing what stays: the policy's scores, top-b per (layer, KV head), bookkeeping
+    uint64_t t_compact_us;     // the compaction graphs (moving and re-rotating rows) and the window cache's shifts
+    uint64_t t_readback_us;    // reading each ubatch's scores back from the backend (waiting for the graph included)
 };
 
 // Statistics of sequence 0 (n_cells_used, pos_logical, n_evictions and n_units_evicted are per sequence; kv_bytes is

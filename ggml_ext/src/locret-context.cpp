@@ -224,6 +224,7 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
         return true;
     }
     // the graph may still be running on an asynchronous backend: wait before reading the scores
+    const int64_t t_start_us = ggml_time_us();
     ggml_backend_sched_synchronize(sched);
     const size_t n_layer   = lctx->heads->layers.size();
     const size_t n_head_kv = lctx->heads->n_head_kv;
@@ -250,6 +251,9 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
                 }
             }
         }
+    }
+    if (evict_by_cis) {
+        mem->t.readback_us += ggml_time_us() - t_start_us;
     }
     if (lctx->record) {
         // the client's positions: an evicting memory gives the graph physical ones

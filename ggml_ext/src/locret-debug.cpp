@@ -41,6 +41,9 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.n_ubatch        = cfg.n_ubatch;
     st.policy          = cfg.policy;
     st.n_seq           = mem->n_streams();
+    st.t_select_us     = mem->t.select_us;
+    st.t_compact_us    = mem->t.compact_us;
+    st.t_readback_us   = mem->t.readback_us;
     return st;
 }
 

@@ -470,6 +470,7 @@ bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llam
 }
 
 int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
+    const int64_t t_start_us = ggml_time_us();
     // the selections, on copies of the bookkeeping: nothing changes until the graph has run
     struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; std::vector<std::vector<int32_t>> pos; std::vector<std::vector<float>> score; };
     std::vector<pending_t> pending;
@@ -509,6 +510,8 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     if (pending.empty()) {
         return 0;
     }
+    const int64_t t_selected_us = ggml_time_us();
+    t.select_us += t_selected_us - t_start_us;
 
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
         locret_compact(lctx, kv, v_trans, layers, moves, take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
@@ -555,6 +558,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
         return -1;
     }
+    t.compact_us += ggml_time_us() - t_selected_us;
     return 1;
 }
 

@@ -148,6 +148,13 @@ public:
 
     uint64_t kv_bytes() const;
 
+    // where eviction time goes (microseconds, summed over sequences)
+    struct timing {
+        uint64_t select_us   = 0;
+        uint64_t compact_us  = 0;
+        uint64_t readback_us = 0;
+    } t;
+
 private:
     const llama_model & model;
     locret_config cfg;

@@ -27,7 +27,8 @@ class _Stats(ctypes.Structure):
                 ("kv_bytes", ctypes.c_uint64), ("budget", ctypes.c_uint32),
                 ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32),
                 ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int),
-                ("n_seq", ctypes.c_uint32)]
+                ("n_seq", ctypes.c_uint32), ("t_select_us", ctypes.c_uint64), ("t_compact_us", ctypes.c_uint64),
+                ("t_readback_us", ctypes.c_uint64)]
 
 
 _SIGNATURES = {

@@ -58,6 +58,7 @@ class Setup:
     n_ubatch: int = 512
     threads: int = 2
     stabilizers: int | None = None  # n_s for every evicting method alike; None: the heads file's (or engine's) default
+    kv_type: str | None = None      # K and V cache type ("f16", "q8_0", "q4_0", ...); None: llama.cpp's f16
 
 
 def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
@@ -65,7 +66,7 @@ def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
     heads = setup.heads if method == "locret" else setup.random_heads if method == "random-heads" else None
     return worker.make_llm(worker.RunSpec(model_path=setup.model_path, method=method, budget=budget, heads=heads,
                                           stabilizers=setup.stabilizers, local=None, n_ctx=n_ctx,
-                                          ubatch=setup.n_ubatch, threads=setup.threads))
+                                          ubatch=setup.n_ubatch, threads=setup.threads, kv_type=setup.kv_type))
 
 
 def _feed_prefix(llm, tokens: list[int]) -> None:
