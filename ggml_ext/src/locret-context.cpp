@@ -50,7 +50,7 @@ llama_memory_i * llama_locret_memory_create(const llama_model & model, const lla
         return nullptr;
     }
     try {
-        const locret_config cfg = locret_settings_resolve(model, p, cparams, n_ubatch_requested);
+        const locret_config cfg = locret_settings_resolve(model, p, cparams, n_ubatch_requested, params.type_k);
         // the model's own cache, made for the cells the budget needs, one stream per sequence
         llama_cparams cparams_mem = cparams;
         cparams_mem.n_ctx_seq  = cfg.n_cells;

@@ -128,7 +128,7 @@ static uint32_t locret_setting(int32_t requested, uint32_t recommended, uint32_t
 }
 
 locret_config locret_settings_resolve(const llama_model & model, const llama_locret_params & p,
-        const llama_cparams & cparams, uint32_t n_ubatch_requested) {
+        const llama_cparams & cparams, uint32_t n_ubatch_requested, ggml_type type_k) {
     const auto & hp = model.hparams;
     auto fail = [](const std::string & msg) { throw std::runtime_error(msg); };
 
@@ -148,6 +148,14 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     if (cparams.n_seq_max > 1 && cparams.kv_unified) {
         fail(format("Locret eviction keeps one KV stream per sequence; %u sequences in a unified KV cache cannot be "
                 "evicted separately (drop --kv-unified / -kvu)", cparams.n_seq_max));
+    }
+    if (type_k == GGML_TYPE_Q4_0 || type_k == GGML_TYPE_Q4_1 || type_k == GGML_TYPE_IQ4_NL) {
+        // every compaction re-rotates and quantizes again the keys that move, and a key kept long moves at nearly
+        // every eviction: at 4 bits the error compounds until retrieval fails (README, "Eviction"); V is moved
+        // without rounding and may stay 4-bit
+        fail(format("a %s K cache loses what it holds under repeated eviction (each move re-quantizes the key); "
+                "use -ctk q8_0 (or f16) with a Locret budget; the V cache may stay %s", ggml_type_name(type_k),
+                ggml_type_name(type_k)));
     }
     if (n_ubatch_requested > cparams.n_ctx) {
         fail(format("the ubatch (-ub %u) is larger than the context (-c %u)", n_ubatch_requested, cparams.n_ctx));

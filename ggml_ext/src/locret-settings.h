@@ -4,6 +4,8 @@
 
 #include "llama-locret.h"
 
+#include "ggml.h"
+
 #include <cstdint>
 
 struct llama_cparams;
@@ -25,11 +27,11 @@ struct locret_config {
 // the settings registered for `model`; false when there are none
 bool locret_settings_find(const llama_model & model, llama_locret_params & out);
 
-// The settings for a context that evicts (p.budget > 0), checked against the model and the context parameters.
-// n_ubatch_requested is the ubatch the caller asked for, before llama.cpp clamped it to n_ctx. Throws
+// The settings for a context that evicts (p.budget > 0), checked against the model, the context parameters and the
+// K cache type. n_ubatch_requested is the ubatch the caller asked for, before llama.cpp clamped it to n_ctx. Throws
 // std::runtime_error (message without prefix) for settings that cannot work.
 locret_config locret_settings_resolve(const llama_model & model, const llama_locret_params & p,
-                                      const llama_cparams & cparams, uint32_t n_ubatch_requested);
+                                      const llama_cparams & cparams, uint32_t n_ubatch_requested, ggml_type type_k);
 
 // KV cells per sequence for a budget and a ubatch: b + B padded to 256
 uint32_t locret_kv_cells(uint32_t budget, uint32_t n_ubatch);

@@ -33,6 +33,8 @@ from .gguf_check import ModelFileError, check_gguf
 
 MIB = 1 << 20
 GIB = 1 << 30
+# K cache types that an evicting context refuses (ggml_ext/src/locret-settings.cpp): 4 bits compound under re-rotation
+FOUR_BIT_KV_TYPES = ("q4_0", "q4_1", "iq4_nl")
 KV_PAD = 256                 # llama.cpp pads the KV cache to 256 cells; Locret sizes it pad(b + B, 256)
 DEFAULT_CONTEXT = 131072     # logical context when none is given ("128k"); memory does not depend on it
 EXIT_DOES_NOT_FIT = 3        # 1 is a bad input, 3 a valid plan that does not fit the device
@@ -291,6 +293,9 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
     kv = (sc.kv_type if kv_type is None else str(kv_type)).lower()
     if kv not in devices.KV_TYPES:
         raise PlanError(f"unknown KV cache type '{kv}': one of {', '.join(devices.KV_TYPES)}")
+    if kv in FOUR_BIT_KV_TYPES:
+        raise PlanError(f"KV cache type {kv}: an evicting cache refuses a 4-bit K cache (every move re-quantizes the "
+                        "key and the error compounds); use q8_0 or f16")
     block = _type_sizes()[0][_type_sizes()[1][kv.upper()]][0]
     bad = [w for w in set(facts.n_embd_k_gqa + facts.n_embd_v_gqa) if w % block]
     if bad:
@@ -628,10 +633,8 @@ def advice(p: Plan) -> list[str]:
         b = cells - s.ubatch                      # the top budget of that 256-cell step
         if b >= s.ubatch and b > s.stabilizers and _variant_total(p, budget=b) <= p.limit:
             tips.append(f"a smaller budget (--budget {b})")
-    for kv in ("q8_0", "q4_0"):
-        if row_size(kv, 256) < row_size(s.kv_type, 256) and _variant_total(p, kv_type=kv) <= p.limit:
-            tips.append(f"KV cache type {kv} (--kv-type {kv})")
-            break
+    if row_size("q8_0", 256) < row_size(s.kv_type, 256) and _variant_total(p, kv_type="q8_0") <= p.limit:
+        tips.append("KV cache type q8_0 (--kv-type q8_0)")
     if p.pool == "device":
         n_layer = p.model.n_layer
         current = n_layer + 1 if s.gpu_layers < 0 else s.gpu_layers

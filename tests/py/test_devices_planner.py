@@ -338,6 +338,7 @@ def test_on_a_discrete_gpu_fewer_gpu_layers_are_suggested(tmp_path):
     (["--context", "100"], "the ubatch (512) is larger than the context (100)"),
     (["--stabilizers", "600"], "the stabilizers (600) must be"),
     (["--kv-type", "q3"], "unknown KV cache type 'q3'"),
+    (["--kv-type", "q4_0"], "refuses a 4-bit K cache"),
     (["--gpu-layers", "4"], "cpu-2core has no GPU"),
     (["--heads", "MODEL"], "is not a retaining heads file"),
     (["--model", "HEADS"], "is a retaining heads file, not a model"),

@@ -290,6 +290,9 @@ BAD_SETTINGS = {
     "ubatch-above-context": (["--locret-budget", "256", "-c", "256", "-ub", "512", "-b", "512"], "larger than the context"),
     "context-shift": (["--locret-budget", "256", "--context-shift"], "--context-shift cannot be used with --locret-budget"),
     "keep": (["--locret-budget", "256", "--keep", "16"], "--keep cannot be used with --locret-budget"),
+    # measured: 6K passkey, b = 1024, ub 128 (about 39 evictions): f16 10/10, q4_0 K and V far fewer (README)
+    "k-cache-q4_0": (["--locret-budget", "256", "-ctk", "q4_0", "-ctv", "q4_0", "-fa", "on"], "a q4_0 K cache loses"),
+    "k-cache-iq4_nl": (["--locret-budget", "256", "-ctk", "iq4_nl", "-fa", "on"], "use -ctk q8_0"),
 }
 
 
