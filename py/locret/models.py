@@ -150,7 +150,7 @@ MODELS: dict[str, PackagedModel | ChunkedPackageModel] = {
 
 
 # Trained retaining heads committed to this repository (heads/, with their training log), per model name.
-SHIPPED_HEADS = {"smollm2-135m": "smollm2-135m-instruct.gguf"}
+SHIPPED_HEADS = {"smollm2-135m": "smollm2-135m-instruct.gguf", "gemma3-270m": "gemma3-270m.gguf"}
 
 
 def shipped_heads(name: str) -> Path | None:

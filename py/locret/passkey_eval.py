@@ -141,12 +141,12 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
 
 
 def key_held(llm, positions: list[int]) -> tuple[list[float], int]:
-    """Per layer, the share of `positions` (logical) its KV heads hold, mean over heads; and the number of
-    (layer, KV head) pairs that hold all of them."""
-    n_layer, n_head_kv = worker.kv_heads(llm)
+    """Per evicting layer (every layer but a sliding-window model's window layers), the share of `positions`
+    (logical) its KV heads hold, mean over heads; and the number of (layer, KV head) pairs that hold all of them."""
+    _, n_head_kv = worker.kv_heads(llm)
     wanted = np.asarray(positions)
     by_layer, pairs = [], 0
-    for il in range(n_layer):
+    for il in worker.evicting_layers(llm):
         shares = [float(np.isin(wanted, llm.locret_retained(il, ih)).mean()) for ih in range(n_head_kv)]
         by_layer.append(round(float(np.mean(shares)), 3))
         pairs += sum(share == 1.0 for share in shares)

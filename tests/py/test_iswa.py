@@ -5,7 +5,9 @@ window cache while its full-attention layers evict (b = 512, ubatch 64, n_s = 16
   - the full-attention layers retain exactly what the numpy model of Algorithm 1 predicts;
   - the window cache follows every compaction: each of its cells holds the token at the client's position the cache
     reports for it (the cells record their token), and it always holds the last 512 positions;
-  - state save/load carries both caches.
+  - state save/load carries both caches;
+  - with the shipped trained heads (heads/gemma3-270m.gguf), a passkey placed at the start of a prompt past the
+    model's 32,768-token training context is answered from a cache of b + ubatch cells.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
-from locret import eviction, heads as heads_api, models
+from locret import eviction, heads as heads_api, models, tasks
+from locret.evaluation import decoding
 from locret.llama import Llama
 
 from conftest import natural_text
@@ -142,3 +145,28 @@ def test_gemma_state_round_trip(gemma, gemma_heads, tokens):
     np.testing.assert_allclose(last_logits(other), want, rtol=0, atol=1e-4 * np.abs(want).max())
     llm.close()
     other.close()
+
+
+def test_gemma_shipped_heads_answer_a_passkey_past_32k_tokens(gemma):
+    """One fixed prompt of 33,000 tokens, the key right after the instructions: the heads must keep its tokens
+    through about sixty evictions of 512-token chunks while the cache holds at most 2,048 + 512 units (the
+    streaming policy's four sinks and recent window would have dropped them). Past the prompt's start the shipped
+    heads find the key less often (heads/README.md: 1 of 4 depths at 33K); this checks the path end to end."""
+    heads = models.shipped_heads("gemma3-270m")
+    assert heads is not None, "heads/ has no trained heads for gemma3-270m"
+    budget, ubatch, n_tokens = 2048, 512, 33000
+    llm = Llama(model_path=str(gemma), n_ctx=40960, n_batch=ubatch, n_ubatch=ubatch, locret_heads=str(heads),
+                locret_budget=budget, flash_attn=True, n_threads=2, n_threads_batch=2, verbose=False)
+    try:
+        sample = tasks.get("passkey").generate(3, 0, tokenize=decoding.tokenizer(llm), n_tokens=n_tokens, depth=0.0,
+                                               chat_format=decoding.chat_format(llm))
+        assert len(sample.tokens) > 32768
+        llm.reset()
+        llm.eval(sample.tokens)
+        st = llm.locret_stats()
+        assert st["n_cells"] == budget + ubatch and st["n_cells_used"] <= budget + ubatch, st
+        assert st["n_evictions"] >= (len(sample.tokens) - budget) // ubatch - 1, st
+        answer, _ = decoding.greedy(llm, 16)
+        assert sample.score(answer) == 1.0, f"key {sample.answers[0]} not in {answer!r}"
+    finally:
+        llm.close()

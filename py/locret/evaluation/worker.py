@@ -67,6 +67,22 @@ def kv_heads(llm) -> tuple[int, int]:
     return n_layer, n_head_kv
 
 
+def evicting_layers(llm) -> list[int]:
+    """The layers whose cache Locret evicts (all of them, except the window layers of a sliding-window model,
+    which keep llama.cpp's own window cache). Asked of a context that holds sequence 0."""
+    from ..heads import HeadsError
+
+    n_layer, _ = kv_heads(llm)
+    out = []
+    for il in range(n_layer):
+        try:
+            llm.locret_retained(il, 0)
+        except HeadsError:
+            continue
+        out.append(il)
+    return out
+
+
 def _retained_histogram(llm, n_layer: int, n_head_kv: int, n_prompt: int) -> np.ndarray:
     """[n_layer, n_head_kv, HEATMAP_BINS]: units held in each logical-position bin of the prompt over the
     bin's width (about the share held; bins of fractional width can read slightly above 1). Summed over
@@ -74,7 +90,7 @@ def _retained_histogram(llm, n_layer: int, n_head_kv: int, n_prompt: int) -> np.
     edges = np.linspace(0, n_prompt, HEATMAP_BINS + 1)
     width = np.maximum(np.diff(edges), 1e-9)
     out = np.zeros((n_layer, n_head_kv, HEATMAP_BINS), dtype=np.float32)
-    for il in range(n_layer):
+    for il in evicting_layers(llm):  # window layers stay zero
         for ih in range(n_head_kv):
             pos = llm.locret_retained(il, ih)
             counts, _ = np.histogram(pos[pos < n_prompt], bins=edges)
