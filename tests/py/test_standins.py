@@ -25,6 +25,7 @@ from locret.llama import Llama
 import standin_reference as ref
 from conftest import natural_text
 from reference_cis import spearman
+from test_eviction import decode, last_logits
 
 NAMES = sorted(standins.SPECS)
 B, UB, NS, NLOC = 48, 16, 4, 4
@@ -61,19 +62,6 @@ def _geometry(hf_model):
     cfg = hf_model.config
     d = cfg.hidden_size // cfg.num_attention_heads
     return d, cfg.num_key_value_heads, cfg.num_hidden_layers
-
-
-def _decode(llm, tokens, n_past, output_last):
-    llm._batch.set_batch(batch=list(tokens), n_past=n_past, logits_all=False)
-    llm._batch.batch.logits[len(tokens) - 1] = bool(output_last)
-    rc = llama_cpp.llama_decode(llm._ctx.ctx, llm._batch.batch)
-    assert rc == 0, f"llama_decode returned {rc}"
-    return n_past + len(tokens)
-
-
-def _last_logits(llm):
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llm._model.model))
-    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(n_vocab,)).copy()
 
 
 def _to_hf(x, arch, n_rot):
@@ -123,7 +111,7 @@ def _run_evicting(standin, tokens, type_k, flash, track_first=False):
     first = {il: {} for il in range(n_layer)}
     n_past = 0
     for i in range(0, len(tokens), UB):
-        n_past = _decode(llm, tokens[i:i + UB], n_past, False)
+        n_past = decode(llm, tokens[i:i + UB], n_past, False)
         if track_first:
             n_used = llm.locret_stats()["n_cells_used"]
             for il in range(n_layer):
@@ -196,7 +184,7 @@ def test_keys_that_do_not_move_are_not_rewritten(standin, tokens):
     before = {il: (eviction.read_kv(llm._ctx.ctx, il, n_used, width=width),
                    [llm.locret_retained(il, h) for h in range(n_kv)]) for il in range(n_layer)}
     evictions = llm.locret_stats()["n_evictions"]
-    _decode(llm, tokens[UB * 8: UB * 9], UB * 8, False)
+    decode(llm, tokens[UB * 8: UB * 9], UB * 8, False)
     assert llm.locret_stats()["n_evictions"] == evictions + 1
     unmoved = moved = 0
     for il in range(n_layer):
@@ -232,12 +220,12 @@ def test_a_budget_above_the_input_gives_plain_logits(standin, tokens):
     plain = llama_cpp.Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=256, n_ubatch=64, n_threads=2,
                             verbose=False)
     plain.eval(toks)
-    want = _last_logits(plain)
+    want = last_logits(plain)
     plain.close()
     llm = Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=256, n_ubatch=64, locret_heads=str(standin.heads),
                 locret_budget=512, locret_stabilizers=16, locret_local=8, n_threads=2, verbose=False)
     llm.eval(toks)
-    got = _last_logits(llm)
+    got = last_logits(llm)
     assert llm.locret_stats()["n_evictions"] == 0
     llm.close()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-3 * np.abs(want).max())

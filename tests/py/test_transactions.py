@@ -56,6 +56,20 @@ def chunks(tokens, n):
     return [(tokens[i * UB:(i + 1) * UB], i == n - 1) for i in range(n)]
 
 
+def assert_empty_then_like_a_fresh_context(llm, model_path, heads_file, tokens, n_chunks):
+    """After a failure that empties the sequence: no cells, no positions, and the next prefill of `n_chunks`
+    chunks gives the logits of a context that never failed."""
+    mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    assert llm.locret_stats()["n_cells_used"] == 0 and llama_cpp.llama_memory_seq_pos_max(mem, 0) == -1
+    fresh = make(model_path, heads_file)
+    n = 0
+    for toks, out in chunks(tokens, n_chunks):
+        decode(llm, toks, n, out)
+        n = decode(fresh, toks, n, out)
+    np.testing.assert_array_equal(last_logits(llm), last_logits(fresh))
+    fresh.close()
+
+
 @pytest.fixture
 def pair(model_path, heads_file):
     """A reference context and one to make fail, with the same settings."""
@@ -140,17 +154,8 @@ def test_an_eviction_aborted_part_way_empties_its_sequence(model_path, heads_fil
     llama_cpp.llama_set_abort_callback(llm._ctx.ctx, always, None)
     assert try_decode(llm, prompt_tokens[n_past:n_past + UB], n_past, False) != 0
     llama_cpp.llama_set_abort_callback(llm._ctx.ctx, ABORT_CB(0), None)
-    st = llm.locret_stats()
-    mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
-    assert st["n_cells_used"] == 0 and llama_cpp.llama_memory_seq_pos_max(mem, 0) == -1
-    fresh = make(model_path, heads_file)
-    n = 0
-    for toks, out in chunks(prompt_tokens, 3):
-        decode(llm, toks, n, out)
-        n = decode(fresh, toks, n, out)
-    np.testing.assert_array_equal(last_logits(llm), last_logits(fresh))
+    assert_empty_then_like_a_fresh_context(llm, model_path, heads_file, prompt_tokens, 3)
     llm.close()
-    fresh.close()
 
 
 def _state(llm) -> bytes:
@@ -189,16 +194,6 @@ def test_a_failed_state_load_leaves_the_context_empty_and_usable(model_path, hea
         tail[at:at + 8] = b"\xff" * 8
         data = bytes(tail)
     assert _load(llm, data) == 0
-    st = llm.locret_stats()
-    mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
-    assert st["n_cells_used"] == 0 and st["pos_logical"] == 0
-    assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == -1
-
-    fresh = make(model_path, heads_file)
-    n = 0
-    for toks, out in chunks(prompt_tokens, 6):
-        decode(llm, toks, n, out)
-        n = decode(fresh, toks, n, out)
-    np.testing.assert_array_equal(last_logits(llm), last_logits(fresh))
+    assert llm.locret_stats()["pos_logical"] == 0
+    assert_empty_then_like_a_fresh_context(llm, model_path, heads_file, prompt_tokens, 6)
     llm.close()
-    fresh.close()
