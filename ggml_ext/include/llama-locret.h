@@ -206,6 +206,11 @@ LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, lla
 LLAMA_API int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id seq_id, int32_t * logical_pos,
                                             llama_token * tokens, int32_t n_max);
 
+// Debug: bytes of the compute buffers of the context's scheduler (its graphs) and of an evicting memory's own
+// scheduler (the selection and compaction graphs), summed over backends. Both are sized when the context is made; a
+// size that changes later means a graph outgrew its reservation.
+LLAMA_API void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx_bytes, size_t * evict_bytes);
+
 // Test only: make the next matching operation of an evicting context fail, to check that every failure leaves the
 // context consistent and usable.
 enum llama_locret_fault {

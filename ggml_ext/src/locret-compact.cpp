@@ -84,9 +84,13 @@ locret_rerotation locret_rerotation_make(const llama_model & model, const llama_
 //
 
 void locret_moves::reset(size_t n_layers) {
-    src.assign(n_layers, {});
-    dst.assign(n_layers, {});
-    delta.assign(n_layers, {});
+    // cleared, not freed: the next eviction moves about as many rows
+    for (auto * v : { &src, &dst, &delta }) {
+        v->resize(n_layers);
+        for (auto & layer : *v) {
+            layer.clear();
+        }
+    }
 }
 
 bool locret_moves::empty() const {
@@ -173,6 +177,8 @@ void locret_v_trans_elements(const std::vector<int32_t> & rows, uint32_t n_head_
     }
 }
 
+} // namespace
+
 ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
         const std::vector<locret_kv_layer> & layers, const locret_moves & moves) {
     ggml_context * ctx0 = res->get_ctx();
@@ -221,6 +227,12 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         }
         ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, li.dst));
 
+        // the units' scores move with them (one float per (cell, KV head) row)
+        if (L.score != nullptr) {
+            ggml_tensor * s_rows = ggml_view_2d(ctx0, L.score, 1, ggml_nelements(L.score), sizeof(float), 0);
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, li.src), li.dst));
+        }
+
         // V: moved unchanged (a quantized row is dequantized and quantized again, which gives the same bytes)
         if (!v_trans) {
             ggml_tensor * v_rows = ggml_view_2d(ctx0, L.v, L.d_v, n_rows, ggml_row_size(L.v->type, L.d_v), 0);
@@ -243,28 +255,32 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
     return gf;
 }
 
-} // namespace
+bool locret_profile() {
+    static const bool on = getenv("LOCRET_PROFILE") != nullptr;
+    return on;
+}
 
-locret_compact_status locret_compact(llama_context * lctx, llama_kv_cache * kv, bool v_trans,
+locret_compact_status locret_compact(ggml_backend_sched_t sched, llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
         const std::vector<locret_kv_layer> & layers, const locret_moves & moves, bool fail_alloc, bool fail_compute) {
-    ggml_backend_sched_t sched = lctx->get_sched();
-    // the previous ubatch's outputs may still be copied out of the scheduler's buffers
-    ggml_backend_sched_synchronize(sched);
     ggml_backend_sched_reset(sched);
-
-    llm_graph_result * res = lctx->get_gf_res_reserve();
     res->reset();
     ggml_cgraph * gf = locret_build_compact_graph(res, kv, v_trans, layers, moves);
     if (fail_alloc || !ggml_backend_sched_alloc_graph(sched, gf)) {
         LLAMA_LOG_ERROR("%s: Locret: failed to allocate the compaction graph%s\n", __func__, fail_alloc ? " (injected)" : "");
         return LOCRET_COMPACT_NOT_RUN;
     }
+    const int64_t p0 = ggml_time_us();
     res->set_inputs(nullptr);
+    const int64_t p1 = ggml_time_us();
     if (fail_compute) {
         LLAMA_LOG_ERROR("%s: Locret: the compaction graph failed to start (injected)\n", __func__);
         return LOCRET_COMPACT_NOT_RUN;
     }
-    const ggml_status status = lctx->graph_compute(gf, true);
+    const ggml_status status = ggml_backend_sched_graph_compute(sched, gf);
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: compaction inputs %.2f compute %.2f ms (splits %d)\n", (p1 - p0) / 1e3,
+                (ggml_time_us() - p1) / 1e3, ggml_backend_sched_get_n_splits(sched));
+    }
     if (status != GGML_STATUS_SUCCESS) {
         LLAMA_LOG_ERROR("%s: Locret: the compaction graph failed (status %d)\n", __func__, (int) status);
         return LOCRET_COMPACT_FAILED;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ggml.h"
+#include "ggml-backend.h"
 
 #include <cstdint>
 #include <vector>
@@ -11,6 +12,7 @@ struct llama_context;
 struct llama_cparams;
 struct llama_model;
 class  llama_kv_cache;
+class  llm_graph_result;
 
 // ggml_rope_ext parameters that rotate one layer's stored keys by a position change. The exact form (the default) is
 // a pure rotation by the angles the model's own RoPE uses per position: YaRN's ramp, the frequency scale, llama3's
@@ -43,6 +45,7 @@ struct locret_kv_layer {
     uint32_t      d_v       = 0;
     ggml_tensor * k = nullptr;   // storage [d_k*n_head_kv, kv_size, n_stream]
     ggml_tensor * v = nullptr;   // storage [d_v*n_head_kv, kv_size, n_stream] (transposed per stream when v_trans)
+    ggml_tensor * score = nullptr; // the units' scores F32 [n_head_kv, kv_size*n_stream], moved with them; or NULL
     locret_rerotation rot;
 };
 
@@ -63,9 +66,17 @@ enum locret_compact_status {
     LOCRET_COMPACT_FAILED,  // the computation failed part-way: rows may be half moved
 };
 
-// Build and compute one graph that applies `moves` to the K/V storage of `kv` (layer by layer: gather the moving rows,
-// re-rotate the keys, write them to their new rows). `fail_alloc` / `fail_compute` make the corresponding step report
-// a failure without running (fault injection for tests).
-locret_compact_status locret_compact(llama_context * lctx, llama_kv_cache * kv, bool v_trans,
+// LOCRET_PROFILE=1: every eviction prints the time of its steps to stderr (selection graph, host selection, compaction
+// inputs and graph), to find where eviction time goes on a device
+bool locret_profile();
+
+// The graph that applies `moves` to the K/V storage of `kv` and to the layers' scores (layer by layer: gather the
+// moving rows, re-rotate the keys, write them to their new rows), built into `res`.
+ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
+                                         const std::vector<locret_kv_layer> & layers, const locret_moves & moves);
+
+// Build and compute that graph on `sched` (the memory's own scheduler). `fail_alloc` / `fail_compute` make the
+// corresponding step report a failure without running (fault injection for tests).
+locret_compact_status locret_compact(ggml_backend_sched_t sched, llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
                                      const std::vector<locret_kv_layer> & layers, const locret_moves & moves,
                                      bool fail_alloc, bool fail_compute);

@@ -200,6 +200,13 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
     return true;
 }
 
+void llama_locret_reserve(llama_context * ctx) {
+    llama_locret_memory * mem = locret_memory_of(llama_get_memory(ctx));
+    if (mem != nullptr && !mem->reserve(ctx)) {
+        throw std::runtime_error(std::string("Locret: ") + llama_locret_last_error());
+    }
+}
+
 int llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx) {
     llama_locret_memory * mem = nullptr;
     const locret_ubatch_plan * plan = locret_plan_of(mctx, &mem);
@@ -218,49 +225,35 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
         LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
         return false;
     }
-    // the scores feed the eviction only with the heads policy; the other policies score units when they evict
-    const bool evict_by_cis = mem != nullptr && mem->get_policy().uses_heads();
-    if (llama_locret_context_heads(lctx) == nullptr) {
+    // an evicting memory's scores stay on the device (the graph wrote them into its store): only the recorder reads
+    if (llama_locret_context_heads(lctx) == nullptr || !lctx->record) {
         return true;
     }
     // the graph may still be running on an asynchronous backend: wait before reading the scores
-    const int64_t t_start_us = ggml_time_us();
     ggml_backend_sched_synchronize(sched);
     const size_t n_layer   = lctx->heads->layers.size();
     const size_t n_head_kv = lctx->heads->n_head_kv;
     const size_t n_tokens  = ubatch.n_tokens;
     const size_t first     = lctx->positions.size();
-    if (lctx->record) {
-        lctx->rec_n_layer   = n_layer;
-        lctx->rec_n_head_kv = n_head_kv;
-        lctx->scores.resize((first + n_tokens) * n_layer * n_head_kv);
-    }
+    lctx->rec_n_layer   = n_layer;
+    lctx->rec_n_head_kv = n_head_kv;
+    lctx->scores.resize((first + n_tokens) * n_layer * n_head_kv);
     lctx->staging.resize(n_tokens * n_head_kv);
     for (size_t il = 0; il < n_layer; ++il) {
         ggml_tensor * cis = res->t_locret_cis[il]; // [n_head_kv, n_tokens]
         GGML_ASSERT(cis != nullptr && (size_t) cis->ne[0] == n_head_kv && (size_t) cis->ne[1] == n_tokens);
         ggml_backend_tensor_get(cis, lctx->staging.data(), 0, ggml_nbytes(cis));
-        if (evict_by_cis) {
-            mem->set_scores((uint32_t) il, lctx->staging.data(), (uint32_t) n_head_kv, *plan);
-        }
-        if (lctx->record) {
-            for (size_t t = 0; t < n_tokens; ++t) {
-                float * dst = &lctx->scores[((first + t) * n_layer + il) * n_head_kv];
-                for (size_t h = 0; h < n_head_kv; ++h) {
-                    dst[h] = lctx->staging[t * n_head_kv + h];
-                }
+        for (size_t t = 0; t < n_tokens; ++t) {
+            float * dst = &lctx->scores[((first + t) * n_layer + il) * n_head_kv];
+            for (size_t h = 0; h < n_head_kv; ++h) {
+                dst[h] = lctx->staging[t * n_head_kv + h];
             }
         }
     }
-    if (evict_by_cis) {
-        mem->t.readback_us += ggml_time_us() - t_start_us;
-    }
-    if (lctx->record) {
-        // the client's positions: an evicting memory gives the graph physical ones
-        for (size_t t = 0; t < n_tokens; ++t) {
-            lctx->positions.push_back(plan != nullptr ? plan->logical[t] : ubatch.pos[t]);
-            lctx->seq_ids.push_back(ubatch.seq_id[t][0]);
-        }
+    // the client's positions: an evicting memory gives the graph physical ones
+    for (size_t t = 0; t < n_tokens; ++t) {
+        lctx->positions.push_back(plan != nullptr ? plan->logical[t] : ubatch.pos[t]);
+        lctx->seq_ids.push_back(ubatch.seq_id[t][0]);
     }
     return true;
 }

@@ -161,6 +161,21 @@ int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id
     return n;
 }
 
+void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx_bytes, size_t * evict_bytes) {
+    ggml_backend_sched_t sched = ctx->get_sched();
+    size_t n = 0;
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(sched); ++i) {
+        n += ggml_backend_sched_get_buffer_size(sched, ggml_backend_sched_get_backend(sched, i));
+    }
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    if (ctx_bytes != nullptr) {
+        *ctx_bytes = n;
+    }
+    if (evict_bytes != nullptr) {
+        *evict_bytes = mem != nullptr ? mem->evict_buffer_size() : 0;
+    }
+}
+
 int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_locret_fault fault) {
     locret_set_error("");
     llama_locret_memory * mem = locret_memory_of(llama_get_memory(ctx));

@@ -3,9 +3,14 @@
 
 #include "locret-heads.h"
 #include "locret-hooks.h"
+#include "locret-memory.h"
 
 #include "llama-graph.h"
+#include "llama-batch.h"
 #include "llama-impl.h"
+
+#include <memory>
+#include <vector>
 
 // [d, n_heads, n_tokens] or [d*n_heads, n_tokens] -> [d*n_heads, n_tokens], without a copy when
 // each token's heads are packed (true for separate and fused QKV projections alike). n_tokens is
@@ -56,16 +61,60 @@ uint32_t llama_locret_graph_n_nodes(uint32_t n_layer) {
     return 24 * n_layer;
 }
 
+namespace {
+
+// the store rows of the ubatch's tokens: stream*n_cells + cell, where a Locret ubatch's cell is its physical position
+// and its stream its sequence (locret-memory.h)
+class locret_score_rows_input : public llm_graph_input_i {
+public:
+    locret_score_rows_input(ggml_tensor * rows, uint32_t n_cells) : rows(rows), n_cells(n_cells) {}
+
+    void set_input(const llama_ubatch * ubatch) override {
+        GGML_ASSERT(ubatch != nullptr && (int64_t) ubatch->n_tokens == rows->ne[0]);
+        data.resize(ubatch->n_tokens);
+        for (uint32_t t = 0; t < ubatch->n_tokens; ++t) {
+            data[t] = (int64_t) ubatch->seq_id[t][0] * n_cells + ubatch->pos[t];
+        }
+        ggml_backend_tensor_set(rows, data.data(), 0, ggml_nbytes(rows));
+    }
+
+    bool can_reuse(const llm_graph_params & params) override {
+        return (int64_t) params.ubatch.n_tokens == rows->ne[0];
+    }
+
+    ggml_tensor * rows; // I64 [n_tokens]
+    const uint32_t n_cells;
+    std::vector<int64_t> data;
+};
+
+} // namespace
+
 void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
-        const llama_locret_heads * heads, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens, int il) {
+        const llama_locret_heads * heads, const llama_memory_context_i * mctx,
+        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens, int il) {
     if (heads == nullptr || il < 0 || il >= (int) heads->layers.size()) {
         return;
     }
     ggml_tensor * cis = locret_build_cis(ctx, *heads, il, q, k, v, n_tokens);
     ggml_format_name(cis, "locret_cis-%d", il);
-    // an output: the allocator must not reuse its memory before the scores are read (or stored)
+    // an output: the allocator must not reuse its memory before the recorder reads the scores
     ggml_set_output(cis);
     ggml_build_forward_expand(gf, cis);
+
+    // an evicting memory keeps the scores beside the cache: written here like the keys, never read back per ubatch
+    llama_locret_memory * mem = locret_memory_of_context(mctx);
+    const int32_t i = mem != nullptr ? mem->layer_index((uint32_t) il) : -1;
+    ggml_tensor * store = i >= 0 ? mem->score_store(i) : nullptr;
+    if (store != nullptr) {
+        if (res->t_locret_rows == nullptr) {
+            ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
+            ggml_set_input(rows);
+            ggml_set_name(rows, "locret_score_rows");
+            res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells));
+            res->t_locret_rows = rows;
+        }
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, cis, res->t_locret_rows));
+    }
 
     if (res->t_locret_cis.size() < heads->layers.size()) {
         res->t_locret_cis.resize(heads->layers.size(), nullptr);

@@ -25,10 +25,11 @@ class  llm_graph_result;
 // loader leaves to llama_locret_heads_load
 bool llama_locret_is_heads_tensor(const std::string & name);
 
-// llm_graph_context::build_qkv (patches/0003): add the CIS of this layer's tokens to the graph.
+// llm_graph_context::build_qkv (patches/0003): add the CIS of this layer's tokens to the graph, and, when mctx belongs
+// to an evicting memory, write them into its score store beside the cache.
 // q: [d_head_k, n_head, n_tokens] (or [d_head_k*n_head, n_tokens]), k and v likewise for the KV heads.
 void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
-                                const llama_locret_heads * heads,
+                                const llama_locret_heads * heads, const llama_memory_context_i * mctx,
                                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens, int il);
 
 // llama_context::graph_max_nodes (patches/0004): graph nodes to reserve for Locret, whether or not heads are attached
@@ -62,9 +63,14 @@ llama_memory_i * llama_locret_memory_create(const llama_model & model, const lla
                                             llama_cparams & cparams, uint32_t n_ubatch_requested);
 
 // llama_context::process_ubatch (patches/0009), before the memory context places the ubatch: runs the eviction that
-// the split planned for it. 1 after an eviction (the scheduler was used: the previous graph cannot be reused), 0 when
-// none was due, -1 on failure (the scheduler may have been used then too).
+// the split planned for it (on the memory's own scheduler). 1 when the context's scheduler was used too (the previous
+// graph cannot be reused), 0 otherwise, -1 on failure (the context's scheduler may have been used then too).
 int llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx);
+
+// llama_context::sched_reserve (patches/0009), after the context reserved its graphs: an evicting memory makes the
+// scheduler and compute buffers of its eviction graphs for their worst case, so that no eviction allocates later.
+// Throws std::runtime_error when that fails.
+void llama_locret_reserve(llama_context * ctx);
 
 // llama_model destructor (patches/0009): forget the model's settings
 void llama_locret_model_forget(const llama_model * model);

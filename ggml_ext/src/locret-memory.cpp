@@ -17,6 +17,8 @@
 #include <limits>
 #include <stdexcept>
 #include <typeinfo>
+#include <atomic>
+#include <thread>
 
 //
 // memory contexts: llama.cpp's own (the graph reads them as such) plus the plan of each ubatch
@@ -79,6 +81,21 @@ public:
     }
 };
 
+// the contexts of a full-cache view (graph reservation): no plans, but the graph finds the memory (its score store)
+class locret_kv_full_context : public llama_kv_cache_context, public locret_batch {
+public:
+    locret_kv_full_context(llama_locret_memory * mem, llama_kv_cache * kv) : llama_kv_cache_context(kv) {
+        this->mem = mem;
+    }
+};
+
+class locret_iswa_full_context : public llama_kv_cache_iswa_context, public locret_batch {
+public:
+    locret_iswa_full_context(llama_locret_memory * mem, llama_kv_cache_iswa * kv) : llama_kv_cache_iswa_context(kv) {
+        this->mem = mem;
+    }
+};
+
 // a copy of `u` whose positions are `pos`: the graph gets physical positions, the client's batch keeps its own
 llama_ubatch locret_ubatch_with_pos(const llama_ubatch & u, const std::vector<llama_pos> & pos) {
     GGML_ASSERT(u.data != nullptr && u.n_pos == 1 && pos.size() == u.n_tokens);
@@ -105,12 +122,22 @@ llama_ubatch locret_ubatch_with_pos(const llama_ubatch & u, const std::vector<ll
 
 } // namespace
 
+// a stream's scores in the store: layer i's block [n_used][n_head_kv] (the store's own layout)
+static size_t locret_scores_offset(const ggml_tensor * st, uint32_t strm, uint32_t n_cells) {
+    return (size_t) strm * n_cells * st->nb[1];
+}
+
 llama_locret_memory * locret_memory_of(llama_memory_i * mem) {
     return dynamic_cast<llama_locret_memory *>(mem);
 }
 
 const llama_locret_memory * locret_memory_of(const llama_memory_i * mem) {
     return dynamic_cast<const llama_locret_memory *>(mem);
+}
+
+llama_locret_memory * locret_memory_of_context(const llama_memory_context_i * mctx) {
+    const auto * b = dynamic_cast<const locret_batch *>(mctx);
+    return b != nullptr ? b->mem : nullptr;
 }
 
 const locret_ubatch_plan * locret_plan_of(const llama_memory_context_i * mctx, llama_locret_memory ** mem) {
@@ -175,17 +202,54 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
     streams.resize(n_seq);
     for (auto & s : streams) {
         s.pos.resize(layers.size());
-        s.score.resize(layers.size());
         for (size_t i = 0; i < layers.size(); ++i) {
             s.pos[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, -1);
-            s.score[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, 0.0f);
         }
     }
+    if (policy->uses_heads()) {
+        make_score_store(n_seq);
+    }
 
-    LLAMA_LOG_INFO("%s: Locret eviction: policy %s, budget %u, stabilizers %u, local %u, chunk (ubatch) %u -> %u KV cells "
+    LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, budget %u, stabilizers %u, local %u, chunk (ubatch) %u -> %u KV cells "
             "per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
+            !policy->uses_heads() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
             cfg.budget, cfg.stabilizers, cfg.local, cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
             kv_swa ? ", window layers in their own cache" : "");
+}
+
+void llama_locret_memory::make_score_store(uint32_t n_seq) {
+    bool uniform = true;
+    for (const auto & L : layers) {
+        uniform = uniform && L.n_head_kv == layers[0].n_head_kv;
+    }
+    const int64_t n_rows = (int64_t) cfg.n_cells * n_seq;
+    ggml_init_params ip = { ggml_tensor_overhead() * (layers.size() + 1), nullptr, /*.no_alloc =*/ true };
+    scores_ctx.reset(ggml_init(ip));
+    ggml_context * ctx = scores_ctx.get();
+    scores_of_layer.resize(layers.size());
+    if (uniform) {
+        scores_all = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, layers[0].n_head_kv, n_rows, (int64_t) layers.size());
+        ggml_set_name(scores_all, "locret_scores");
+    }
+    for (size_t i = 0; i < layers.size(); ++i) {
+        scores_of_layer[i] = uniform
+            ? ggml_view_2d(ctx, scores_all, layers[i].n_head_kv, n_rows, scores_all->nb[1], i * scores_all->nb[2])
+            : ggml_new_tensor_2d(ctx, GGML_TYPE_F32, layers[i].n_head_kv, n_rows);
+        ggml_format_name(scores_of_layer[i], "locret_scores-%u", layers[i].il);
+        layers[i].score = scores_of_layer[i];
+    }
+    // beside the keys they rank: the graph writes them where it writes the keys, and selects there
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(layers[0].k->buffer);
+    scores_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
+    if (!scores_buf) {
+        throw std::runtime_error("failed to allocate the Locret score store");
+    }
+    ggml_backend_buffer_clear(scores_buf.get(), 0);
+
+    select_graph = uniform && !ggml_backend_buffer_is_host(scores_buf.get());
+    if (const char * e = getenv("LOCRET_DEBUG_SELECT")) {
+        select_graph = uniform && strcmp(e, "graph") == 0 ? true : strcmp(e, "host") == 0 ? false : select_graph;
+    }
 }
 
 int32_t llama_locret_memory::layer_index(uint32_t il) const {
@@ -202,6 +266,16 @@ bool llama_locret_memory::take_fault(locret_fault f) {
     }
     fault = LOCRET_FAULT_NONE;
     return true;
+}
+
+size_t llama_locret_memory::evict_buffer_size() const {
+    size_t n = 0;
+    if (evict_sched) {
+        for (int i = 0; i < ggml_backend_sched_get_n_backends(evict_sched.get()); ++i) {
+            n += ggml_backend_sched_get_buffer_size(evict_sched.get(), ggml_backend_sched_get_backend(evict_sched.get(), i));
+        }
+    }
+    return n;
 }
 
 uint64_t llama_locret_memory::kv_bytes() const {
@@ -400,7 +474,10 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
 }
 
 llama_memory_context_ptr llama_locret_memory::init_full() {
-    return inner->init_full();
+    if (iswa != nullptr) {
+        return std::make_unique<locret_iswa_full_context>(this, iswa);
+    }
+    return std::make_unique<locret_kv_full_context>(this, kv);
 }
 
 llama_memory_context_ptr llama_locret_memory::init_update(llama_context * lctx, bool optimize) {
@@ -429,25 +506,10 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         locret_stream & s = streams[plan.strm[t]];
         for (size_t i = 0; i < layers.size(); ++i) {
             for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
-                s.pos[i]  [(size_t) h * cfg.n_cells + plan.cell[t]] = plan.logical[t];
-                s.score[i][(size_t) h * cfg.n_cells + plan.cell[t]] = 0.0f;
+                s.pos[i][(size_t) h * cfg.n_cells + plan.cell[t]] = plan.logical[t];
             }
         }
         s.logical_next = std::max(s.logical_next, plan.logical[t] + 1);
-    }
-}
-
-void llama_locret_memory::set_scores(uint32_t il, const float * cis, uint32_t n_head_kv, const locret_ubatch_plan & plan) {
-    const int32_t i = layer_index(il);
-    if (i < 0) {
-        return; // a window layer: never evicted
-    }
-    GGML_ASSERT(n_head_kv == layers[i].n_head_kv);
-    for (size_t t = 0; t < plan.cell.size(); ++t) {
-        float * score = streams[plan.strm[t]].score[i].data() + plan.cell[t];
-        for (uint32_t h = 0; h < n_head_kv; ++h) {
-            score[(size_t) h * cfg.n_cells] = cis[t * n_head_kv + h];
-        }
     }
 }
 
@@ -469,67 +531,263 @@ bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llam
     return kv_swa->update(lctx, true, {});
 }
 
-int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
-    const int64_t t_start_us = ggml_time_us();
-    // the selections, on copies of the bookkeeping: nothing changes until the graph has run
-    struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; std::vector<std::vector<int32_t>> pos; std::vector<std::vector<float>> score; };
-    std::vector<pending_t> pending;
+bool llama_locret_memory::reserve(llama_context * lctx) {
+    // the context's backends, each with its default buffer type
+    ggml_backend_sched_t ctx_sched = lctx->get_sched();
+    std::vector<ggml_backend_t> backends;
+    std::vector<ggml_backend_buffer_type_t> bufts;
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(ctx_sched); ++i) {
+        backends.push_back(ggml_backend_sched_get_backend(ctx_sched, i));
+        bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
+    }
+    const size_t max_nodes = 32 * layers.size() + 64;
+    evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
+    evict_res.reset(new llm_graph_result((int64_t) max_nodes));
+
+    // the worst cases: every retained unit of every sequence moves; a selection from a full cache
     locret_moves moves;
     moves.reset(layers.size());
-    std::vector<uint32_t> keep;
+    const uint32_t n_seq = (uint32_t) streams.size();
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const int64_t n_moves = (int64_t) n_seq * cfg.budget * layers[i].n_head_kv;
+        moves.src[i].assign(n_moves, 0);
+        moves.dst[i].assign(n_moves, 0);
+        moves.delta[i].assign(n_moves, 0);
+    }
+    evict_res->reset();
+    ggml_cgraph * gf = locret_build_compact_graph(evict_res.get(), kv, v_trans, layers, moves);
+    bool ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    if (ok && select_graph && cfg.budget < cfg.capacity) {
+        evict_res->reset();
+        gf = evict_res->get_gf();
+        ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, cfg.capacity, cfg.budget));
+        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    }
+    evict_res->reset();
+    ggml_backend_sched_reset(evict_sched.get());
+    if (!ok) {
+        locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
+        return false;
+    }
+    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, score store %.2f MiB\n", __func__,
+            evict_buffer_size() / 1024.0 / 1024.0, scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) / 1024.0 / 1024.0 : 0.0);
+    return true;
+}
+
+// f(i) for i in [0, n), spread over up to 16 threads: the host's part of an eviction is O(n) per (layer, KV head) and
+// the device waits for it, so every core helps (layers are independent: each writes only its own rows and moves)
+template <typename F>
+static void locret_parallel_for(size_t n, unsigned max_threads, F && f) {
+    const size_t n_threads = std::min<size_t>(n, std::max(1u, std::min(max_threads, std::thread::hardware_concurrency())));
+    std::atomic<size_t> next { 0 };
+    auto work = [&]() {
+        for (size_t i = next++; i < n; i = next++) {
+            f(i);
+        }
+    };
+    std::vector<std::thread> workers;
+    for (size_t t = 1; t < n_threads; ++t) {
+        workers.emplace_back(work);
+    }
+    work();
+    for (auto & w : workers) {
+        w.join();
+    }
+}
+
+bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t n_cand, uint32_t n_top) {
+    const int64_t p0 = ggml_time_us();
+    ggml_backend_sched_t sched = evict_sched.get();
+    ggml_backend_sched_reset(sched);
+    evict_res->reset();
+    ggml_cgraph * gf = evict_res->get_gf();
+    ggml_tensor * top = locret_build_select(evict_res->get_ctx(), scores_all, strm, cfg.n_cells, n_cand, n_top);
+    ggml_build_forward_expand(gf, top);
+    const int64_t p1 = ggml_time_us();
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+        LLAMA_LOG_ERROR("%s: Locret: the selection graph failed\n", __func__);
+        return false;
+    }
+    const int64_t p2 = ggml_time_us();
+    if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+        LLAMA_LOG_ERROR("%s: Locret: the selection graph failed\n", __func__);
+        return false;
+    }
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: select build %.2f alloc %.2f compute %.2f ms (splits %d)\n", (p1 - p0) / 1e3,
+                (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3, ggml_backend_sched_get_n_splits(sched));
+    }
+    // the one read-back of an eviction: the kept cells of every (layer, KV head)
+    const int64_t t0_us = ggml_time_us();
+    select_idx.resize((size_t) ggml_nelements(top));
+    ggml_backend_tensor_get(top, select_idx.data(), 0, ggml_nbytes(top));
+    t.readback_us += ggml_time_us() - t0_us;
+    return true;
+}
+
+void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t strm, uint32_t n_used, uint32_t n_keep,
+        uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
+    const uint32_t n_head_kv = layers[i].n_head_kv;
+    const uint32_t n_top     = n_keep - n_stab;
+    std::vector<uint8_t>  mark;
+    std::vector<float>    row;
+    std::vector<uint32_t> kept;
+    for (uint32_t h = 0; h < n_head_kv; ++h) {
+        uint32_t * out = keep + (row0 + h) * n_keep;
+        if (from_idx) {
+            locret_keep_from_top(select_idx.data() + (row0 + h) * n_top, n_top, n_used, n_stab, out, mark);
+            continue;
+        }
+        row.resize(n_used);
+        if (policy->uses_heads()) {
+            for (uint32_t c = 0; c < n_used; ++c) {
+                row[c] = block[(size_t) c * n_head_kv + h];
+            }
+        } else {
+            policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+        }
+        locret_select(row.data(), n_used, n_keep, n_stab, kept);
+        std::copy(kept.begin(), kept.end(), out);
+    }
+    GGML_UNUSED(strm);
+}
+
+int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
+    // the previous ubatch wrote the scores and reads the cells that move: wait for it
+    ggml_backend_sched_synchronize(lctx->get_sched());
+    const int64_t t_start_us = ggml_time_us();
+    const uint64_t readback_before_us = t.readback_us;
+
+    // the selections, into the pending positions: nothing changes until the compaction has run
+    struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; };
+    std::vector<pending_t> pending;
+    locret_moves & moves = evict_moves;
+    moves.reset(layers.size());
+    std::vector<size_t> row0(layers.size() + 1, 0); // first (layer, KV head) row of each layer
+    for (size_t i = 0; i < layers.size(); ++i) {
+        row0[i + 1] = row0[i] + layers[i].n_head_kv;
+    }
     for (const auto & st : plan.steps) {
         const locret_stream & s = streams[st.strm];
         if (st.n_keep >= s.n_used) {
             continue;
         }
         GGML_ASSERT(st.n_stab <= st.n_keep);
-        pending_t pd { st.strm, st.n_keep, st.n_stab, s.pos, s.score };
-        for (size_t i = 0; i < layers.size(); ++i) {
+        const uint32_t n_used = s.n_used;
+        const uint32_t n_cand = n_used - st.n_stab;
+        const uint32_t n_top  = st.n_keep - st.n_stab;
+
+        // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
+        const bool on_device = policy->uses_heads() && select_graph && n_top > 0 && n_top < n_cand;
+        if (on_device && !select_on_device(st.strm, n_cand, n_top)) {
+            locret_set_error("the Locret selection graph could not run; the cache is unchanged");
+            return -1;
+        }
+        std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
+        if (!on_device && policy->uses_heads()) {
+            size_t n_floats = 0;
+            for (size_t i = 0; i < layers.size(); ++i) {
+                n_floats += (size_t) n_used * layers[i].n_head_kv;
+            }
+            select_scores.resize(n_floats);
+            const int64_t t0_us = ggml_time_us();
+            size_t at = 0;
+            for (size_t i = 0; i < layers.size(); ++i) {
+                const ggml_tensor * st_i = scores_of_layer[i];
+                const size_t offset = locret_scores_offset(st_i, st.strm, cfg.n_cells);
+                if (ggml_backend_buffer_is_host(st_i->buffer)) {
+                    blocks[i] = (const float *) ((const char *) st_i->data + offset);
+                } else {
+                    const size_t n = (size_t) n_used * layers[i].n_head_kv;
+                    ggml_backend_tensor_get(st_i, select_scores.data() + at, offset, n * sizeof(float));
+                    blocks[i] = select_scores.data() + at;
+                    at += n;
+                }
+            }
+            t.readback_us += ggml_time_us() - t0_us;
+        }
+
+        if (pos_next.size() <= pending.size()) {
+            pos_next.resize(pending.size() + 1);
+        }
+        auto & next = pos_next[pending.size()];
+        next.resize(layers.size());
+        evict_keep.resize(row0.back() * st.n_keep);
+        const int64_t base = (int64_t) st.strm * cfg.n_cells;
+        // threads only where the work outweighs starting them (a few hundred thousand units)
+        const size_t n_work = row0.back() * (size_t) n_used;
+        locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
+            select_layer(i, row0[i], st.strm, n_used, st.n_keep, st.n_stab, on_device, blocks[i], s, evict_keep.data());
             const uint32_t n_head_kv = layers[i].n_head_kv;
+            next[i].resize(s.pos[i].size());
+            // the layer's moves are appended through plain pointers: the vectors' headers sit side by side for all
+            // layers, and a push_back per move from several threads would share their cache lines
+            auto & src = moves.src[i];
+            auto & dst = moves.dst[i];
+            auto & dlt = moves.delta[i];
+            const size_t n0 = src.size();
+            src.resize(n0 + (size_t) n_head_kv * st.n_keep);
+            dst.resize(src.size());
+            dlt.resize(src.size());
+            int32_t * p_src = src.data() + n0;
+            int32_t * p_dst = dst.data() + n0;
+            int32_t * p_dlt = dlt.data() + n0;
+            size_t n = 0;
             for (uint32_t h = 0; h < n_head_kv; ++h) {
-                int32_t * pos   = pd.pos[i].data()   + (size_t) h * cfg.n_cells;
-                float   * score = pd.score[i].data() + (size_t) h * cfg.n_cells;
-                policy->score({ layers[i].il, h, pos, score, s.n_used, s.logical_next });
-                locret_select(score, s.n_used, st.n_keep, st.n_stab, keep);
+                const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
+                int32_t        * pos_new = next[i].data()  + (size_t) h * cfg.n_cells;
+                const uint32_t * kept    = evict_keep.data() + (row0[i] + h) * st.n_keep;
                 for (uint32_t k = 0; k < st.n_keep; ++k) {
-                    const uint32_t c = keep[k]; // c >= k: compacting forward in place is safe
-                    pos[k]   = pos[c];
-                    score[k] = score[c];
+                    const uint32_t c = kept[k]; // c >= k: compacting forward in place is safe
+                    pos_new[k] = pos[c];
                     if (c != k) {
-                        const int64_t base = (int64_t) st.strm * cfg.n_cells;
-                        moves.src[i].push_back((int32_t) ((base + c) * n_head_kv + h));
-                        moves.dst[i].push_back((int32_t) ((base + k) * n_head_kv + h));
-                        moves.delta[i].push_back((int32_t) k - (int32_t) c);
+                        p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
+                        p_dst[n] = (int32_t) ((base + k) * n_head_kv + h);
+                        p_dlt[n] = (int32_t) k - (int32_t) c;
+                        ++n;
                     }
                 }
-                std::fill(pos + st.n_keep, pos + s.n_used, -1);
             }
+            src.resize(n0 + n);
+            dst.resize(n0 + n);
+            dlt.resize(n0 + n);
+        });
+        pending.push_back({ st.strm, st.n_keep, st.n_stab });
+        if (locret_profile()) {
+            fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start\n", on_device ? "device" : "host",
+                    (ggml_time_us() - t_start_us) / 1e3);
         }
-        pending.push_back(std::move(pd));
     }
     if (pending.empty()) {
         return 0;
     }
     const int64_t t_selected_us = ggml_time_us();
-    t.select_us += t_selected_us - t_start_us;
+    // the device selection accounted for its own time; the host's (and the bookkeeping) is the rest
+    t.select_us += (uint64_t) (t_selected_us - t_start_us) - (t.readback_us - readback_before_us);
 
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
-        locret_compact(lctx, kv, v_trans, layers, moves, take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
+        locret_compact(evict_sched.get(), evict_res.get(), kv, v_trans, layers, moves,
+                take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
     if (status == LOCRET_COMPACT_NOT_RUN) {
         locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
         return -1;
     }
     bool ok = status == LOCRET_COMPACT_OK;
-
-    for (auto & pd : pending) {
-        locret_stream & s = streams[pd.strm];
-        if (!ok) {
-            break;
+    if (locret_profile()) {
+        size_t n_moves = 0;
+        for (const auto & m : moves.src) {
+            n_moves += m.size();
         }
+        fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", n_moves, (ggml_time_us() - t_selected_us) / 1e3);
+    }
+
+    bool shifted = false;
+    for (size_t p = 0; p < pending.size() && ok; ++p) {
+        const pending_t & pd = pending[p];
+        locret_stream & s = streams[pd.strm];
         const uint32_t n_used = s.n_used;
         free_cells(pd.strm, pd.n_keep);
-        s.pos   = std::move(pd.pos);
-        s.score = std::move(pd.score);
+        s.pos.swap(pos_next[p]);
         uint64_t n_evicted = 0;
         for (const auto & L : layers) {
             n_evicted += (uint64_t) L.n_head_kv * (n_used - pd.n_keep);
@@ -539,6 +797,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         s.undo.valid       = false;
         s.n_evictions     += 1;
         s.n_units_evicted += n_evicted;
+        shifted = shifted || kv_swa != nullptr;
         if (!shift_window(lctx, pd.strm, -(llama_pos) (n_used - pd.n_keep))) {
             LLAMA_LOG_ERROR("%s: Locret: the window cache could not follow the compaction\n", __func__);
             ok = false;
@@ -559,7 +818,9 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         return -1;
     }
     t.compact_us += ggml_time_us() - t_selected_us;
-    return 1;
+    // the eviction graphs have their own scheduler: the context's last graph stays reusable, unless the window cache
+    // was shifted (llama.cpp's K-shift runs on the context's scheduler)
+    return shifted ? 1 : 0;
 }
 
 //
@@ -569,7 +830,6 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
 void llama_locret_memory::reset_stream(locret_stream & s) {
     for (size_t i = 0; i < layers.size(); ++i) {
         std::fill(s.pos[i].begin(), s.pos[i].end(), -1);
-        std::fill(s.score[i].begin(), s.score[i].end(), 0.0f);
     }
     s.n_used       = 0;
     s.uniform_from = 0;
@@ -669,7 +929,18 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
     // the streams' cells are copied at the next update (llama.cpp's stream copy), the bookkeeping now
     inner->seq_cp(seq_id_src, seq_id_dst, -1, -1);
     streams[seq_id_dst] = src;
+    copy_scores((uint32_t) seq_id_src, (uint32_t) seq_id_dst);
     streams[seq_id_dst].undo.valid = false;
+}
+
+void llama_locret_memory::copy_scores(uint32_t strm_src, uint32_t strm_dst) {
+    const uint32_t n_used = streams[strm_src].n_used;
+    std::vector<float> buf;
+    for (ggml_tensor * st : scores_of_layer) {
+        buf.resize((size_t) n_used * st->ne[0]);
+        ggml_backend_tensor_get(st, buf.data(), locret_scores_offset(st, strm_src, cfg.n_cells), buf.size() * sizeof(float));
+        ggml_backend_tensor_set(st, buf.data(), locret_scores_offset(st, strm_dst, cfg.n_cells), buf.size() * sizeof(float));
+    }
 }
 
 void llama_locret_memory::seq_keep(llama_seq_id seq_id) {
@@ -691,10 +962,13 @@ void llama_locret_memory::seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p
     if (p1 < 0) {
         p1 = std::numeric_limits<llama_pos>::max();
     }
-    for (auto & layer_pos : s.pos) {
-        for (auto & p : layer_pos) {
-            if (p >= 0 && p >= p0 && p < p1) {
-                p += shift;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
+            int32_t * pos = s.pos[i].data() + (size_t) h * cfg.n_cells;
+            for (uint32_t c = 0; c < s.n_used; ++c) {
+                if (pos[c] >= p0 && pos[c] < p1) {
+                    pos[c] += shift;
+                }
             }
         }
     }
@@ -739,7 +1013,11 @@ llama_pos llama_locret_memory::seq_pos_max(llama_seq_id seq_id) const {
 }
 
 std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdown() const {
-    return inner->memory_breakdown();
+    auto res = inner->memory_breakdown();
+    if (scores_buf) {
+        res[ggml_backend_buffer_get_type(scores_buf.get())] += ggml_backend_buffer_get_size(scores_buf.get());
+    }
+    return res;
 }
 
 //
@@ -792,10 +1070,21 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
         io.write(fields, sizeof(fields));
         io.write(&next, sizeof(next));
         io.write(stats, sizeof(stats));
+        std::vector<float> block; // layer i's scores [n_used][n_head_kv], or zeros for a policy without heads
+        std::vector<float> row(s.n_used);
         for (size_t i = 0; i < layers.size(); ++i) {
-            for (uint32_t hd = 0; hd < layers[i].n_head_kv; ++hd) {
-                io.write(s.pos[i].data()   + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
-                io.write(s.score[i].data() + (size_t) hd * cfg.n_cells, sizeof(float)   * s.n_used);
+            const uint32_t n_head_kv = layers[i].n_head_kv;
+            block.assign((size_t) s.n_used * n_head_kv, 0.0f);
+            if (!scores_of_layer.empty() && s.n_used > 0) {
+                ggml_tensor * st = scores_of_layer[i];
+                ggml_backend_tensor_get(st, block.data(), locret_scores_offset(st, id, cfg.n_cells), block.size() * sizeof(float));
+            }
+            for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
+                for (uint32_t c = 0; c < s.n_used; ++c) {
+                    row[c] = block[(size_t) c * n_head_kv + hd];
+                }
+                io.write(s.pos[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
+                io.write(row.data(), sizeof(float) * s.n_used);
             }
         }
     }
@@ -866,16 +1155,25 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.logical_next    = (llama_pos) next;
             s.n_evictions     = stats[0];
             s.n_units_evicted = stats[1];
+            std::vector<float> block;
+            std::vector<float> row(s.n_used);
             for (size_t i = 0; i < layers.size(); ++i) {
-                for (uint32_t hd = 0; hd < layers[i].n_head_kv; ++hd) {
+                const uint32_t n_head_kv = layers[i].n_head_kv;
+                block.assign((size_t) s.n_used * n_head_kv, 0.0f);
+                for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
                     int32_t * pos = s.pos[i].data() + (size_t) hd * cfg.n_cells;
                     io.read(pos, sizeof(int32_t) * s.n_used);
-                    io.read(s.score[i].data() + (size_t) hd * cfg.n_cells, sizeof(float) * s.n_used);
+                    io.read(row.data(), sizeof(float) * s.n_used);
                     for (uint32_t c = 0; c < s.n_used; ++c) {
                         if (pos[c] < 0 || pos[c] >= s.logical_next || (c > 0 && pos[c] <= pos[c - 1])) {
                             throw std::runtime_error("Locret: the saved state is corrupt (positions out of order)");
                         }
+                        block[(size_t) c * n_head_kv + hd] = row[c];
                     }
+                }
+                if (!scores_of_layer.empty() && s.n_used > 0) {
+                    ggml_tensor * st = scores_of_layer[i];
+                    ggml_backend_tensor_set(st, block.data(), locret_scores_offset(st, id, cfg.n_cells), block.size() * sizeof(float));
                 }
             }
             // llama.cpp restored the cells from 0: they must be exactly the used ones

@@ -26,6 +26,9 @@
 #include "llama-kv-cache-iswa.h"
 #include "llama-kv-cache.h"
 #include "llama-memory.h"
+#include "llama-graph.h"
+
+#include "ggml-cpp.h"
 
 #include <memory>
 #include <vector>
@@ -70,9 +73,9 @@ struct locret_stream {
     uint64_t n_evictions     = 0;
     uint64_t n_units_evicted = 0;   // summed over layers and KV heads
 
-    // per evicting layer: [n_head_kv][n_cells] logical position and score of the unit in each cell
+    // per evicting layer: [n_head_kv][n_cells] logical position of the unit in each cell (valid below n_used); the
+    // units' scores live beside the cache, on its device (llama_locret_memory::scores)
     std::vector<std::vector<int32_t>> pos;
-    std::vector<std::vector<float>>   score;
 
     // the state before the last part placed, so that a failed ubatch is taken back exactly
     struct {
@@ -122,15 +125,25 @@ public:
     // Locret
     //
 
-    // the eviction the plan puts before its ubatch: 1 if a graph ran, 0 if none was due, -1 on failure (the cache is
-    // then as before, or, if the computation failed part-way, the affected sequences are emptied)
+    // the eviction the plan puts before its ubatch, on the memory's own scheduler: 1 if the context's scheduler was used
+    // too (an iSWA window cache was shifted: the context's last graph cannot be reused), 0 otherwise (evicted or not
+    // due), -1 on failure (the cache is then as before, or, if the computation failed part-way, the affected sequences
+    // are emptied)
     int evict(llama_context * lctx, const locret_ubatch_plan & plan);
 
     // the inner cache placed the plan's ubatch: record its units
     void placed(const locret_ubatch_plan & plan);
 
-    // the causal importance scores of model layer il for the plan's ubatch: float [n_tokens][n_head_kv]
-    void set_scores(uint32_t il, const float * cis, uint32_t n_head_kv, const locret_ubatch_plan & plan);
+    // the score store the graph writes each ubatch's causal importance scores into (heads policy only), or NULL:
+    // layer i (index into get_layers()) is F32 [n_head_kv, n_cells*n_streams]; a unit's score sits at row
+    // strm*n_cells + cell like its key
+    ggml_tensor * score_store(int32_t i) const { return scores_of_layer.empty() ? nullptr : scores_of_layer[i]; }
+
+    // the scheduler and compute buffers of the eviction graphs (selection, compaction), apart from the context's so
+    // that its graphs stay allocated (and reusable) across evictions; made for the worst case when the context
+    // reserves its own graphs. false (with the reason in llama_locret_last_error) when that fails.
+    bool reserve(llama_context * lctx);
+    size_t evict_buffer_size() const; // bytes of the eviction graphs' compute buffers
 
     // a fault injected for the next matching operation; consumes it when it matches
     void inject_fault(locret_fault f) { fault = f; }
@@ -150,10 +163,14 @@ public:
 
     // where eviction time goes (microseconds, summed over sequences)
     struct timing {
-        uint64_t select_us   = 0;
-        uint64_t compact_us  = 0;
-        uint64_t readback_us = 0;
+        uint64_t select_us   = 0; // choosing what stays: the selection graph or the host's selection, and bookkeeping
+        uint64_t compact_us  = 0; // the compaction graph and the window cache's shifts
+        uint64_t readback_us = 0; // copying what the host needs (the kept cells, or the scores for a host selection)
     } t;
+
+    // where the heads policy selects: on the device with a graph (the default when the scores are not in host memory),
+    // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
+    bool selects_on_device() const { return select_graph; }
 
 private:
     const llama_model & model;
@@ -170,7 +187,36 @@ private:
     std::vector<int32_t>         layer_of_il; // model layer -> index into layers, or -1
     std::vector<locret_stream>   streams;     // one per sequence
 
+    // the score store (heads policy): one F32 tensor [n_head_kv, n_cells*n_streams, n_layers] in the cache's buffer
+    // type when every layer has the same KV heads, else one per layer; views per layer
+    ggml_context_ptr          scores_ctx;
+    ggml_backend_buffer_ptr   scores_buf;
+    ggml_tensor             * scores_all = nullptr; // the 3-d tensor, or NULL when the layers differ
+    std::vector<ggml_tensor *> scores_of_layer;
+    bool select_graph = false;
+
+    // the eviction graphs' scheduler and graph
+    ggml_backend_sched_ptr             evict_sched;
+    std::unique_ptr<llm_graph_result>  evict_res;
+
+    // per pending eviction: the positions after it, swapped in when it succeeds
+    std::vector<std::vector<std::vector<int32_t>>> pos_next;
+
     locret_fault fault = LOCRET_FAULT_NONE;
+
+    // the device's selection for stream `strm` into select_idx: I32 [n_top] per (layer, KV head), unordered
+    bool select_on_device(uint32_t strm, uint32_t n_cand, uint32_t n_top);
+    // the kept cells of layer i's KV heads, in cell order, at keep[(row0 + h)*n_keep]: from select_idx (from_idx), else
+    // by the host from `block` (the stream's scores of the layer, [n_used][n_head_kv]) or the policy's scores
+    void select_layer(size_t i, size_t row0, uint32_t strm, uint32_t n_used, uint32_t n_keep, uint32_t n_stab,
+                      bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const;
+    void copy_scores(uint32_t strm_src, uint32_t strm_dst);
+    // scratch of an eviction, kept between evictions (no allocation once they have grown)
+    std::vector<int32_t>  select_idx;    // the device's selection
+    std::vector<float>    select_scores; // the scores read back for a host selection
+    std::vector<uint32_t> evict_keep;    // the kept cells of every (layer, KV head)
+    locret_moves          evict_moves;
+    void make_score_store(uint32_t n_seq);
 
     // the eviction and placement that put a part of n_tokens after `s`'s current state; returns n_keep
     uint32_t plan_eviction(uint32_t n_used, bool prev_output, uint32_t n_tokens, bool output, uint32_t & n_stab) const;
@@ -183,6 +229,9 @@ private:
 // the Locret memory behind a llama_context's memory, or NULL
 llama_locret_memory * locret_memory_of(llama_memory_i * mem);
 const llama_locret_memory * locret_memory_of(const llama_memory_i * mem);
+
+// the Locret memory a memory context belongs to (a ubatch's or the full view of graph reservation), or NULL
+llama_locret_memory * locret_memory_of_context(const llama_memory_context_i * mctx);
 
 // the plan of the ubatch a memory context is at, when the context is a Locret one (else NULL)
 const locret_ubatch_plan * locret_plan_of(const llama_memory_context_i * mctx, llama_locret_memory ** mem);

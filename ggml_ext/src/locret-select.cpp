@@ -1,6 +1,9 @@
-// Top-b selection on the host: O(n) partition, then the kept cells sorted back into cell order.
+// Top-b selection: on the host an O(n) partition per row, then the kept cells sorted back into cell order; on the
+// device a graph of existing ops over every row at once (see locret-select.h), whose result the host puts in cell order.
 
 #include "locret-select.h"
+
+#include "ggml.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,5 +27,58 @@ void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32
     std::sort(keep.begin(), keep.end());
     for (uint32_t c = n_cand; c < n_used; ++c) {
         keep.push_back(c);
+    }
+}
+
+ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
+        uint32_t n_cand, uint32_t n_top) {
+    GGML_ASSERT(n_top > 0 && n_top < n_cand && n_cand < (1u << 24));
+    const int64_t n_head_kv = scores->ne[0];
+    const int64_t n_layers  = scores->ne[2];
+    const int64_t n_rows    = n_head_kv * n_layers;
+
+    // s: [n_cand, n_rows], one row of candidate scores per (layer, KV head)
+    ggml_tensor * s = ggml_view_3d(ctx, scores, n_head_kv, n_cand, n_layers, scores->nb[1], scores->nb[2],
+            (size_t) strm * n_cells * scores->nb[1]);
+    s = ggml_cont(ctx, ggml_permute(ctx, s, 1, 0, 2, 3));
+    s = ggml_reshape_2d(ctx, s, n_cand, n_rows);
+
+    // t: [1, n_rows], each row's n_top-th largest score
+    ggml_tensor * order = ggml_argsort(ctx, s, GGML_SORT_ORDER_DESC); // I32 [n_cand, n_rows]
+    ggml_tensor * nth   = ggml_cont(ctx, ggml_view_2d(ctx, order, 1, n_rows, order->nb[1], (size_t) (n_top - 1) * order->nb[0]));
+    ggml_tensor * t     = ggml_get_rows(ctx, ggml_reshape_3d(ctx, s, 1, n_cand, n_rows), nth); // [1, 1, n_rows]
+    t = ggml_reshape_2d(ctx, t, 1, n_rows);
+
+    // key: [n_cand, n_rows]
+    ggml_tensor * d     = ggml_sub(ctx, s, t);
+    ggml_tensor * above = ggml_step(ctx, d);                    // 1 where score > t
+    ggml_tensor * below = ggml_step(ctx, ggml_neg(ctx, d));     // 1 where score < t
+    ggml_tensor * equal = ggml_scale_bias(ctx, ggml_add(ctx, above, below), -1.0f, 1.0f);
+    ggml_tensor * later = ggml_scale_bias(ctx, ggml_arange(ctx, 0.0f, (float) n_cand, 1.0f), -1.0f, 16777216.0f); // 2^24 - cell
+    ggml_tensor * key   = ggml_add(ctx, ggml_scale(ctx, above, 33554432.0f), ggml_mul(ctx, equal, later));
+
+    ggml_tensor * top = ggml_top_k(ctx, key, n_top); // I32 [n_top, n_rows]
+    ggml_set_name(top, "locret_keep");
+    ggml_set_output(top);
+    return top;
+}
+
+void locret_keep_from_top(const int32_t * top, uint32_t n_top, uint32_t n_used, uint32_t n_stab, uint32_t * keep,
+        std::vector<uint8_t> & kept) {
+    const uint32_t n_cand = n_used - n_stab;
+    kept.assign(n_cand, 0);
+    for (uint32_t k = 0; k < n_top; ++k) {
+        GGML_ASSERT(top[k] >= 0 && (uint32_t) top[k] < n_cand);
+        kept[top[k]] = 1;
+    }
+    uint32_t n = 0;
+    for (uint32_t c = 0; c < n_cand; ++c) {
+        if (kept[c]) {
+            keep[n++] = c;
+        }
+    }
+    GGML_ASSERT(n == n_top && "Locret: the device selection returned a cell twice");
+    for (uint32_t c = n_cand; c < n_used; ++c) {
+        keep[n++] = c;
     }
 }

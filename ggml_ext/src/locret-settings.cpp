@@ -3,6 +3,7 @@
 
 #include "locret-settings.h"
 #include "locret-heads.h"
+#include "locret-hooks.h"
 
 #include "llama-cparams.h"
 #include "llama-impl.h"

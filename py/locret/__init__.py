@@ -8,11 +8,15 @@ import it before ``llama_cpp``::
 """
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
 from ._library import LibraryError, library_path, point_llama_cpp_at_our_library, tool_path
 
-__version__ = _dist_version("locret")
+try:
+    __version__ = _dist_version("locret")
+except PackageNotFoundError:  # run from a bare tree through PYTHONPATH=py (e.g. scripts/make_shape_models.py)
+    __version__ = "0+unknown"
 
 point_llama_cpp_at_our_library()
 

@@ -50,6 +50,8 @@ _SIGNATURES = {
                                         ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_inject_fault": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int32),
     "llama_locret_kv_cells_per_seq": ([ctypes.c_int32, ctypes.c_int32], ctypes.c_uint32),
+    "llama_locret_debug_compute_buffers": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)], None),
     "llama_locret_debug_window": ([ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
                                    ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
 }
@@ -152,6 +154,13 @@ def window(ctx: int, seq_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def kv_cells_per_seq(budget: int, n_ubatch: int) -> int:
     """KV cells a sequence holds with this budget and ubatch: b + n_ubatch padded to 256."""
     return int(_api().llama_locret_kv_cells_per_seq(budget, n_ubatch))
+
+
+def compute_buffers(ctx: int) -> tuple[int, int]:
+    """Debug: bytes of the context's compute buffers and of the eviction graphs' own (both sized at creation)."""
+    main, evict = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _api().llama_locret_debug_compute_buffers(ctx, ctypes.byref(main), ctypes.byref(evict))
+    return int(main.value), int(evict.value)
 
 
 def inject_fault(ctx: int, fault: str) -> None:

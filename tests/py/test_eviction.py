@@ -71,6 +71,7 @@ class Algorithm1:
         self.units = [[[] for _ in range(n_head_kv)] for _ in range(n_layer)]
         self.b, self.ub, self.n_s, self.n_loc, self.capacity = b, ub, n_s, n_loc, b + ub
         self.prev_output = True
+        self.cut_ties = 0  # selections whose cut fell inside a run of equal scores (ties decided by cell order)
 
     def split(self, n_tokens, output_last):
         """The engine's ubatches for one batch: the local tail of a prompt end is its own ubatch."""
@@ -90,6 +91,9 @@ class Algorithm1:
                 cand = np.arange(n - n_stab)
                 scores = np.array([u[1] for u in units[: n - n_stab]], dtype=np.float32)
                 order = np.lexsort((cand, -scores))  # score descending, earlier cell first on ties
+                n_top = n_keep - n_stab
+                if 0 < n_top < len(order) and scores[order[n_top - 1]] == scores[order[n_top]]:
+                    self.cut_ties += 1
                 keep = sorted(order[: n_keep - n_stab].tolist()) + list(range(n - n_stab, n))
                 layer[h] = [units[i] for i in keep]
 
@@ -119,7 +123,10 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
     assert int(np.argmax(got)) == int(np.argmax(want))
 
 
-def test_retained_sets_match_algorithm_1_after_every_chunk(model_path, heads_file, prompt_tokens):
+@pytest.mark.parametrize("select", ["host", "graph"])
+def test_retained_sets_match_algorithm_1_after_every_chunk(select, model_path, heads_file, prompt_tokens, monkeypatch):
+    # the host's selection (the CPU default) and the device's graph (the GPU default), both on this CPU
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
     llm = make(model_path, heads_file)
     heads_api.record_scores(llm)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
@@ -127,8 +134,9 @@ def test_retained_sets_match_algorithm_1_after_every_chunk(model_path, heads_fil
     ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)
 
     # a prompt in batches of one ubatch (the last asks for logits), then generation one token at a time,
-    # then a second prompt: the multi-turn case
-    prompt = prompt_tokens[:520]
+    # then a second prompt: the multi-turn case. A repeated stretch makes layer 0 score many units alike (its
+    # pre-RoPE Q, K, V depend on the token only), so that cuts fall inside ties.
+    prompt = prompt_tokens[:280] + prompt_tokens[100:112] * 10 + prompt_tokens[280:400]
     calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
     calls += [([t], True) for t in prompt_tokens[600:660]]
     second = prompt_tokens[700:780]
@@ -158,6 +166,7 @@ def test_retained_sets_match_algorithm_1_after_every_chunk(model_path, heads_fil
     assert any(llm.locret_retained(0, 0).tolist() != llm.locret_retained(il, h).tolist()
                for il in range(n_layer) for h in range(n_head_kv))
     assert checked == len(calls) * n_layer * n_head_kv
+    assert ref.cut_ties >= 3, "no selection was decided by a tie: the tie rule went unchecked"
 
 
 def rope_norm(x, delta, base, n_rot):
@@ -227,6 +236,21 @@ def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_toke
                                        np.abs(v0).max() + 1e-6)
             # the compaction really moved (and so re-rotated) units of this head
             assert (old != np.arange(B)).any()
+
+
+@pytest.mark.parametrize("select", ["host", "graph"])
+def test_no_graph_outgrows_the_buffers_reserved_at_creation(select, model_path, heads_file, prompt_tokens, monkeypatch):
+    # the eviction graphs have their own scheduler, reserved for their worst case when the context is made: neither
+    # its buffers nor the context's may grow at an eviction (a growth would be an allocation inside the loop)
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0)
+    ctx_bytes, evict_bytes = eviction.compute_buffers(llm._ctx.ctx)
+    assert ctx_bytes > 0 and evict_bytes > 0
+    llm.eval(prompt_tokens[:700])
+    for t in prompt_tokens[700:760]:
+        llm.eval([t])
+    assert llm.locret_stats()["n_evictions"] >= 20
+    assert eviction.compute_buffers(llm._ctx.ctx) == (ctx_bytes, evict_bytes)
 
 
 def test_decode_time_eviction_keeps_cells_bounded(model_path, heads_file, prompt_tokens):
