@@ -253,6 +253,20 @@ def test_no_graph_outgrows_the_buffers_reserved_at_creation(select, model_path, 
     assert eviction.compute_buffers(llm._ctx.ctx) == (ctx_bytes, evict_bytes)
 
 
+def test_decode_reuses_its_graph_across_evictions(model_path, heads_file, prompt_tokens):
+    # the evictions run on the memory's own scheduler: the context's decode graph stays allocated and is reused for
+    # every generated token but the first, evictions or not (llama.cpp's own graph-reuse count)
+    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0)
+    llm.eval(prompt_tokens[:200])
+    reused0 = llama_cpp.llama_perf_context(llm._ctx.ctx).n_reused
+    evictions0 = llm.locret_stats()["n_evictions"]
+    n = 130
+    for t in prompt_tokens[200:200 + n]:
+        llm.eval([t])
+    assert llm.locret_stats()["n_evictions"] - evictions0 >= 3
+    assert llama_cpp.llama_perf_context(llm._ctx.ctx).n_reused - reused0 == n - 1
+
+
 def test_decode_time_eviction_keeps_cells_bounded(model_path, heads_file, prompt_tokens):
     llm = make(model_path, heads_file)
     n_past = 0
