@@ -122,11 +122,6 @@ llama_ubatch locret_ubatch_with_pos(const llama_ubatch & u, const std::vector<ll
 
 } // namespace
 
-// a stream's scores in the store: layer i's block [n_used][n_head_kv] (the store's own layout)
-static size_t locret_scores_offset(const ggml_tensor * st, uint32_t strm, uint32_t n_cells) {
-    return (size_t) strm * n_cells * st->nb[1];
-}
-
 llama_locret_memory * locret_memory_of(llama_memory_i * mem) {
     return dynamic_cast<llama_locret_memory *>(mem);
 }
@@ -625,8 +620,7 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t n_cand, uint3
     return true;
 }
 
-void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t strm, uint32_t n_used, uint32_t n_keep,
-        uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
+void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
     const uint32_t n_head_kv = layers[i].n_head_kv;
     const uint32_t n_top     = n_keep - n_stab;
     std::vector<uint8_t>  mark;
@@ -649,7 +643,6 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t strm, uin
         locret_select(row.data(), n_used, n_keep, n_stab, kept);
         std::copy(kept.begin(), kept.end(), out);
     }
-    GGML_UNUSED(strm);
 }
 
 int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
@@ -694,14 +687,12 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             size_t at = 0;
             for (size_t i = 0; i < layers.size(); ++i) {
                 const ggml_tensor * st_i = scores_of_layer[i];
-                const size_t offset = locret_scores_offset(st_i, st.strm, cfg.n_cells);
                 if (ggml_backend_buffer_is_host(st_i->buffer)) {
-                    blocks[i] = (const float *) ((const char *) st_i->data + offset);
+                    blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, st.strm));
                 } else {
-                    const size_t n = (size_t) n_used * layers[i].n_head_kv;
-                    ggml_backend_tensor_get(st_i, select_scores.data() + at, offset, n * sizeof(float));
+                    scores_get(i, st.strm, n_used, select_scores.data() + at);
                     blocks[i] = select_scores.data() + at;
-                    at += n;
+                    at += (size_t) n_used * layers[i].n_head_kv;
                 }
             }
             t.readback_us += ggml_time_us() - t0_us;
@@ -717,7 +708,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         // threads only where the work outweighs starting them (a few hundred thousand units)
         const size_t n_work = row0.back() * (size_t) n_used;
         locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
-            select_layer(i, row0[i], st.strm, n_used, st.n_keep, st.n_stab, on_device, blocks[i], s, evict_keep.data());
+            select_layer(i, row0[i], n_used, st.n_keep, st.n_stab, on_device, blocks[i], s, evict_keep.data());
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());
             // the layer's moves are appended through plain pointers: the vectors' headers sit side by side for all
@@ -933,13 +924,25 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
     streams[seq_id_dst].undo.valid = false;
 }
 
+size_t llama_locret_memory::scores_offset(size_t i, uint32_t strm) const {
+    return (size_t) strm * cfg.n_cells * scores_of_layer[i]->nb[1];
+}
+
+void llama_locret_memory::scores_get(size_t i, uint32_t strm, uint32_t n_used, float * out) const {
+    ggml_backend_tensor_get(scores_of_layer[i], out, scores_offset(i, strm), sizeof(float) * n_used * layers[i].n_head_kv);
+}
+
+void llama_locret_memory::scores_set(size_t i, uint32_t strm, uint32_t n_used, const float * in) {
+    ggml_backend_tensor_set(scores_of_layer[i], in, scores_offset(i, strm), sizeof(float) * n_used * layers[i].n_head_kv);
+}
+
 void llama_locret_memory::copy_scores(uint32_t strm_src, uint32_t strm_dst) {
     const uint32_t n_used = streams[strm_src].n_used;
     std::vector<float> buf;
-    for (ggml_tensor * st : scores_of_layer) {
-        buf.resize((size_t) n_used * st->ne[0]);
-        ggml_backend_tensor_get(st, buf.data(), locret_scores_offset(st, strm_src, cfg.n_cells), buf.size() * sizeof(float));
-        ggml_backend_tensor_set(st, buf.data(), locret_scores_offset(st, strm_dst, cfg.n_cells), buf.size() * sizeof(float));
+    for (size_t i = 0; i < scores_of_layer.size(); ++i) {
+        buf.resize((size_t) n_used * layers[i].n_head_kv);
+        scores_get(i, strm_src, n_used, buf.data());
+        scores_set(i, strm_dst, n_used, buf.data());
     }
 }
 
@@ -1075,9 +1078,8 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
         for (size_t i = 0; i < layers.size(); ++i) {
             const uint32_t n_head_kv = layers[i].n_head_kv;
             block.assign((size_t) s.n_used * n_head_kv, 0.0f);
-            if (!scores_of_layer.empty() && s.n_used > 0) {
-                ggml_tensor * st = scores_of_layer[i];
-                ggml_backend_tensor_get(st, block.data(), locret_scores_offset(st, id, cfg.n_cells), block.size() * sizeof(float));
+            if (!scores_of_layer.empty()) {
+                scores_get(i, id, s.n_used, block.data());
             }
             for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
                 for (uint32_t c = 0; c < s.n_used; ++c) {
@@ -1171,9 +1173,8 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                         block[(size_t) c * n_head_kv + hd] = row[c];
                     }
                 }
-                if (!scores_of_layer.empty() && s.n_used > 0) {
-                    ggml_tensor * st = scores_of_layer[i];
-                    ggml_backend_tensor_set(st, block.data(), locret_scores_offset(st, id, cfg.n_cells), block.size() * sizeof(float));
+                if (!scores_of_layer.empty()) {
+                    scores_set(i, id, s.n_used, block.data());
                 }
             }
             // llama.cpp restored the cells from 0: they must be exactly the used ones

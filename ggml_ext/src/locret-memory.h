@@ -168,9 +168,6 @@ public:
         uint64_t readback_us = 0; // copying what the host needs (the kept cells, or the scores for a host selection)
     } t;
 
-    // where the heads policy selects: on the device with a graph (the default when the scores are not in host memory),
-    // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
-    bool selects_on_device() const { return select_graph; }
 
 private:
     const llama_model & model;
@@ -193,6 +190,8 @@ private:
     ggml_backend_buffer_ptr   scores_buf;
     ggml_tensor             * scores_all = nullptr; // the 3-d tensor, or NULL when the layers differ
     std::vector<ggml_tensor *> scores_of_layer;
+    // where the heads policy selects: on the device with a graph (the default when the scores are not in host memory),
+    // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
     bool select_graph = false;
 
     // the eviction graphs' scheduler and graph
@@ -208,9 +207,13 @@ private:
     bool select_on_device(uint32_t strm, uint32_t n_cand, uint32_t n_top);
     // the kept cells of layer i's KV heads, in cell order, at keep[(row0 + h)*n_keep]: from select_idx (from_idx), else
     // by the host from `block` (the stream's scores of the layer, [n_used][n_head_kv]) or the policy's scores
-    void select_layer(size_t i, size_t row0, uint32_t strm, uint32_t n_used, uint32_t n_keep, uint32_t n_stab,
+    void select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_stab,
                       bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const;
-    void copy_scores(uint32_t strm_src, uint32_t strm_dst);
+    // stream strm's scores of layer i in the store: [n_used][n_head_kv] from its byte offset
+    size_t scores_offset(size_t i, uint32_t strm) const;
+    void   scores_get(size_t i, uint32_t strm, uint32_t n_used, float * out) const;
+    void   scores_set(size_t i, uint32_t strm, uint32_t n_used, const float * in);
+    void   copy_scores(uint32_t strm_src, uint32_t strm_dst);
     // scratch of an eviction, kept between evictions (no allocation once they have grown)
     std::vector<int32_t>  select_idx;    // the device's selection
     std::vector<float>    select_scores; // the scores read back for a host selection

@@ -6,7 +6,7 @@
 
 namespace {
 
-// Locret: the scores are the causal importance scores stored with the units; nothing to compute at eviction
+// Locret: the scores are the causal importance scores the graph stored beside the cache; never asked to score
 struct locret_policy_heads : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_HEADS; }
     bool uses_heads() const override { return true; }

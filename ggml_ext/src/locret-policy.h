@@ -13,7 +13,7 @@ struct locret_score_args {
     uint32_t        il;           // model layer
     uint32_t        ih;           // KV head
     const int32_t * pos;          // [n] logical position of the unit in each cell
-    float         * score;        // [n] in: the scores stored when the units were placed (the CIS); out: the scores
+    float         * score;        // [n] out: the scores
     uint32_t        n;            // cells in use
     int32_t         logical_next; // logical position of the sequence's next token
 };
@@ -26,7 +26,8 @@ struct locret_policy {
     // the scores are the retaining heads' causal importance scores, computed in the graph with the units
     virtual bool uses_heads() const { return false; }
 
-    // fill args.score for the units about to be selected from
+    // fill args.score for the units about to be selected from (not asked of a policy that uses heads: the graph wrote
+    // its scores into the memory's store)
     virtual void score(const locret_score_args & args) const = 0;
 };
 
