@@ -11,8 +11,10 @@
 #include "llama-kv-cache.h"
 #include "llama-model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 
 //
 // exact re-rotation
@@ -83,23 +85,123 @@ locret_rerotation locret_rerotation_make(const llama_model & model, const llama_
 // moves
 //
 
-void locret_moves::reset(size_t n_layers) {
-    // cleared, not freed: the next eviction moves about as many rows
-    for (auto * v : { &src, &dst, &delta }) {
-        v->resize(n_layers);
-        for (auto & layer : *v) {
-            layer.clear();
+void * locret_host_block::reserve(ggml_backend_buffer_type_t host_buft, size_t n) {
+    if (base != nullptr && n <= size) {
+        return base;
+    }
+    buf.reset();
+    plain.clear();
+    plain.shrink_to_fit();
+    base = nullptr;
+    if (host_buft != nullptr) {
+        buf.reset(ggml_backend_buft_alloc_buffer(host_buft, std::max<size_t>(n, 1)));
+        if (buf != nullptr) {
+            base = ggml_backend_buffer_get_base(buf.get());
+        } else {
+            LLAMA_LOG_WARN("%s: Locret: no pinned host memory for %.1f MiB of eviction transfers; using pageable memory\n",
+                    __func__, n / 1024.0 / 1024.0);
         }
+    }
+    if (base == nullptr) {
+        plain.resize(std::max<size_t>(n, 1));
+        base = plain.data();
+    }
+    size = n;
+    return base;
+}
+
+ggml_backend_buffer_type_t locret_host_buft_for(const ggml_tensor * t) {
+    if (t == nullptr || t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer)) {
+        return nullptr;
+    }
+    ggml_backend_dev_t dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t->buffer));
+    return dev != nullptr ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
+}
+
+void locret_moves::allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft) {
+    size_t n_total = 0;
+    for (size_t c : cap) {
+        n_total += c;
+    }
+    const int64_t ne = (int64_t) std::max<size_t>(n_total, 1);
+    ggml_init_params ip = { 3 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    buf.reset();
+    ctx.reset(ggml_init(ip));
+    t_src   = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, ne);
+    t_dst   = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I64, ne);
+    t_delta = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, ne);
+    ggml_set_name(t_src, "locret_move_src");
+    ggml_set_name(t_dst, "locret_move_dst");
+    ggml_set_name(t_delta, "locret_move_delta");
+    buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), cache_buft));
+    if (!buf) {
+        throw std::runtime_error("failed to allocate the Locret compaction's move tables");
+    }
+
+    int64_t * dst64;
+    int32_t * src32;
+    int32_t * dlt32;
+    // LOCRET_DEBUG_STAGED_MOVES=1: a cache in host memory also keeps the arrays apart and copies them into the tables
+    // at every eviction, as for a device (tests check that path on a CPU)
+    const char * env = getenv("LOCRET_DEBUG_STAGED_MOVES");
+    staged = !ggml_backend_buffer_is_host(buf.get()) || (env != nullptr && atoi(env) != 0);
+    if (!staged) {
+        dst64 = (int64_t *) t_dst->data;
+        src32 = (int32_t *) t_src->data;
+        dlt32 = (int32_t *) t_delta->data;
+    } else {
+        // the I64 array first, so that every array is aligned
+        auto * base = (uint8_t *) host.reserve(locret_host_buft_for(t_src), (size_t) ne * (sizeof(int64_t) + 2 * sizeof(int32_t)));
+        dst64 = (int64_t *) base;
+        src32 = (int32_t *) (base + ne * sizeof(int64_t));
+        dlt32 = src32 + ne;
+    }
+    layer.assign(cap.size(), {});
+    size_t at = 0;
+    for (size_t i = 0; i < cap.size(); ++i) {
+        layer[i].src   = src32 + at;
+        layer[i].dst   = dst64 + at;
+        layer[i].delta = dlt32 + at;
+        layer[i].cap   = cap[i];
+        layer[i].at    = at;
+        at += cap[i];
+    }
+}
+
+void locret_moves::upload() const {
+    if (!staged) {
+        return;
+    }
+    for (const auto & m : layer) {
+        if (m.n == 0) {
+            continue;
+        }
+        ggml_backend_tensor_set(t_src,   m.src,   m.at * sizeof(int32_t), m.n * sizeof(int32_t));
+        ggml_backend_tensor_set(t_dst,   m.dst,   m.at * sizeof(int64_t), m.n * sizeof(int64_t));
+        ggml_backend_tensor_set(t_delta, m.delta, m.at * sizeof(int32_t), m.n * sizeof(int32_t));
+    }
+}
+
+size_t locret_moves::device_bytes() const {
+    return buf ? ggml_backend_buffer_get_size(buf.get()) : 0;
+}
+
+void locret_moves::clear() {
+    for (auto & l : layer) {
+        l.n = 0;
     }
 }
 
 bool locret_moves::empty() const {
-    for (const auto & s : src) {
-        if (!s.empty()) {
-            return false;
-        }
+    return count() == 0;
+}
+
+size_t locret_moves::count() const {
+    size_t n = 0;
+    for (const auto & l : layer) {
+        n += l.n;
     }
-    return true;
+    return n;
 }
 
 //
@@ -108,13 +210,11 @@ bool locret_moves::empty() const {
 
 namespace {
 
-// per layer: the moving rows (K, and V when it is not transposed), the V elements of a transposed V cache, the
-// position changes and the re-rotation factors; uploaded when the graph runs
+// per layer: the V elements of a transposed V cache and the re-rotation factors, uploaded when the graph runs (with
+// the move tables, which the graph reads in place)
 struct locret_compact_input : llm_graph_input_i {
     struct layer_input {
-        ggml_tensor * src     = nullptr; // I32 [n_moves]
-        ggml_tensor * dst     = nullptr; // I32 [n_moves]
-        ggml_tensor * delta   = nullptr; // I32 [n_moves], or NULL without RoPE
+        bool          moves   = false;   // the layer has moves (read from the move tables, uploaded with them)
         ggml_tensor * factors = nullptr; // F32 [n_rot/2], or NULL
         ggml_tensor * v_src   = nullptr; // I32 [n_moves*d_v] element indices of a transposed V, or NULL
         ggml_tensor * v_dst   = nullptr;
@@ -127,15 +227,11 @@ struct locret_compact_input : llm_graph_input_i {
 
     void set_input(const llama_ubatch * ubatch) override {
         GGML_UNUSED(ubatch);
+        moves.upload();
         for (size_t i = 0; i < inp.size(); ++i) {
             const layer_input & li = inp[i];
-            if (li.src == nullptr) {
+            if (!li.moves) {
                 continue;
-            }
-            ggml_backend_tensor_set(li.src, moves.src[i].data(), 0, ggml_nbytes(li.src));
-            ggml_backend_tensor_set(li.dst, moves.dst[i].data(), 0, ggml_nbytes(li.dst));
-            if (li.delta != nullptr) {
-                ggml_backend_tensor_set(li.delta, moves.delta[i].data(), 0, ggml_nbytes(li.delta));
             }
             if (li.factors != nullptr) {
                 ggml_backend_tensor_set(li.factors, layers[i].rot.freq_factors.data(), 0, ggml_nbytes(li.factors));
@@ -160,11 +256,12 @@ struct locret_compact_input : llm_graph_input_i {
 
 // element indices of a transposed V for the moving rows: row (strm*kv_size + cell)*n_head_kv + head holds, for
 // dimension j of the head, the element (strm*n_embd_v_gqa + head*d_v + j)*kv_size + cell
-void locret_v_trans_elements(const std::vector<int32_t> & rows, uint32_t n_head_kv, uint32_t d_v, int64_t kv_size,
+template <typename idx_t>
+void locret_v_trans_elements(const idx_t * rows, size_t n_rows, uint32_t n_head_kv, uint32_t d_v, int64_t kv_size,
         std::vector<int32_t> & out) {
     const int64_t n_embd_v_gqa = (int64_t) n_head_kv * d_v;
-    out.resize(rows.size() * d_v);
-    for (size_t m = 0; m < rows.size(); ++m) {
+    out.resize(n_rows * d_v);
+    for (size_t m = 0; m < n_rows; ++m) {
         const int64_t head = rows[m] % n_head_kv;
         const int64_t slot = rows[m] / n_head_kv; // strm*kv_size + cell
         const int64_t strm = slot / kv_size;
@@ -192,23 +289,23 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
 
     for (size_t i = 0; i < layers.size(); ++i) {
         const locret_kv_layer & L = layers[i];
-        const int64_t n_moves = (int64_t) moves.src[i].size();
+        const locret_moves::layer_moves & m = moves.layer[i];
+        const int64_t n_moves = (int64_t) m.n;
         if (n_moves == 0) {
             continue;
         }
         auto & li = inp->inp[i];
-        li.src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves);
-        li.dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves);
-        ggml_set_input(li.src);
-        ggml_set_input(li.dst);
+        li.moves = true;
+        // this layer's part of the move tables
+        ggml_tensor * src = ggml_view_1d(ctx0, moves.t_src, n_moves, m.at * sizeof(int32_t));
+        ggml_tensor * dst = ggml_view_1d(ctx0, moves.t_dst, n_moves, m.at * sizeof(int64_t));
         const int64_t n_rows = (int64_t) L.n_head_kv * kv_size * n_stream;
 
         // K: one row per (stream, cell, head)
         ggml_tensor * k_rows = ggml_view_2d(ctx0, L.k, L.d_k, n_rows, ggml_row_size(L.k->type, L.d_k), 0);
-        ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, li.src); // F32 [d_k, n_moves]
+        ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, src); // F32 [d_k, n_moves]
         if (L.rot.rope) {
-            li.delta = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves);
-            ggml_set_input(li.delta);
+            ggml_tensor * delta = ggml_view_1d(ctx0, moves.t_delta, n_moves, m.at * sizeof(int32_t));
             if (!L.rot.freq_factors.empty()) {
                 li.factors = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());
                 ggml_set_input(li.factors);
@@ -218,30 +315,31 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
                 k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot); // back to the RoPE basis (rot^2 == I)
             }
             // the stored keys were rotated for their old positions: rotating by the difference moves them
-            k_new = ggml_rope_ext(ctx0, k_new, li.delta, li.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
+            k_new = ggml_rope_ext(ctx0, k_new, delta, li.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
                     L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor, L.rot.beta_fast, L.rot.beta_slow);
             if (inp->k_rot) {
                 k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot);
             }
-            k_new = ggml_reshape_2d(ctx0, k_new, L.d_k, n_moves);
+            // a view, not a reshape: rope, view, set_rows in a row is the pattern a backend (CUDA) fuses into one kernel
+            k_new = ggml_view_2d(ctx0, k_new, L.d_k, n_moves, ggml_row_size(k_new->type, L.d_k), 0);
         }
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, li.dst));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, dst));
 
         // the units' scores move with them (one float per (cell, KV head) row)
         if (L.score != nullptr) {
             ggml_tensor * s_rows = ggml_view_2d(ctx0, L.score, 1, ggml_nelements(L.score), sizeof(float), 0);
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, li.src), li.dst));
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, src), dst));
         }
 
         // V: moved unchanged (a quantized row is dequantized and quantized again, which gives the same bytes)
         if (!v_trans) {
             ggml_tensor * v_rows = ggml_view_2d(ctx0, L.v, L.d_v, n_rows, ggml_row_size(L.v->type, L.d_v), 0);
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_rows, ggml_get_rows(ctx0, v_rows, li.src), li.dst));
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_rows, ggml_get_rows(ctx0, v_rows, src), dst));
         } else {
             // a transposed V holds each (head, dimension) of a stream as a row of kv_size cells: move single elements,
             // as llama.cpp itself writes such a cache
-            locret_v_trans_elements(moves.src[i], L.n_head_kv, L.d_v, kv_size, li.v_src_data);
-            locret_v_trans_elements(moves.dst[i], L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
+            locret_v_trans_elements(m.src, m.n, L.n_head_kv, L.d_v, kv_size, li.v_src_data);
+            locret_v_trans_elements(m.dst, m.n, L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
             li.v_src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
             li.v_dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
             ggml_set_input(li.v_src);

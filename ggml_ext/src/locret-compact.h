@@ -4,6 +4,7 @@
 
 #include "ggml.h"
 #include "ggml-backend.h"
+#include "ggml-cpp.h"
 
 #include <cstdint>
 #include <vector>
@@ -49,15 +50,62 @@ struct locret_kv_layer {
     locret_rerotation rot;
 };
 
-// the rows one eviction moves: for every layer, a (cell, KV head) row of every stream is identified by
-// (stream*kv_size + cell)*n_head_kv + head
-struct locret_moves {
-    std::vector<std::vector<int32_t>> src;   // per layer (index into the layer list): the row a unit leaves
-    std::vector<std::vector<int32_t>> dst;   //   the row it goes to
-    std::vector<std::vector<int32_t>> delta; //   its new physical position minus its old one (cells are positions)
+// Host memory that a device reads from or writes into at every eviction: page-locked (a device's host buffer type)
+// when the cache lives on a device, so that a copy is one DMA transfer instead of a copy staged through pageable
+// memory; ordinary memory otherwise. Grows only; its contents are not kept when it grows.
+class locret_host_block {
+public:
+    // at least `size` bytes, pinned through `host_buft` when given and possible (else ordinary memory)
+    void * reserve(ggml_backend_buffer_type_t host_buft, size_t size);
+    void * data() const { return base; }
+    bool   pinned() const { return buf != nullptr; }
 
-    void reset(size_t n_layers);
+private:
+    ggml_backend_buffer_ptr buf;
+    std::vector<uint8_t>    plain;
+    void *                  base = nullptr;
+    size_t                  size = 0;
+};
+
+// the pinned host buffer type for copies to and from the device that holds `t`, or NULL when `t` is in host memory
+ggml_backend_buffer_type_t locret_host_buft_for(const ggml_tensor * t);
+
+// the rows one eviction moves: for every layer, a (cell, KV head) row of every stream is identified by
+// (stream*kv_size + cell)*n_head_kv + head. Each layer has room for the most moves it can have (every retained unit
+// of every sequence), so nothing is allocated at an eviction. The arrays of all layers are also three tensors that
+// the compaction graph reads through per-layer views: in the cache's own buffer type, so that a device reads them
+// in place (a graph input would go to the CPU backend and be copied to the device inside the graph). For a cache in
+// host memory the arrays are those tensors; for one on a device they are pinned host memory, uploaded per eviction.
+struct locret_moves {
+    struct layer_moves {
+        int32_t * src   = nullptr; // the row a unit leaves
+        int64_t * dst   = nullptr; // the row it goes to (I64 like llama.cpp's own set_rows indices: a backend may
+                                   // then fuse the re-rotation with the write)
+        int32_t * delta = nullptr; // its new physical position minus its old one (cells are positions)
+        size_t    n     = 0;
+        size_t    cap   = 0;
+        size_t    at    = 0;       // first element of the layer in the tensors
+    };
+    std::vector<layer_moves> layer; // per layer (index into the layer list)
+
+    ggml_tensor * t_src   = nullptr; // I32 [sum of cap]
+    ggml_tensor * t_dst   = nullptr; // I64 [sum of cap]
+    ggml_tensor * t_delta = nullptr; // I32 [sum of cap]
+
+    // room for cap[i] moves in layer i, the tensors in `cache_buft`; throws when the memory cannot be had
+    void allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft);
+    // copies the moves of every layer into the tensors (nothing to copy when the arrays are the tensors)
+    void upload() const;
+    void clear(); // no moves; the room stays
     bool empty() const;
+    size_t count() const;
+    size_t device_bytes() const; // memory of the tensors
+
+private:
+    bool                    staged = false; // the arrays are apart from the tensors (host memory), copied by upload()
+    locret_host_block       host;           // their memory then
+    ggml_context_ptr        ctx;
+    ggml_backend_buffer_ptr buf;
 };
 
 enum locret_compact_status {

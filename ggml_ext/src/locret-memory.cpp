@@ -539,16 +539,31 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
     evict_res.reset(new llm_graph_result((int64_t) max_nodes));
 
-    // the worst cases: every retained unit of every sequence moves; a selection from a full cache
-    locret_moves moves;
-    moves.reset(layers.size());
+    // the worst cases: every retained unit of every sequence moves; a selection from a full cache. The moves and the
+    // selection's read-back get their host memory here, pinned when the cache is on a device.
+    locret_moves & moves = evict_moves;
     const uint32_t n_seq = (uint32_t) streams.size();
+    std::vector<size_t> cap(layers.size());
+    size_t n_rows = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
-        const int64_t n_moves = (int64_t) n_seq * cfg.budget * layers[i].n_head_kv;
-        moves.src[i].assign(n_moves, 0);
-        moves.dst[i].assign(n_moves, 0);
-        moves.delta[i].assign(n_moves, 0);
+        cap[i] = (size_t) n_seq * cfg.budget * layers[i].n_head_kv;
+        n_rows += layers[i].n_head_kv;
     }
+    try {
+        moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer));
+    } catch (const std::exception & e) {
+        locret_set_error(e.what());
+        return false;
+    }
+    for (auto & m : moves.layer) {
+        // only the shapes matter for the reservation, but a transposed V's element indices are made from the rows
+        std::fill(m.src, m.src + m.cap, 0);
+        std::fill(m.dst, m.dst + m.cap, 0);
+        std::fill(m.delta, m.delta + m.cap, 0);
+        m.n = m.cap;
+    }
+    select_idx_cap = select_graph ? n_rows * cfg.budget : 0;
+    select_idx = (int32_t *) select_idx_block.reserve(locret_host_buft_for(layers[0].k), select_idx_cap * sizeof(int32_t));
     evict_res->reset();
     ggml_cgraph * gf = locret_build_compact_graph(evict_res.get(), kv, v_trans, layers, moves);
     bool ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
@@ -558,14 +573,16 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, cfg.capacity, cfg.budget));
         ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
     }
+    moves.clear();
     evict_res->reset();
     ggml_backend_sched_reset(evict_sched.get());
     if (!ok) {
         locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
         return false;
     }
-    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, score store %.2f MiB\n", __func__,
-            evict_buffer_size() / 1024.0 / 1024.0, scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) / 1024.0 / 1024.0 : 0.0);
+    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB\n", __func__,
+            evict_buffer_size() / 1024.0 / 1024.0, moves.device_bytes() / 1024.0 / 1024.0,
+            scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) / 1024.0 / 1024.0 : 0.0);
     return true;
 }
 
@@ -614,8 +631,8 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t n_cand, uint3
     }
     // the one read-back of an eviction: the kept cells of every (layer, KV head)
     const int64_t t0_us = ggml_time_us();
-    select_idx.resize((size_t) ggml_nelements(top));
-    ggml_backend_tensor_get(top, select_idx.data(), 0, ggml_nbytes(top));
+    GGML_ASSERT((size_t) ggml_nelements(top) <= select_idx_cap);
+    ggml_backend_tensor_get(top, select_idx, 0, ggml_nbytes(top));
     t.readback_us += ggml_time_us() - t0_us;
     return true;
 }
@@ -629,7 +646,7 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
     for (uint32_t h = 0; h < n_head_kv; ++h) {
         uint32_t * out = keep + (row0 + h) * n_keep;
         if (from_idx) {
-            locret_keep_from_top(select_idx.data() + (row0 + h) * n_top, n_top, n_used, n_stab, out, mark);
+            locret_keep_from_top(select_idx + (row0 + h) * n_top, n_top, n_used, n_stab, out, mark);
             continue;
         }
         row.resize(n_used);
@@ -655,7 +672,12 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; };
     std::vector<pending_t> pending;
     locret_moves & moves = evict_moves;
-    moves.reset(layers.size());
+    if (moves.layer.size() != layers.size()) {
+        // the room for the moves is made when the context reserves its graphs
+        locret_set_error("the Locret eviction graphs were not reserved; the cache is unchanged");
+        return -1;
+    }
+    moves.clear();
     std::vector<size_t> row0(layers.size() + 1, 0); // first (layer, KV head) row of each layer
     for (size_t i = 0; i < layers.size(); ++i) {
         row0[i + 1] = row0[i] + layers[i].n_head_kv;
@@ -711,18 +733,13 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             select_layer(i, row0[i], n_used, st.n_keep, st.n_stab, on_device, blocks[i], s, evict_keep.data());
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());
-            // the layer's moves are appended through plain pointers: the vectors' headers sit side by side for all
-            // layers, and a push_back per move from several threads would share their cache lines
-            auto & src = moves.src[i];
-            auto & dst = moves.dst[i];
-            auto & dlt = moves.delta[i];
-            const size_t n0 = src.size();
-            src.resize(n0 + (size_t) n_head_kv * st.n_keep);
-            dst.resize(src.size());
-            dlt.resize(src.size());
-            int32_t * p_src = src.data() + n0;
-            int32_t * p_dst = dst.data() + n0;
-            int32_t * p_dlt = dlt.data() + n0;
+            // the layer's moves are written through local pointers and counted once at the end: the layers' headers
+            // sit side by side, and a count updated per move from several threads would share their cache lines
+            auto & m = moves.layer[i];
+            GGML_ASSERT(m.n + (size_t) n_head_kv * st.n_keep <= m.cap);
+            int32_t * p_src = m.src   + m.n;
+            int64_t * p_dst = m.dst   + m.n;
+            int32_t * p_dlt = m.delta + m.n;
             size_t n = 0;
             for (uint32_t h = 0; h < n_head_kv; ++h) {
                 const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
@@ -733,15 +750,13 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
                     pos_new[k] = pos[c];
                     if (c != k) {
                         p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
-                        p_dst[n] = (int32_t) ((base + k) * n_head_kv + h);
+                        p_dst[n] = (base + k) * n_head_kv + h;
                         p_dlt[n] = (int32_t) k - (int32_t) c;
                         ++n;
                     }
                 }
             }
-            src.resize(n0 + n);
-            dst.resize(n0 + n);
-            dlt.resize(n0 + n);
+            m.n += n;
         });
         pending.push_back({ st.strm, st.n_keep, st.n_stab });
         if (locret_profile()) {
@@ -765,10 +780,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     }
     bool ok = status == LOCRET_COMPACT_OK;
     if (locret_profile()) {
-        size_t n_moves = 0;
-        for (const auto & m : moves.src) {
-            n_moves += m.size();
-        }
+        const size_t n_moves = moves.count();
         fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", n_moves, (ggml_time_us() - t_selected_us) / 1e3);
     }
 

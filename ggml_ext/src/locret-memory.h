@@ -215,7 +215,9 @@ private:
     void   scores_set(size_t i, uint32_t strm, uint32_t n_used, const float * in);
     void   copy_scores(uint32_t strm_src, uint32_t strm_dst);
     // scratch of an eviction, kept between evictions (no allocation once they have grown)
-    std::vector<int32_t>  select_idx;    // the device's selection
+    locret_host_block     select_idx_block; // the device's selection, read back (pinned when the cache is on a device)
+    int32_t *             select_idx     = nullptr;
+    size_t                select_idx_cap = 0;
     std::vector<float>    select_scores; // the scores read back for a host selection
     std::vector<uint32_t> evict_keep;    // the kept cells of every (layer, KV head)
     locret_moves          evict_moves;

@@ -190,10 +190,13 @@ def hadamard(n):
 
 # f32 without flash attention is the transposed V layout whose moves ggml-cuda's transposed-copy fast path used to
 # mis-write: the moves are single-element set_rows now, checked here against numpy (and on a GPU when one is there)
-@pytest.mark.parametrize("type_k,flash", [(GGML_TYPE_F16, False), (GGML_TYPE_F16, True), (GGML_TYPE_Q8_0, True),
-                                          (GGML_TYPE_F32, False)],
-                         ids=["f16", "f16-flash-attn", "q8_0", "f32-no-flash-attn"])
-def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_tokens, type_k, flash):
+# "staged": the move tables are filled apart and copied in at every eviction, as when the cache is on a device
+@pytest.mark.parametrize("type_k,flash,staged", [(GGML_TYPE_F16, False, False), (GGML_TYPE_F16, True, False),
+                                                 (GGML_TYPE_Q8_0, True, False), (GGML_TYPE_F32, False, False),
+                                                 (GGML_TYPE_F16, True, True), (GGML_TYPE_F32, False, True)],
+                         ids=["f16", "f16-flash-attn", "q8_0", "f32-no-flash-attn", "f16-staged", "f32-no-flash-attn-staged"])
+def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_tokens, type_k, flash, staged, monkeypatch):
+    monkeypatch.setenv("LOCRET_DEBUG_STAGED_MOVES", "1" if staged else "0")
     llm = make(model_path, heads_file, type_k=type_k, type_v=type_k, flash_attn=flash)
     model = llm._model.model
     n_layer = llama_cpp.llama_model_n_layer(model)
