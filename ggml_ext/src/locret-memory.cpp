@@ -1130,7 +1130,12 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             throw std::runtime_error("Locret: state load failed after the KV cells were restored (injected)");
         }
         locret_state_header h;
-        io.read(&h, sizeof(h));
+        try {
+            io.read(&h, sizeof(h));
+        } catch (const std::exception &) {
+            // a state saved by a cache without eviction ends with the cells
+            throw std::runtime_error("Locret: the saved state ends before its Locret section (saved without eviction, or truncated)");
+        }
         if (h.magic != LOCRET_STATE_MAGIC) {
             throw std::runtime_error("Locret: the saved state has no Locret section (saved without eviction?)");
         }
