@@ -232,7 +232,8 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         ggml_backend_buffer_type_t buft = model.select_buft(il);
         ggml_context *& ctx = ctx_for_buft[buft];
         if (ctx == nullptr) {
-            ggml_init_params ip = { /*.mem_size =*/ 4 * n_layer * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true };
+            // up to six tensors per layer: fc1 as its Q, K and V parts, fc1's bias, fc2 and fc2's bias
+            ggml_init_params ip = { /*.mem_size =*/ 6 * n_layer * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true };
             ctx = ggml_init(ip);
             if (ctx == nullptr) {
                 throw std::runtime_error("failed to create a ggml context for the retaining heads");

@@ -1,0 +1,246 @@
+// A seeded mutation fuzzer for the retaining-heads loader (llama_locret_heads_load).
+//
+//   fuzz-locret-heads [N_INPUTS [SEED [MODEL.gguf]]]    (MODEL defaults to $LOCRET_TEST_MODEL; ctest runs 3000
+//                                                        inputs, a long run is the same command with more)
+//
+// The seed input is a valid heads file for MODEL written with ggml's gguf API (d_R 4, so that an input is small).
+// Every input is that file with one to three mutations: a truncation, flipped bits, an integer field of the
+// header overwritten with a boundary value (0, 1, 2^31 - 1, 2^32 - 1, 2^63 - 1, ...), or bytes inserted into or
+// removed from the header. Each input must load (a mutation of tensor data gives other valid heads) or be refused
+// with a message; a crash fails the run, a hang fails it through ctest's timeout. The run prints how many inputs
+// were loaded and refused, and the most frequent refusals.
+#include "llama-locret.h"
+
+#include "ggml.h"
+#include "gguf.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+// the seed: random F32 heads for `model`, d_R 4
+static std::vector<uint8_t> seed_heads(const llama_model * model, const std::string & path, size_t & data_offset) {
+    char arch[64];
+    llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch));
+    const uint32_t n_layer   = llama_model_n_layer(model);
+    const uint32_t n_head    = llama_model_n_head(model);
+    const uint32_t n_head_kv = llama_model_n_head_kv(model);
+    const uint32_t head_dim  = llama_model_n_embd(model) / n_head;
+    const uint32_t d_in      = (n_head + 2 * n_head_kv) * head_dim;
+    const uint32_t d_r       = 4;
+
+    gguf_context * gguf = gguf_init_empty();
+    gguf_set_val_str (gguf, "general.architecture", arch);
+    gguf_set_val_str (gguf, "general.type", "locret_heads");
+    gguf_set_val_u32 (gguf, "locret.format_version", 1);
+    gguf_set_val_str (gguf, "locret.base.architecture", arch);
+    gguf_set_val_u32 (gguf, "locret.base.n_layer", n_layer);
+    gguf_set_val_u32 (gguf, "locret.base.n_head", n_head);
+    gguf_set_val_u32 (gguf, "locret.base.n_head_kv", n_head_kv);
+    gguf_set_val_u32 (gguf, "locret.base.head_dim_k", head_dim);
+    gguf_set_val_u32 (gguf, "locret.base.head_dim_v", head_dim);
+    gguf_set_val_str (gguf, "locret.input_layout", "q,k,v pre-rope");
+    gguf_set_val_str (gguf, "locret.qk_layout", "llama.cpp");
+    gguf_set_val_bool(gguf, "locret.qk_permuted", true);
+    gguf_set_val_u32 (gguf, "locret.hidden_size", d_r);
+    gguf_set_val_str (gguf, "locret.activation", "silu");
+    gguf_set_val_u32 (gguf, "locret.recommended.budget", 1024);
+
+    ggml_init_params ip = { /*.mem_size =*/ 4 * n_layer * (ggml_tensor_overhead() + (d_in + 2 * n_head_kv + 2) * d_r * sizeof(float)) + 4096,
+                            /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ false };
+    ggml_context * ctx = ggml_init(ip);
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> normal(0.0f, 0.1f);
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        ggml_tensor * t[4] = {
+            ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d_in, d_r), ggml_new_tensor_2d(ctx, GGML_TYPE_F32, d_r, n_head_kv),
+            ggml_new_tensor_1d(ctx, GGML_TYPE_F32, d_r),       ggml_new_tensor_1d(ctx, GGML_TYPE_F32, n_head_kv) };
+        ggml_format_name(t[0], "locret.blk.%u.fc1.weight", il);
+        ggml_format_name(t[1], "locret.blk.%u.fc2.weight", il);
+        ggml_format_name(t[2], "locret.blk.%u.fc1.bias", il);
+        ggml_format_name(t[3], "locret.blk.%u.fc2.bias", il);
+        for (ggml_tensor * x : t) {
+            for (int64_t i = 0; i < ggml_nelements(x); ++i) {
+                ((float *) x->data)[i] = normal(rng);
+            }
+            gguf_add_tensor(gguf, x);
+        }
+    }
+    gguf_write_to_file(gguf, path.c_str(), false);
+    data_offset = gguf_get_meta_size(gguf);
+    gguf_free(gguf);
+    ggml_free(ctx);
+
+    std::vector<uint8_t> bytes;
+    FILE * f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) {
+        return bytes;
+    }
+    std::fseek(f, 0, SEEK_END);
+    bytes.resize((size_t) std::ftell(f));
+    std::fseek(f, 0, SEEK_SET);
+    const size_t n = std::fread(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+    bytes.resize(n);
+    return bytes;
+}
+
+// one mutation of `in`; positions favour the header (`meta` bytes), where the loader's decisions are
+static void mutate(std::vector<uint8_t> & in, size_t meta, std::mt19937_64 & rng) {
+    auto pick = [&](size_t n) { return n == 0 ? (size_t) 0 : (size_t) (rng() % n); };
+    auto where = [&]() { return rng() % 4 != 0 ? pick(std::min(meta, in.size())) : pick(in.size()); };
+    static const uint64_t boundary[] = { 0, 1, 2, 0x7f, 0xff, 0x7fff, 0xffff, 0x7fffffffull, 0x80000000ull,
+                                         0xffffffffull, 0x100000000ull, 0x7fffffffffffffffull, 0xffffffffffffffffull };
+    switch (rng() % 5) {
+        case 0: { // truncation
+            in.resize(rng() % 2 ? where() : pick(in.size() + 1));
+        } break;
+        case 1: { // flipped bits
+            const int n = 1 + (int) (rng() % 8);
+            for (int i = 0; i < n && !in.empty(); ++i) {
+                in[where()] ^= (uint8_t) (1u << (rng() % 8));
+            }
+        } break;
+        case 2: { // an integer field (u32 or u64) set to a boundary value
+            const size_t width = rng() % 2 ? 4 : 8;
+            if (in.size() >= width) {
+                size_t at = where();
+                at = std::min(at - at % 4, in.size() - width);
+                const uint64_t v = boundary[rng() % (sizeof(boundary) / sizeof(boundary[0]))];
+                std::memcpy(in.data() + at, &v, width);
+            }
+        } break;
+        case 3: { // bytes inserted into the header
+            const size_t at = where();
+            const size_t n  = 1 + pick(16);
+            std::vector<uint8_t> extra(n);
+            for (auto & b : extra) {
+                b = (uint8_t) rng();
+            }
+            in.insert(in.begin() + (ptrdiff_t) std::min(at, in.size()), extra.begin(), extra.end());
+        } break;
+        default: { // bytes removed from the header
+            const size_t at = where();
+            const size_t n  = std::min(1 + pick(16), in.size() - std::min(at, in.size()));
+            in.erase(in.begin() + (ptrdiff_t) std::min(at, in.size()), in.begin() + (ptrdiff_t) (std::min(at, in.size()) + n));
+        } break;
+    }
+}
+
+static bool write_file(const std::string & path, const std::vector<uint8_t> & bytes) {
+    FILE * f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr) {
+        return false;
+    }
+    const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+    return std::fclose(f) == 0 && ok;
+}
+
+// the refusal without the file's path, cut at the first digit: inputs group by the kind of refusal
+static std::string kind_of(const std::string & msg, const std::string & path) {
+    std::string m = msg;
+    for (size_t at; (at = m.find(path)) != std::string::npos; ) {
+        m.erase(at, path.size());
+    }
+    const size_t digit = m.find_first_of("0123456789");
+    return m.substr(0, std::min<size_t>(digit, 90));
+}
+
+int main(int argc, char ** argv) {
+    const long     n_inputs   = argc > 1 ? std::atol(argv[1]) : 2000;
+    const uint64_t seed       = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1;
+    const char *   model_path = argc > 3 ? argv[3] : std::getenv("LOCRET_TEST_MODEL");
+    if (model_path == nullptr) {
+        std::fprintf(stderr, "usage: %s [N_INPUTS [SEED [MODEL.gguf]]] (or set LOCRET_TEST_MODEL)\n", argv[0]);
+        return 2;
+    }
+    if (n_inputs <= 0) {
+        std::fprintf(stderr, "%s: N_INPUTS must be positive\n", argv[0]);
+        return 2;
+    }
+
+    llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr); // a million refusals are not logged
+    llama_backend_init();
+    llama_model_params mp = llama_model_default_params();
+    mp.no_alloc  = true;                  // the loader needs the model's shapes, not its weights
+    mp.load_mode = LLAMA_LOAD_MODE_NONE;  // (no_alloc cannot map the file)
+    llama_model * model = llama_model_load_from_file(model_path, mp);
+    if (model == nullptr) {
+        std::fprintf(stderr, "%s: cannot load %s\n", argv[0], model_path);
+        return 2;
+    }
+
+    const char * tmp = std::getenv("TMPDIR");
+    const std::string dir  = tmp != nullptr && *tmp ? tmp : "/tmp";
+    const std::string tag  = std::to_string((long) std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007);
+    const std::string path_seed  = dir + "/fuzz-locret-heads-seed-" + tag + ".gguf";
+    const std::string path_input = dir + "/fuzz-locret-heads-input-" + tag + ".gguf";
+
+    size_t meta = 0;
+    const std::vector<uint8_t> base = seed_heads(model, path_seed, meta);
+    int status = 0;
+    llama_locret_heads * seed_loaded = base.empty() ? nullptr : llama_locret_heads_load(model, path_seed.c_str());
+    if (seed_loaded == nullptr) {
+        std::fprintf(stderr, "FAIL: the seed heads do not load: %s\n", llama_locret_last_error());
+        status = 1;
+    }
+    llama_locret_heads_free(seed_loaded);
+
+    std::mt19937_64 rng(seed);
+    long n_loaded = 0, n_refused = 0, n_silent = 0;
+    std::map<std::string, long> kinds;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < n_inputs && status == 0; ++i) {
+        std::vector<uint8_t> in = base;
+        const int n_mut = 1 + (int) (rng() % 3);
+        for (int m = 0; m < n_mut; ++m) {
+            mutate(in, meta, rng);
+        }
+        if (!write_file(path_input, in)) {
+            std::fprintf(stderr, "FAIL: cannot write %s\n", path_input.c_str());
+            status = 1;
+            break;
+        }
+        llama_locret_heads * heads = llama_locret_heads_load(model, path_input.c_str());
+        if (heads != nullptr) {
+            n_loaded++;
+            llama_locret_heads_free(heads);
+            continue;
+        }
+        const std::string msg = llama_locret_last_error();
+        if (msg.empty()) {
+            n_silent++;
+            std::fprintf(stderr, "FAIL: input %ld was refused without a message\n", i);
+            status = 1;
+        }
+        n_refused++;
+        kinds[kind_of(msg, path_input)]++;
+        if ((i + 1) % 100000 == 0) {
+            std::fprintf(stderr, "fuzz-locret-heads: %ld inputs\n", i + 1);
+        }
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::remove(path_seed.c_str());
+    std::remove(path_input.c_str());
+
+    std::printf("fuzz-locret-heads: %ld inputs (seed %llu, %zu-byte seed file) in %.1f s: %ld loaded, %ld refused with a message, %ld without\n",
+            n_loaded + n_refused, (unsigned long long) seed, base.size(), secs, n_loaded, n_refused, n_silent);
+    std::vector<std::pair<long, std::string>> top;
+    for (const auto & [k, n] : kinds) {
+        top.push_back({ n, k });
+    }
+    std::sort(top.rbegin(), top.rend());
+    for (size_t i = 0; i < top.size() && i < 12; ++i) {
+        std::printf("  %8ld  %s\n", top[i].first, top[i].second.c_str());
+    }
+    llama_model_free(model);
+    llama_backend_free();
+    return status;
+}
