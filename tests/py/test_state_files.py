@@ -185,3 +185,63 @@ def test_a_truncated_session_file_is_refused(kind, cut, saved, model_path, heads
     assert load(llm, whole)
     assert llm.locret_stats()["pos_logical"] == N_PROMPT
     llm.close()
+
+
+def mutated(data: bytes, section: int, rng: np.random.Generator) -> bytes:
+    """one to three mutations of a saved state, most of them in its last `section` bytes (the Locret section):
+    a truncation, flipped bits, a 4- or 8-byte field set to a boundary value"""
+    out = bytearray(data)
+    boundary = [0, 1, 2, 0x7F, 0xFF, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0x7FFFFFFFFFFFFFFF,
+                0xFFFFFFFFFFFFFFFF]
+    for _ in range(int(rng.integers(1, 4))):
+        n = len(out)
+        at = int(rng.integers(max(0, n - section), n)) if rng.random() < 0.9 else int(rng.integers(0, n))
+        kind = rng.integers(0, 3)
+        if kind == 0:
+            del out[at:]
+        elif kind == 1:
+            for _ in range(int(rng.integers(1, 9))):
+                i = int(rng.integers(max(0, n - section), n))
+                out[i] ^= 1 << int(rng.integers(0, 8))
+        else:
+            width = 4 if rng.random() < 0.5 else 8
+            at = max(0, min(at - at % 4, len(out) - width))
+            value = boundary[int(rng.integers(0, len(boundary)))] & ((1 << (8 * width)) - 1)
+            out[at:at + width] = value.to_bytes(width, "little")
+        if not out:
+            break
+    return bytes(out)
+
+
+def test_mutated_states_load_or_are_refused(saved, model_path, heads_file, prompt_tokens):
+    """A seeded mutation loop over the saved state (LOCRET_FUZZ_INPUTS inputs, 300 by default): each load either
+    takes the whole state or is refused (0) with an error message; a refused load leaves the context empty, and the
+    context keeps decoding after every input. A crash fails the run."""
+    import os
+    data, path, state, seq_path = saved
+    llm = make(model_path, heads_file)
+    n_inputs = int(os.environ.get("LOCRET_FUZZ_INPUTS", "300"))
+    rng = np.random.default_rng(11)
+    # the Locret section (header, sequence header, positions and scores of every (layer, head): about 70 KB here)
+    # and a little before it
+    section = 100 * 1024
+    mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    n_loaded = n_refused = 0
+    for i in range(n_inputs):
+        bad = mutated(data, section, rng)
+        with captured_log() as lines:
+            got = load_bytes(llm, bad)
+        if got == 0:
+            n_refused += 1
+            assert errors(lines), f"input {i} was refused without a message"
+            assert llama_cpp.llama_memory_seq_pos_max(mem, 0) == -1, f"input {i}: a refused load left cells behind"
+        else:
+            n_loaded += 1
+            assert got <= len(bad)
+        if i % 25 == 0:  # the context still works (a mutated but accepted state may hold any values)
+            llama_cpp.llama_memory_clear(mem, True)
+            decode(llm, prompt_tokens[:UB], 0, True)
+            assert np.isfinite(last_logits(llm)).all()
+    print(f"state fuzz: {n_inputs} inputs, {n_loaded} loaded, {n_refused} refused with a message")
+    assert n_refused > n_inputs // 2  # the mutations mostly hit what the loader checks
+    llm.close()
