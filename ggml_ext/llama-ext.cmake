@@ -20,6 +20,7 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-debug.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-query.cpp
 )
 
 configure_file(${CMAKE_CURRENT_LIST_DIR}/src/locret-build-config.h.in

@@ -168,6 +168,7 @@ struct llama_locret_stats {
     uint64_t t_select_us;      // choosing what stays: the policy's scores, top-b per (layer, KV head), bookkeeping
     uint64_t t_compact_us;     // the compaction graphs (moving and re-rotating rows) and the window cache's shifts
     uint64_t t_readback_us;    // reading each ubatch's scores back from the backend (waiting for the graph included)
+    uint32_t n_pinned;         // Locret-Q: the sequence's first n_pinned positions are never evicted (0: none)
 };
 
 // Statistics of sequence 0 (n_cells_used, pos_logical, n_evictions and n_units_evicted are per sequence; kv_bytes is
@@ -176,6 +177,24 @@ LLAMA_API struct llama_locret_stats llama_locret_get_stats(const struct llama_co
 
 // The same for sequence seq_id (all zero when the context does not evict or has no such sequence).
 LLAMA_API struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context * ctx, llama_seq_id seq_id);
+
+// Locret-Q: positions [0, n_tokens) of sequence seq_id (the query, placed at the start of the prompt) are never
+// evicted; they count in the budget. Call it before the sequence's first eviction (typically before decoding the
+// prompt); it lasts until the sequence is emptied (llama_memory_seq_rm of all of it, or clear). 0 removes the pin.
+// Returns 0, or -1 (llama_locret_last_error) when the context does not evict, the sequence has already evicted units
+// (with another pin), or n_tokens plus the stabilizers leave no unit of the budget to choose by score.
+LLAMA_API int32_t llama_locret_pin_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens);
+
+// Locret-Q's layout, for tools: the query, a blank line ("\n\n"), then the prompt's own text (in a chat: at the start
+// of the first user turn, before the template is applied). The heads trained for Locret-Q saw that layout.
+#define LLAMA_LOCRET_QUERY_SEPARATOR "\n\n"
+
+// How many leading tokens of a prompt to pin for a query placed in it: through the end of the query's first occurrence
+// in the prompt's text (found in the detokenized text, since a tokenizer may split the query differently inside the
+// prompt). Searches the first `limit` tokens. Returns the count, or -1 (llama_locret_last_error) when the query is
+// empty or not there.
+LLAMA_API int32_t llama_locret_query_tokens(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
+                                           const char * query, int32_t limit);
 
 // KV cells per sequence that a budget and a ubatch need: b + n_ubatch padded to 256 (0 for a budget or ubatch < 1).
 // Tools size their memory plans with it (-fit).

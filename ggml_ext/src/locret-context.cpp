@@ -200,6 +200,28 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
     return true;
 }
 
+int32_t llama_locret_pin_query(llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens) {
+    locret_set_error("");
+    llama_locret_memory * mem = ctx != nullptr ? locret_memory_of(llama_get_memory(ctx)) : nullptr;
+    if (mem == nullptr) {
+        locret_set_error("llama_locret_pin_query: the context does not evict (no Locret budget)");
+        return -1;
+    }
+    if (n_tokens < 0) {
+        locret_set_error(format("llama_locret_pin_query: %d pinned tokens", n_tokens));
+        return -1;
+    }
+    const locret_stream * s = mem->get_stream(seq_id);
+    const bool changed = s != nullptr && s->n_pinned != (uint32_t) n_tokens;
+    if (!mem->pin_prefix(seq_id, (uint32_t) n_tokens)) {
+        return -1;
+    }
+    if (changed && n_tokens > 0) {
+        LLAMA_LOG_INFO("%s: Locret-Q: the first %d positions of sequence %d are pinned (never evicted)\n", __func__, n_tokens, seq_id);
+    }
+    return 0;
+}
+
 void llama_locret_reserve(llama_context * ctx) {
     llama_locret_memory * mem = locret_memory_of(llama_get_memory(ctx));
     if (mem != nullptr && !mem->reserve(ctx)) {

@@ -570,7 +570,7 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     if (ok && select_graph && cfg.budget < cfg.capacity) {
         evict_res->reset();
         gf = evict_res->get_gf();
-        ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, cfg.capacity, cfg.budget));
+        ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
         ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
     }
     moves.clear();
@@ -607,13 +607,13 @@ static void locret_parallel_for(size_t n, unsigned max_threads, F && f) {
     }
 }
 
-bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t n_cand, uint32_t n_top) {
+bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
     const int64_t p0 = ggml_time_us();
     ggml_backend_sched_t sched = evict_sched.get();
     ggml_backend_sched_reset(sched);
     evict_res->reset();
     ggml_cgraph * gf = evict_res->get_gf();
-    ggml_tensor * top = locret_build_select(evict_res->get_ctx(), scores_all, strm, cfg.n_cells, n_cand, n_top);
+    ggml_tensor * top = locret_build_select(evict_res->get_ctx(), scores_all, strm, cfg.n_cells, cell0, n_cand, n_top);
     ggml_build_forward_expand(gf, top);
     const int64_t p1 = ggml_time_us();
     if (!ggml_backend_sched_alloc_graph(sched, gf)) {
@@ -637,16 +637,16 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t n_cand, uint3
     return true;
 }
 
-void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
+void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
     const uint32_t n_head_kv = layers[i].n_head_kv;
-    const uint32_t n_top     = n_keep - n_stab;
+    const uint32_t n_top     = n_keep - n_pin - n_stab;
     std::vector<uint8_t>  mark;
     std::vector<float>    row;
     std::vector<uint32_t> kept;
     for (uint32_t h = 0; h < n_head_kv; ++h) {
         uint32_t * out = keep + (row0 + h) * n_keep;
         if (from_idx) {
-            locret_keep_from_top(select_idx + (row0 + h) * n_top, n_top, n_used, n_stab, out, mark);
+            locret_keep_from_top(select_idx + (row0 + h) * n_top, n_top, n_used, n_pin, n_stab, out, mark);
             continue;
         }
         row.resize(n_used);
@@ -657,7 +657,7 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
         } else {
             policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
         }
-        locret_select(row.data(), n_used, n_keep, n_stab, kept);
+        locret_select(row.data(), n_used, n_keep, n_pin, n_stab, kept);
         std::copy(kept.begin(), kept.end(), out);
     }
 }
@@ -687,14 +687,16 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         if (st.n_keep >= s.n_used) {
             continue;
         }
-        GGML_ASSERT(st.n_stab <= st.n_keep);
+        // a pinned query (Locret-Q) stays like the stabilizers: the rest of the budget is chosen by score
+        const uint32_t n_pin = pinned_cells(s);
+        GGML_ASSERT(n_pin + st.n_stab <= st.n_keep);
         const uint32_t n_used = s.n_used;
-        const uint32_t n_cand = n_used - st.n_stab;
-        const uint32_t n_top  = st.n_keep - st.n_stab;
+        const uint32_t n_cand = n_used - st.n_stab - n_pin;
+        const uint32_t n_top  = st.n_keep - st.n_stab - n_pin;
 
         // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
         const bool on_device = policy->uses_heads() && select_graph && n_top > 0 && n_top < n_cand;
-        if (on_device && !select_on_device(st.strm, n_cand, n_top)) {
+        if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
             locret_set_error("the Locret selection graph could not run; the cache is unchanged");
             return -1;
         }
@@ -730,7 +732,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         // threads only where the work outweighs starting them (a few hundred thousand units)
         const size_t n_work = row0.back() * (size_t) n_used;
         locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
-            select_layer(i, row0[i], n_used, st.n_keep, st.n_stab, on_device, blocks[i], s, evict_keep.data());
+            select_layer(i, row0[i], n_used, st.n_keep, n_pin, st.n_stab, on_device, blocks[i], s, evict_keep.data());
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());
             // the layer's moves are written through local pointers and counted once at the end: the layers' headers
@@ -838,7 +840,45 @@ void llama_locret_memory::reset_stream(locret_stream & s) {
     s.uniform_from = 0;
     s.prev_output  = true;
     s.logical_next = 0;
+    s.n_pinned     = 0;
     s.undo.valid   = false;
+}
+
+uint32_t llama_locret_memory::pinned_cells(const locret_stream & s) const {
+    if (s.n_pinned == 0 || layers.empty()) {
+        return 0;
+    }
+    const int32_t * pos = s.pos[0].data();
+    uint32_t n = 0;
+    while (n < s.n_used && pos[n] < (int32_t) s.n_pinned) {
+        ++n;
+    }
+    return n;
+}
+
+bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
+    if (seq_id < 0 || (size_t) seq_id >= streams.size()) {
+        locret_set_error(format("Locret: no sequence %d to pin a query in (%zu sequences)", seq_id, streams.size()));
+        return false;
+    }
+    locret_stream & s = streams[seq_id];
+    if (n_tokens == s.n_pinned) {
+        return true;
+    }
+    if (s.uniform_from > 0) {
+        // after an eviction the heads hold different units: a new pin could name units some heads no longer have
+        locret_set_error(format("Locret: sequence %d has already evicted units; pin its query before its first eviction "
+                "(or empty it first)", seq_id));
+        return false;
+    }
+    // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget
+    if ((uint64_t) n_tokens + cfg.stabilizers >= cfg.budget) {
+        locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head, "
+                "%u stabilizers): shorten the query or raise the budget", n_tokens, cfg.budget, cfg.stabilizers));
+        return false;
+    }
+    s.n_pinned = n_tokens;
+    return true;
 }
 
 void llama_locret_memory::clear(bool data) {
@@ -1040,7 +1080,7 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
 //
 
 static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
-static const uint32_t LOCRET_STATE_VERSION = 2;
+static const uint32_t LOCRET_STATE_VERSION = 3; // 3: a sequence's pinned query (Locret-Q); 2 is read as unpinned
 
 // what a saved state must agree on with the context that loads it
 struct locret_state_header {
@@ -1079,7 +1119,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     io.write(&h, sizeof(h));
     for (uint32_t id : ids) {
         const locret_stream & s = streams[id];
-        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output };
+        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned };
         const int64_t  next     = s.logical_next;
         const uint64_t stats[]  = { s.n_evictions, s.n_units_evicted };
         io.write(fields, sizeof(fields));
@@ -1139,7 +1179,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
         if (h.magic != LOCRET_STATE_MAGIC) {
             throw std::runtime_error("Locret: the saved state has no Locret section (saved without eviction?)");
         }
-        if (h.version != LOCRET_STATE_VERSION) {
+        if (h.version != LOCRET_STATE_VERSION && h.version != 2) {
             throw std::runtime_error(format("Locret: the saved state has version %u, this build reads %u", h.version, LOCRET_STATE_VERSION));
         }
         const uint64_t fp = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
@@ -1156,15 +1196,16 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             throw std::runtime_error(format("Locret: the saved state holds %u sequences, expected %u", h.n_streams, n_expected));
         }
         for (uint32_t k = 0; k < h.n_streams; ++k) {
-            uint32_t fields[4];
+            uint32_t fields[5] = {};
             int64_t  next;
             uint64_t stats[2];
-            io.read(fields, sizeof(fields));
+            io.read(fields, sizeof(uint32_t) * (h.version == 2 ? 4 : 5));
             io.read(&next, sizeof(next));
             io.read(stats, sizeof(stats));
             const uint32_t id = seq_id < 0 ? fields[0] : (uint32_t) seq_id;
             if (id >= streams.size() || fields[1] > cfg.n_cells || fields[2] > fields[1] || next < fields[1] ||
-                    next > std::numeric_limits<llama_pos>::max()) {
+                    next > std::numeric_limits<llama_pos>::max() ||
+                    (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers >= cfg.budget)) {
                 throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
             }
             locret_stream & s = streams[id];
@@ -1172,6 +1213,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.uniform_from    = fields[2];
             s.prev_output     = fields[3] != 0;
             s.logical_next    = (llama_pos) next;
+            s.n_pinned        = fields[4];
             s.n_evictions     = stats[0];
             s.n_units_evicted = stats[1];
             std::vector<float> block;
@@ -1186,6 +1228,11 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                     for (uint32_t c = 0; c < s.n_used; ++c) {
                         if (pos[c] < 0 || pos[c] >= s.logical_next || (c > 0 && pos[c] <= pos[c - 1])) {
                             throw std::runtime_error("Locret: the saved state is corrupt (positions out of order)");
+                        }
+                        // pinned units are never evicted: every head holds the same ones, in the first cells
+                        const int32_t pos0 = s.pos[0][c]; // layer 0, KV head 0 (read first)
+                        if ((pos[c] < (int32_t) s.n_pinned || pos0 < (int32_t) s.n_pinned) && pos[c] != pos0) {
+                            throw std::runtime_error("Locret: the saved state is corrupt (pinned units differ between heads)");
                         }
                         block[(size_t) c * n_head_kv + hd] = row[c];
                     }

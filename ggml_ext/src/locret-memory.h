@@ -69,6 +69,7 @@ struct locret_stream {
     uint32_t  uniform_from = 0;     // cells >= this were placed after the last eviction: the same token in every head
     bool      prev_output  = true;  // the last part placed asked for an output
     llama_pos logical_next = 0;     // the client's position of the sequence's next token
+    uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
 
     uint64_t n_evictions     = 0;
     uint64_t n_units_evicted = 0;   // summed over layers and KV heads
@@ -149,6 +150,14 @@ public:
     void inject_fault(locret_fault f) { fault = f; }
     bool take_fault(locret_fault f);
 
+    // Locret-Q: positions [0, n_tokens) of a sequence (the query placed at its start) are never evicted and count in
+    // the budget. Only before the sequence's first eviction (or to the value it has); false with the reason in
+    // llama_locret_last_error otherwise, or when the pinned units and the stabilizers leave no room in the budget.
+    bool pin_prefix(llama_seq_id seq_id, uint32_t n_tokens);
+    // the leading cells that hold pinned units (the same in every layer and KV head: they were placed before any
+    // eviction and are never evicted)
+    uint32_t pinned_cells(const locret_stream & s) const;
+
     const locret_config & config() const { return cfg; }
     const locret_policy & get_policy() const { return *policy; }
     const std::vector<locret_kv_layer> & get_layers() const { return layers; }
@@ -204,10 +213,10 @@ private:
     locret_fault fault = LOCRET_FAULT_NONE;
 
     // the device's selection for stream `strm` into select_idx: I32 [n_top] per (layer, KV head), unordered
-    bool select_on_device(uint32_t strm, uint32_t n_cand, uint32_t n_top);
+    bool select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top);
     // the kept cells of layer i's KV heads, in cell order, at keep[(row0 + h)*n_keep]: from select_idx (from_idx), else
     // by the host from `block` (the stream's scores of the layer, [n_used][n_head_kv]) or the policy's scores
-    void select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_stab,
+    void select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab,
                       bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const;
     // stream strm's scores of layer i in the store: [n_used][n_head_kv] from its byte offset
     size_t scores_offset(size_t i, uint32_t strm) const;

@@ -8,30 +8,36 @@
 #include <algorithm>
 #include <cmath>
 
-void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32_t n_stab, std::vector<uint32_t> & keep) {
-    const uint32_t n_cand = n_used - n_stab;
-    const uint32_t n_top  = n_keep - n_stab;
-    keep.resize(n_cand);
-    for (uint32_t c = 0; c < n_cand; ++c) {
-        keep[c] = c;
+void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab,
+        std::vector<uint32_t> & keep) {
+    GGML_ASSERT(n_pin + n_stab <= n_keep && n_keep <= n_used);
+    const uint32_t n_cand = n_used - n_stab;      // candidates are cells [n_pin, n_cand)
+    const uint32_t n_top  = n_keep - n_stab - n_pin;
+    keep.resize(n_cand - n_pin);
+    for (uint32_t c = n_pin; c < n_cand; ++c) {
+        keep[c - n_pin] = c;
     }
     auto better = [score](uint32_t a, uint32_t b) {
         const float sa = std::isnan(score[a]) ? -INFINITY : score[a];
         const float sb = std::isnan(score[b]) ? -INFINITY : score[b];
         return sa > sb || (sa == sb && a < b);
     };
-    if (n_top < n_cand) {
+    if (n_top < n_cand - n_pin) {
         std::nth_element(keep.begin(), keep.begin() + n_top, keep.end(), better);
         keep.resize(n_top);
     }
     std::sort(keep.begin(), keep.end());
+    keep.insert(keep.begin(), n_pin, 0);
+    for (uint32_t c = 0; c < n_pin; ++c) {
+        keep[c] = c;
+    }
     for (uint32_t c = n_cand; c < n_used; ++c) {
         keep.push_back(c);
     }
 }
 
 ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
-        uint32_t n_cand, uint32_t n_top) {
+        uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
     GGML_ASSERT(n_top > 0 && n_top < n_cand && n_cand < (1u << 24));
     const int64_t n_head_kv = scores->ne[0];
     const int64_t n_layers  = scores->ne[2];
@@ -39,7 +45,7 @@ ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint
 
     // s: [n_cand, n_rows], one row of candidate scores per (layer, KV head)
     ggml_tensor * s = ggml_view_3d(ctx, scores, n_head_kv, n_cand, n_layers, scores->nb[1], scores->nb[2],
-            (size_t) strm * n_cells * scores->nb[1]);
+            ((size_t) strm * n_cells + cell0) * scores->nb[1]);
     s = ggml_cont(ctx, ggml_permute(ctx, s, 1, 0, 2, 3));
     s = ggml_reshape_2d(ctx, s, n_cand, n_rows);
 
@@ -63,22 +69,25 @@ ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint
     return top;
 }
 
-void locret_keep_from_top(const int32_t * top, uint32_t n_top, uint32_t n_used, uint32_t n_stab, uint32_t * keep,
-        std::vector<uint8_t> & kept) {
-    const uint32_t n_cand = n_used - n_stab;
+void locret_keep_from_top(const int32_t * top, uint32_t n_top, uint32_t n_used, uint32_t n_pin, uint32_t n_stab,
+        uint32_t * keep, std::vector<uint8_t> & kept) {
+    const uint32_t n_cand = n_used - n_stab - n_pin; // the device chose among cells [n_pin, n_pin + n_cand)
     kept.assign(n_cand, 0);
     for (uint32_t k = 0; k < n_top; ++k) {
         GGML_ASSERT(top[k] >= 0 && (uint32_t) top[k] < n_cand);
         kept[top[k]] = 1;
     }
     uint32_t n = 0;
+    for (uint32_t c = 0; c < n_pin; ++c) {
+        keep[n++] = c;
+    }
     for (uint32_t c = 0; c < n_cand; ++c) {
         if (kept[c]) {
-            keep[n++] = c;
+            keep[n++] = n_pin + c;
         }
     }
-    GGML_ASSERT(n == n_top && "Locret: the device selection returned a cell twice");
-    for (uint32_t c = n_cand; c < n_used; ++c) {
+    GGML_ASSERT(n == n_pin + n_top && "Locret: the device selection returned a cell twice");
+    for (uint32_t c = n_used - n_stab; c < n_used; ++c) {
         keep[n++] = c;
     }
 }

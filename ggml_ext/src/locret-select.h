@@ -8,22 +8,25 @@
 struct ggml_context;
 struct ggml_tensor;
 
-// The top (n_keep - n_stab) of cells [0, n_used - n_stab) by score, ties to the earlier cell, NaN scores last, plus
-// the last n_stab cells; returned in cell order in `keep` (n_keep entries).
-void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32_t n_stab, std::vector<uint32_t> & keep);
+// The first n_pin cells (a pinned query, Locret-Q), the top (n_keep - n_pin - n_stab) of cells [n_pin, n_used - n_stab)
+// by score, ties to the earlier cell, NaN scores last, and the last n_stab cells; returned in cell order in `keep`
+// (n_keep entries).
+void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab,
+                   std::vector<uint32_t> & keep);
 
-// The device's selection: the n_top best of cells [0, n_cand) of stream `strm`, for every (layer, KV head) row of
-// `scores` (F32 [n_head_kv, n_cells*n_streams, n_layers], a unit's score at row strm*n_cells + cell), ties to the
+// The device's selection: the n_top best of cells [cell0, cell0 + n_cand) of stream `strm`, for every (layer, KV head)
+// row of `scores` (F32 [n_head_kv, n_cells*n_streams, n_layers], a unit's score at row strm*n_cells + cell), ties to the
 // earlier cell like locret_select. Returns I32 [n_top, n_head_kv*n_layers] (row (layer*n_head_kv + head)), each row's
-// cells in no particular order. Scores must not be NaN (a NaN competes as a tie of the threshold).
+// cells counted from cell0, in no particular order. Scores must not be NaN (a NaN competes as a tie of the threshold).
 //
 // Existing ops only, so that every backend runs it: a descending argsort gives each row's threshold t (its n_top-th
 // score); then key = 2^25 for scores above t, 2^24 - cell for scores equal to t, 0 below (exact in F32 for fewer than
 // 2^24 cells), and the n_top largest keys are exactly the cells to keep whatever order a backend's sort gives ties.
 ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
-                                  uint32_t n_cand, uint32_t n_top);
+                                  uint32_t cell0, uint32_t n_cand, uint32_t n_top);
 
-// One row of the device's result in cell order, plus the n_stab stabilizers [n_used - n_stab, n_used): keep[n_top +
-// n_stab]. O(n_used), with a mark per candidate cell in `kept` (scratch).
-void locret_keep_from_top(const int32_t * top, uint32_t n_top, uint32_t n_used, uint32_t n_stab, uint32_t * keep,
-                          std::vector<uint8_t> & kept);
+// One row of the device's result (chosen with cell0 = n_pin) in cell order, after the n_pin pinned cells and before
+// the n_stab stabilizers [n_used - n_stab, n_used): keep[n_pin + n_top + n_stab]. O(n_used), with a mark per candidate
+// cell in `kept` (scratch).
+void locret_keep_from_top(const int32_t * top, uint32_t n_top, uint32_t n_used, uint32_t n_pin, uint32_t n_stab,
+                          uint32_t * keep, std::vector<uint8_t> & kept);

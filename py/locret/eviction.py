@@ -28,7 +28,7 @@ class _Stats(ctypes.Structure):
                 ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32),
                 ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int),
                 ("n_seq", ctypes.c_uint32), ("t_select_us", ctypes.c_uint64), ("t_compact_us", ctypes.c_uint64),
-                ("t_readback_us", ctypes.c_uint64)]
+                ("t_readback_us", ctypes.c_uint64), ("n_pinned", ctypes.c_uint32)]
 
 
 _SIGNATURES = {
@@ -49,6 +49,9 @@ _SIGNATURES = {
     "llama_locret_debug_read_kv_seq": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool,
                                         ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_inject_fault": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int32),
+    "llama_locret_pin_query": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_query_tokens": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_char_p,
+                                   ctypes.c_int32], ctypes.c_int32),
     "llama_locret_kv_cells_per_seq": ([ctypes.c_int32, ctypes.c_int32], ctypes.c_uint32),
     "llama_locret_debug_compute_buffers": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                             ctypes.POINTER(ctypes.c_size_t)], None),
@@ -108,13 +111,30 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
 def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     """Sequence `seq_id`'s enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used,
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
-    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random" or "streaming") and n_seq (sequences the
-    context keeps)."""
+    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random" or "streaming"), n_seq (sequences the
+    context keeps) and n_pinned (Locret-Q: leading positions never evicted)."""
     s = _api().llama_locret_get_seq_stats(ctx, seq_id)
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
     out["policy"] = name.decode() if name is not None else str(s.policy)
     return out
+
+
+def pin_query(ctx: int, n_tokens: int, seq_id: int = 0) -> None:
+    """Locret-Q: positions [0, n_tokens) of sequence `seq_id` are never evicted (they count in the budget).
+    Before the sequence's first eviction; lasts until the sequence is emptied. HeadsError with the reason."""
+    if _api().llama_locret_pin_query(ctx, seq_id, int(n_tokens)) != 0:
+        raise HeadsError(_last_error())
+
+
+def query_tokens(vocab: int, tokens, query: str, limit: int) -> int:
+    """Locret-Q: how many leading `tokens` of a prompt to pin, through the end of `query` placed in it (searched
+    in the first `limit` tokens; `vocab` is a `llama_vocab *`). HeadsError when the query is empty or not there."""
+    arr = (ctypes.c_int32 * len(tokens))(*tokens)
+    n = _api().llama_locret_query_tokens(vocab, arr, len(tokens), query.encode(), int(limit))
+    if n < 0:
+        raise HeadsError(_last_error())
+    return n
 
 
 def retained(ctx: int, layer: int, head: int, seq_id: int = 0) -> np.ndarray:

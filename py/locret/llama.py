@@ -12,6 +12,12 @@ Existing code changes one line::
 (padded to 256) whatever `n_ctx` is. The chunk of Algorithm 1 is `n_ubatch`. `locret_policy`
 chooses what scores the units: "heads" (default), or the ablations "random" and "streaming"
 (attention sinks, then recency), which need no heads.
+
+Locret-Q (`locret_query="..."`, or per call `create_completion(..., locret_query=...)` and
+`create_chat_completion(..., locret_query=...)`): the query goes at the start of the prompt (of the
+first user turn in a chat), and the prompt's tokens through the query are pinned: never evicted,
+counted in the budget, so every eviction sees the question. Use heads trained that way
+(`heads/*.query.gguf`); `locret_query=""` in a call turns a constructor's query off.
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ import llama_cpp._internals as _internals
 
 from . import eviction
 from .heads import Heads, HeadsError, _last_error
+from .query import place_query
 
 _context_lock = threading.Lock()
 
@@ -35,10 +42,14 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, locret_heads: str | os.PathLike | None = None,
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
-                 **kwargs: Any):
+                 locret_query: str | None = None, **kwargs: Any):
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
                         local=locret_local, policy=locret_policy)
         self._locret_heads: Heads | None = None
+        self.locret_query = locret_query or None  # the default query of every call (Locret-Q)
+        self._locret_active_query: str | None = None  # the query of the call being served
+        self._locret_pending_pin: int | None = None   # tokens to pin when that call's prompt starts a sequence
+        self._locret_in_chat = False
         holder: dict[str, Heads] = {}
 
         class _ConfiguredContext(_internals.LlamaContext):
@@ -79,9 +90,71 @@ class Llama(llama_cpp.Llama):
         """Eviction figures of this context (of sequence `seq_id`): see `locret.eviction.stats`."""
         return eviction.stats(self._ctx.ctx, seq_id)
 
+    def locret_pin_query(self, n_tokens: int, seq_id: int = 0) -> None:
+        """Locret-Q by hand: positions [0, n_tokens) of sequence `seq_id` are never evicted (before its first
+        eviction; lasts until the sequence is emptied). HeadsError with the reason when that cannot be."""
+        eviction.pin_query(self._ctx.ctx, n_tokens, seq_id)
+
     def locret_retained(self, layer: int, head: int, seq_id: int = 0):
         """Logical positions of the units that (layer, KV head) holds in sequence `seq_id`, in cell order."""
         return eviction.retained(self._ctx.ctx, layer, head, seq_id)
+
+    # Locret-Q
+
+    def _call_query(self, locret_query: str | None) -> str | None:
+        query = self.locret_query if locret_query is None else (locret_query or None)
+        if query is not None and not isinstance(query, str):
+            raise HeadsError(f"locret_query must be text (got {type(query).__name__})")
+        if query is not None and not query.strip():
+            query = None
+        if query is not None and not self.locret_enabled:
+            raise HeadsError("locret_query needs an evicting context (locret_budget)")
+        self._locret_active_query = query
+        return query
+
+    def create_completion(self, prompt, *args: Any, locret_query: str | None = None, **kwargs: Any):
+        """llama-cpp-python's, with the Locret-Q query (this call's, else the constructor's) in front."""
+        if self._locret_in_chat:
+            # the chat handler's own call: the query was placed in the messages
+            return super().create_completion(prompt, *args, **kwargs)
+        query = self._call_query(locret_query)
+        if query is not None:
+            if not isinstance(prompt, str):
+                raise HeadsError("locret_query needs a text prompt (the query is placed in front of its text)")
+            prompt = place_query(query, prompt)
+        return super().create_completion(prompt, *args, **kwargs)
+
+    def __call__(self, prompt, *args: Any, locret_query: str | None = None, **kwargs: Any):
+        return self.create_completion(prompt, *args, locret_query=locret_query, **kwargs)
+
+    def create_chat_completion(self, messages, *args: Any, locret_query: str | None = None, **kwargs: Any):
+        """llama-cpp-python's, with the Locret-Q query at the start of the first user turn."""
+        query = self._call_query(locret_query)
+        if query is not None:
+            messages = [dict(m) for m in messages]
+            first_user = next((m for m in messages if m.get("role") == "user"), None)
+            if first_user is None or not isinstance(first_user.get("content"), str):
+                raise HeadsError("locret_query needs a chat with a user turn whose content is text")
+            first_user["content"] = place_query(query, first_user["content"])
+        self._locret_in_chat = True
+        try:
+            return super().create_chat_completion(messages, *args, **kwargs)
+        finally:
+            self._locret_in_chat = False
+
+    def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any):
+        """llama-cpp-python's; with a Locret-Q query, finds the tokens to pin (through the query) first. A
+        cached sequence pinned otherwise is not continued: the prompt is processed again from the start."""
+        query, self._locret_active_query = self._locret_active_query, None
+        self._locret_pending_pin = None
+        if query is not None:
+            st = self.locret_stats()
+            vocab = llama_cpp.llama_model_get_vocab(self._model.model)
+            n_pin = eviction.query_tokens(vocab, list(tokens), query, st["budget"])
+            if self.n_tokens > 0 and st["n_pinned"] != n_pin:
+                self.n_tokens = 0  # no prefix reuse: the sequence is emptied and pinned anew
+            self._locret_pending_pin = n_pin
+        return super().generate(tokens, *args, **kwargs)
 
     def eval(self, tokens: Sequence[int], prompt_continues: bool = False):
         """As llama-cpp-python's, except that only the last token of the whole call asks for logits.
@@ -96,6 +169,9 @@ class Llama(llama_cpp.Llama):
         if not self.locret_enabled or self._logits_all:
             return super().eval(tokens)
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        if self._locret_pending_pin is not None and self.n_tokens == 0:
+            # the prompt starts the sequence: pin its query before anything can be evicted
+            eviction.pin_query(self._ctx.ctx, self._locret_pending_pin)
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i: min(len(tokens), i + self.n_batch)]
             n_past = self.n_tokens

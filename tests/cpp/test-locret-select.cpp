@@ -39,6 +39,7 @@ struct select_case {
     int64_t n_head_kv, n_layers, n_cells, n_streams;
     uint32_t strm, n_used, n_keep, n_stab;
     score_kind kind;
+    uint32_t n_pin = 0; // a pinned query (Locret-Q): the first cells, kept whatever their scores
 };
 
 static float draw(score_kind kind, std::mt19937 & rng) {
@@ -69,11 +70,11 @@ static double run_case(ggml_backend_t backend, const select_case & c, bool check
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx_store, backend);
     ggml_backend_tensor_set(scores, data.data(), 0, ggml_nbytes(scores));
 
-    const uint32_t n_cand = c.n_used - c.n_stab;
-    const uint32_t n_top  = c.n_keep - c.n_stab;
+    const uint32_t n_cand = c.n_used - c.n_stab - c.n_pin;
+    const uint32_t n_top  = c.n_keep - c.n_stab - c.n_pin;
     ggml_init_params gp = { ggml_tensor_overhead() * 64 + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(gp);
-    ggml_tensor * top = locret_build_select(ctx, scores, c.strm, (uint32_t) c.n_cells, n_cand, n_top);
+    ggml_tensor * top = locret_build_select(ctx, scores, c.strm, (uint32_t) c.n_cells, c.n_pin, n_cand, n_top);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, top);
     for (int i = 0; i < ggml_graph_n_nodes(gf); ++i) {
@@ -103,10 +104,14 @@ static double run_case(ggml_backend_t backend, const select_case & c, bool check
                     for (uint32_t cell = 0; cell < c.n_used; ++cell) {
                         row[cell] = data[(size_t) ((l * n_rows_store + (int64_t) c.strm * c.n_cells + cell) * c.n_head_kv + h)];
                     }
-                    locret_select(row.data(), c.n_used, c.n_keep, c.n_stab, want);
+                    locret_select(row.data(), c.n_used, c.n_keep, c.n_pin, c.n_stab, want);
                     const int64_t r = l * c.n_head_kv + h;
-                    locret_keep_from_top(got.data() + r * n_top, n_top, c.n_used, c.n_stab, dev.data(), mark);
+                    locret_keep_from_top(got.data() + r * n_top, n_top, c.n_used, c.n_pin, c.n_stab, dev.data(), mark);
                     n_bad_rows += want != dev;
+                    // the pinned cells are kept even where every other cell outscores them
+                    for (uint32_t k = 0; k < c.n_pin; ++k) {
+                        n_bad_rows += want[k] != k;
+                    }
                 }
             }
             CHECK(n_bad_rows == 0, "%s on %s: %d of %lld rows keep other cells than the host's selection", c.name,
@@ -134,6 +139,9 @@ int main(int argc, char ** argv) {
         { "keep one",            2, 2,  128, 2, 1,  100,   1,  0, SCORES_FEW     },
         { "drop one",            2, 2,  128, 1, 0,  100,  99,  0, SCORES_FEW     },
         { "long rows",           8, 2, 4608, 1, 0, 4608, 4096,  0, SCORES_FEW     }, // past a one-block sort
+        { "pinned query",        3, 4,  256, 1, 0,  200,  96, 16, SCORES_RANDOM, 24 },
+        { "pinned, ties",        3, 2,  256, 2, 1,  256, 100,  8, SCORES_FEW,    40 },
+        { "pinned, -inf",        4, 2,  128, 1, 0,  120,  50,  0, SCORES_SPECIAL, 10 },
     };
     int n_backends = 0;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {

@@ -67,9 +67,10 @@ class Algorithm1:
     """Independent model of the cache: per (layer, head) a list of (logical position, score) in cell
     order, evicted by the rules of Algorithm 1 with the ubatch as the chunk."""
 
-    def __init__(self, n_layer, n_head_kv, b, ub, n_s, n_loc):
+    def __init__(self, n_layer, n_head_kv, b, ub, n_s, n_loc, n_pin=0):
         self.units = [[[] for _ in range(n_head_kv)] for _ in range(n_layer)]
         self.b, self.ub, self.n_s, self.n_loc, self.capacity = b, ub, n_s, n_loc, b + ub
+        self.n_pin = n_pin  # Locret-Q: logical positions below n_pin are never evicted (and count in b)
         self.prev_output = True
         self.cut_ties = 0  # selections whose cut fell inside a run of equal scores (ties decided by cell order)
 
@@ -88,13 +89,14 @@ class Algorithm1:
         for layer in self.units:
             for h, units in enumerate(layer):
                 n = len(units)
-                cand = np.arange(n - n_stab)
-                scores = np.array([u[1] for u in units[: n - n_stab]], dtype=np.float32)
-                order = np.lexsort((cand, -scores))  # score descending, earlier cell first on ties
-                n_top = n_keep - n_stab
-                if 0 < n_top < len(order) and scores[order[n_top - 1]] == scores[order[n_top]]:
+                pinned = [i for i, u in enumerate(units) if u[0] < self.n_pin]
+                cand = np.array([i for i in range(n - n_stab) if units[i][0] >= self.n_pin], dtype=np.int64)
+                scores = np.array([units[i][1] for i in cand], dtype=np.float32)
+                order = cand[np.lexsort((cand, -scores))]  # score descending, earlier cell first on ties
+                n_top = n_keep - n_stab - len(pinned)
+                if 0 < n_top < len(order) and units[order[n_top - 1]][1] == units[order[n_top]][1]:
                     self.cut_ties += 1
-                keep = sorted(order[: n_keep - n_stab].tolist()) + list(range(n - n_stab, n))
+                keep = pinned + sorted(order[:n_top].tolist()) + list(range(n - n_stab, n))
                 layer[h] = [units[i] for i in keep]
 
     def place(self, positions, scores_of, is_output):
@@ -123,15 +125,19 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
     assert int(np.argmax(got)) == int(np.argmax(want))
 
 
-@pytest.mark.parametrize("select", ["host", "graph"])
-def test_retained_sets_match_algorithm_1_after_every_chunk(select, model_path, heads_file, prompt_tokens, monkeypatch):
-    # the host's selection (the CPU default) and the device's graph (the GPU default), both on this CPU
+@pytest.mark.parametrize("select,n_pin", [("host", 0), ("graph", 0), ("host", 24), ("graph", 24)])
+def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, model_path, heads_file, prompt_tokens,
+                                                           monkeypatch):
+    # the host's selection (the CPU default) and the device's graph (the GPU default), both on this CPU; n_pin:
+    # a Locret-Q query pinned at the start
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
     llm = make(model_path, heads_file)
     heads_api.record_scores(llm)
+    if n_pin:
+        llm.locret_pin_query(n_pin)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
-    ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)
+    ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC, n_pin)
 
     # a prompt in batches of one ubatch (the last asks for logits), then generation one token at a time,
     # then a second prompt: the multi-turn case. A repeated stretch makes layer 0 score many units alike (its
@@ -167,6 +173,11 @@ def test_retained_sets_match_algorithm_1_after_every_chunk(select, model_path, h
                for il in range(n_layer) for h in range(n_head_kv))
     assert checked == len(calls) * n_layer * n_head_kv
     assert ref.cut_ties >= 3, "no selection was decided by a tie: the tie rule went unchecked"
+    assert stats["n_pinned"] == n_pin
+    if n_pin:
+        # the model's rule kept the pinned units; the engine's read-out says the same in every head
+        assert all(llm.locret_retained(il, h)[:n_pin].tolist() == list(range(n_pin))
+                   for il in range(n_layer) for h in range(n_head_kv))
 
 
 def rope_norm(x, delta, base, n_rot):
