@@ -34,30 +34,25 @@ def _rope_rotate_half(x: np.ndarray, theta: float) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def test_labels_match_a_brute_force_reference(tiny):
-    import torch
-    from locret.train.backbone import load_backbone
-
-    hf_dir, _ = tiny
-    backbone = load_backbone(hf_dir)
+def _brute_force_labels(backbone, token_ids: list[int], n_prompt: int):
+    """backbone.features for the sequence, the q_proj/k_proj outputs it captured by its own hooks, and per
+    layer the labels written out: RoPE in numpy, every query x key score, maxima with explicit loops."""
     model = backbone.model
-    n_tokens, n_prompt = 48, 37
-    token_ids = torch.randint(3, model.config.vocab_size, (n_tokens,), generator=torch.Generator().manual_seed(1))
-
     captured = {}
     handles = [getattr(layer.self_attn, name).register_forward_hook(
         lambda _m, _i, out, i=i, name=name: captured.__setitem__((i, name), out[0].detach().numpy().copy()))
         for i, layer in enumerate(model.model.layers) for name in ("q_proj", "k_proj")]
     try:
-        features = backbone.features(token_ids.tolist(), n_prompt)
+        features = backbone.features(token_ids, n_prompt)
     finally:
         for h in handles:
             h.remove()
 
+    n_tokens = len(token_ids)
     n_head, n_kv, d = TINY_LLAMA.n_head, TINY_LLAMA.n_head_kv, TINY_LLAMA.head_dim
     group = n_head // n_kv
     theta = 10000.0
-    assert features.labels.shape == (TINY_LLAMA.n_layer, n_kv, n_prompt)
+    wants = []
     for layer in range(TINY_LLAMA.n_layer):
         q = _rope_rotate_half(captured[(layer, "q_proj")].reshape(n_tokens, n_head, d).transpose(1, 0, 2), theta)
         k = _rope_rotate_half(captured[(layer, "k_proj")].reshape(n_tokens, n_kv, d).transpose(1, 0, 2), theta)
@@ -70,13 +65,146 @@ def test_labels_match_a_brute_force_reference(tiny):
                     for p in range(n_prompt, n_tokens):
                         best = max(best, full[h, p, key])
                 want[j, key] = best
+        wants.append(want)
+    return features, captured, wants
+
+
+def _assert_labels(features, wants, n_prompt):
+    assert features.labels.shape == (TINY_LLAMA.n_layer, TINY_LLAMA.n_head_kv, n_prompt)
+    for layer, want in enumerate(wants):
         got = features.labels[layer].numpy()
         assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), f"layer {layer}"
         assert want.std() > 0.5, "labels too uniform for the check to mean anything"
+
+
+def test_labels_match_a_brute_force_reference(tiny):
+    import torch
+    from locret.train.backbone import load_backbone
+
+    hf_dir, _ = tiny
+    backbone = load_backbone(hf_dir)
+    n_tokens, n_prompt = 48, 37
+    token_ids = torch.randint(3, backbone.model.config.vocab_size, (n_tokens,),
+                              generator=torch.Generator().manual_seed(1))
+    features, captured, wants = _brute_force_labels(backbone, token_ids.tolist(), n_prompt)
+    _assert_labels(features, wants, n_prompt)
+    n_head, d = TINY_LLAMA.n_head, TINY_LLAMA.head_dim
+    for layer in range(TINY_LLAMA.n_layer):
         # the heads' input is concat(Q, K, V) before RoPE, prompt tokens only
         x = features.inputs[layer].numpy()
         assert x.shape == (n_prompt, TINY_LLAMA.d_in)
         np.testing.assert_array_equal(x[:, : n_head * d], captured[(layer, "q_proj")][:n_prompt])
+
+
+def _source(backbone, tmp_path, query_tokens, records=None):
+    """The trainer's ExampleSource: over `records` written to a data file, or the built-in generator when
+    there are none."""
+    from locret.train.trainer import ExampleSource, TrainConfig
+
+    data = [str(write_jsonl(tmp_path / "data.jsonl", records))] if records else []
+    config = TrainConfig(base="", gguf="", output="", run_dir="", data=data, min_tokens=64, max_tokens=512,
+                         query_tokens=query_tokens)
+    return ExampleSource(config, backbone)
+
+
+def test_locret_q_labels_match_a_brute_force_reference(tiny, tmp_path):
+    """--query-tokens: the tokens the trainer feeds start with the query, the last L_Q tokens of
+    the user's text, and the labels still match the brute-force reference over every prompt token, the
+    query's included."""
+    from locret.train.backbone import load_backbone
+
+    hf_dir, _ = tiny
+    backbone = load_backbone(hf_dir)
+    tokenizer = backbone.tokenizer
+    text = " ".join(sentence(i) for i in range(3)) + " which code is in the vault ?"
+    source = _source(backbone, tmp_path, 6, [{"prompt": text, "answer": "code 2 ."}])
+    example, _ = source.get(0)
+    query = tokenizer.encode(text, add_special_tokens=False)[-6:]
+    assert tokenizer.decode(query) == "code is in the vault ?"
+    # the tiny tokenizer has no chat template and adds no BOS: nothing comes before the query
+    assert not tokenizer.chat_template and tokenizer.encode("code", add_special_tokens=True) == query[:1]
+    assert example.token_ids[:6] == query
+    # the user's whole text follows, unchanged, and then the answer
+    assert example.token_ids[6:example.n_prompt] == tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(example.token_ids[example.n_prompt:]) == "code 2 . </s>"
+    features, _, wants = _brute_force_labels(backbone, example.token_ids, example.n_prompt)
+    _assert_labels(features, wants, example.n_prompt)
+
+
+def test_locret_q_puts_the_question_or_the_last_user_tokens_in_front(tiny, tmp_path):
+    """What --query-tokens L_Q puts in front of the first user turn: a built-in example's question (the text
+    its prompt ends with), cut to its last L_Q tokens when longer; a record's last L_Q tokens of its last user
+    turn. With 0 every example is as before."""
+    from locret.convert.errors import ConversionError
+    from locret.train.backbone import load_backbone
+    from locret.train.synthetic import TASKS, SyntheticData
+    from locret.train.training_data import Example, read_examples, with_query
+
+    data = SyntheticData(lambda text: len(text.split()), seed=3, min_tokens=100, max_tokens=200, tasks=TASKS)
+    examples = [data.example(i) for i in range(60)]
+    assert {ex.task for ex in examples} == set(TASKS)
+    for ex in examples:
+        assert ex.question.strip() and ex.prompt.endswith("\n\n" + ex.question), (ex.task, ex.question)
+
+    hf_dir, _ = tiny
+    backbone = load_backbone(hf_dir)
+    tokenizer = backbone.tokenizer
+    plain, whole, cut = (_source(backbone, tmp_path, n) for n in (0, 64, 3))
+    for step in range(8):
+        ex = plain.synthetic.example(step)
+        before, task = plain.example(step)
+        assert before.messages == (("user", ex.prompt),) and task == ex.task
+        assert whole.example(step)[0] == Example((("user", ex.question + "\n\n" + ex.prompt),), ex.answer,
+                                                 before.where)
+        last3 = tokenizer.decode(tokenizer.encode(ex.question, add_special_tokens=False)[-3:]).strip()
+        assert cut.example(step)[0].messages == (("user", last3 + "\n\n" + ex.prompt),)
+
+    first = " ".join(sentence(i) for i in range(3))
+    records = [{"prompt": first + " which code is in the vault ?", "answer": "code 1 ."},
+               {"messages": [{"role": "system", "content": "read the document ."},
+                             {"role": "user", "content": first},
+                             {"role": "assistant", "content": "it is open ."},
+                             {"role": "user", "content": "and which code is in the vault ?"},
+                             {"role": "assistant", "content": "code 4 ."}]}]
+    plain, q = _source(backbone, tmp_path, 0, records), _source(backbone, tmp_path, 5, records)
+    originals = {e.where: e for e in read_examples(tmp_path / "data.jsonl")}
+    assert {plain.example(step)[0] for step in range(2)} == set(originals.values())
+    rewritten = {e.where: e for e in (q.example(step)[0] for step in range(2))}
+    single, turns = rewritten[f"{tmp_path / 'data.jsonl'}:1"], rewritten[f"{tmp_path / 'data.jsonl'}:2"]
+    assert single.messages == (("user", "is in the vault ?\n\n" + records[0]["prompt"]),)
+    assert [m[1] for m in turns.messages] == ["read the document .", "is in the vault ?\n\n" + first,
+                                              "it is open .", "and which code is in the vault ?"]
+    assert turns.answer == "code 4 ."
+
+    with pytest.raises(ConversionError, match="the last user turn is empty"):
+        with_query(tokenizer, Example((("user", first), ("assistant", "ok ."), ("user", " ")), "a", "x:1"), 5)
+
+
+def test_query_tokens_is_recorded_checked_and_part_of_the_settings(tiny, tmp_path):
+    """--query-tokens: kept in the log and the checkpoint's fingerprint (a run without it resumes as before,
+    one with it is not resumed without it), refused when negative."""
+    from locret.train.trainer import TrainConfig
+
+    hf_dir, gguf = tiny
+    data = _data(tmp_path / "data.jsonl")
+    common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--warmup-steps", 0, "--seed", 3, "--d-r", 32,
+              "--steps", 2, "--lr", 0.01]
+    proc = _train(*common, "-o", tmp_path / "c.gguf", "--query-tokens", -1, check=False)
+    assert proc.returncode == 1 and "--query-tokens must be >= 0" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "c.gguf").exists()
+
+    _train(*common, "-o", tmp_path / "a.gguf", "--query-tokens", 4)
+    log = json.loads((tmp_path / "a.run" / "train-log.json").read_text())
+    assert log["finished"] and log["config"]["query_tokens"] == 4
+    assert "Locret-Q layout: the query (at most 4 tokens)" in log["data"]
+    proc = _train(*common, "-o", tmp_path / "a.gguf", check=False)
+    assert proc.returncode == 1 and "belongs to a run with other settings" in proc.stderr, proc.stderr[-2000:]
+
+    # the fingerprint of a run from before the option (the value it had then), unchanged with L_Q 0
+    config = TrainConfig(base="m.gguf", gguf="m.gguf", output="h.gguf", run_dir="r")
+    assert config.fingerprint() == "40819bad1368d29d"
+    config.query_tokens = 64
+    assert config.fingerprint() != "40819bad1368d29d"
 
 
 def test_label_capture_leaves_the_forward_pass_unchanged(tiny):

@@ -77,6 +77,10 @@ def parser() -> RefusingParser:
                    help="add W x KL(softmax(label) || softmax(prediction)) per KV head to the loss: weighs tokens by "
                         "the attention they get, so rare important ones (a needle) count more. Not the paper's "
                         "loss; default 0 (off)")
+    p.add_argument("--query-tokens", type=int, default=DEFAULTS.query_tokens, metavar="L_Q",
+                   help="Locret-Q (paper sec. 5.4): put the query, at most its last L_Q tokens, in front of the first "
+                        "user turn as inference will (the built-in tasks' question; a record's last user turn); "
+                        "default 0 (off)")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="seed of the heads' init and the data order")
     p.add_argument("--max-minutes", type=float, help="stop (checkpointed, resumable) after this many minutes")
     p.add_argument("--stop-after-steps", type=int, metavar="N",
@@ -119,7 +123,7 @@ def main(argv: list[str]) -> int:
                              checkpoint_every=args.checkpoint_every, weight_type=args.type, budget=args.budget,
                              chunk=args.chunk, stabilizers=args.stabilizers, local=args.local,
                              init_heads=args.init_heads or "", freeze_layers=_layers(args.freeze_layers),
-                             rank_weight=args.rank_weight)
+                             rank_weight=args.rank_weight, query_tokens=args.query_tokens)
         summary = train(config, resume=not args.no_resume, max_minutes=args.max_minutes, threads=args.threads,
                         device=_device(args.device), stop_after_steps=args.stop_after_steps,
                         command="train_heads.py " + shlex.join(argv))

@@ -50,8 +50,9 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 @dataclass(frozen=True)
 class SyntheticExample:
     task: str
-    prompt: str   # the context followed by the question
+    prompt: str    # the context followed by the question
     answer: str
+    question: str  # the question alone, the text the prompt ends with (Locret-Q puts it in front too)
 
 
 def _paragraphs() -> list[tuple[str, list[str]]]:
@@ -140,8 +141,8 @@ class SyntheticData:
             blocks.insert(slot + (offset if ordered else 0), needle)
 
     @staticmethod
-    def _prompt(blocks: list[str], question: str, intro: str) -> str:
-        return intro + "\n\n" + "\n\n".join(blocks) + "\n\n" + question
+    def _example(task: str, blocks: list[str], question: str, intro: str, answer: str) -> SyntheticExample:
+        return SyntheticExample(task, intro + "\n\n" + "\n\n".join(blocks) + "\n\n" + question, answer, question)
 
     # --- tasks ----------------------------------------------------------------------------------------
 
@@ -154,8 +155,7 @@ class SyntheticData:
         blocks = self._context(rng, target, 80)
         self._place(rng, blocks, [needle])
         question = rng.choice([f"What is the code of the {thing}?", f"Which code opens the {thing}?"])
-        return SyntheticExample("passkey", self._prompt(blocks, question, "Read the document and answer the "
-                                                        "question after it."), code)
+        return self._example("passkey", blocks, question, "Read the document and answer the question after it.", code)
 
     def _repeats(self, rng: random.Random, target: int) -> SyntheticExample:
         thing = rng.choice(_OBJECTS)
@@ -168,8 +168,8 @@ class SyntheticData:
         # half the answers are a sentence, as models answer when not told to be brief: its words, not only the
         # digits, then lead the labels to the needle (a model copies "code is" before it copies the code)
         answer = rng.choice([code, f"The {thing} code is {code}."])
-        return SyntheticExample("repeats", self._prompt(blocks, question, "The text below repeats itself. "
-                                                        "Answer the question after it."), answer)
+        return self._example("repeats", blocks, question, "The text below repeats itself. Answer the question after "
+                             "it.", answer)
 
     def _lookup(self, rng: random.Random, target: int) -> SyntheticExample:
         keys = rng.sample(_WORDS, rng.randint(4, 12))
@@ -177,9 +177,8 @@ class SyntheticData:
         blocks = self._context(rng, target, 30 * len(records) + 60)
         self._place(rng, blocks, [f"Record {key}: {value}." for key, value in records.items()])
         asked = rng.choice(list(records))
-        return SyntheticExample("lookup", self._prompt(blocks, f"What value does record {asked} hold?",
-                                                       "Records are scattered through this document."),
-                                records[asked])
+        return self._example("lookup", blocks, f"What value does record {asked} hold?",
+                             "Records are scattered through this document.", records[asked])
 
     def _combine(self, rng: random.Random, target: int) -> SyntheticExample:
         first, second = rng.sample(_WORDS, 2)
@@ -188,7 +187,7 @@ class SyntheticData:
         blocks = self._context(rng, target, 90)
         self._place(rng, blocks, [f"Crate {first} holds {a} {item}.", f"Crate {second} holds {b} {item}."])
         question = f"How many {item} do crates {first} and {second} hold together?"
-        return SyntheticExample("combine", self._prompt(blocks, question, "Answer with a number."), str(a + b))
+        return self._example("combine", blocks, question, "Answer with a number.", str(a + b))
 
     def _tracking(self, rng: random.Random, target: int) -> SyntheticExample:
         names = ["".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ") for _ in range(2)) for _ in range(rng.randint(2, 5))]
@@ -197,8 +196,8 @@ class SyntheticData:
         chain = [f"VAR {names[0]} = {value}."] + [f"VAR {n} = {p}." for p, n in zip(names, names[1:])]
         blocks = self._context(rng, target, 25 * len(chain) + 60)
         self._place(rng, blocks, chain, ordered=True)
-        return SyntheticExample("tracking", self._prompt(blocks, f"What is the value of {names[-1]}?",
-                                                         "Follow the variable assignments in the text."), value)
+        return self._example("tracking", blocks, f"What is the value of {names[-1]}?",
+                             "Follow the variable assignments in the text.", value)
 
     def _quote(self, rng: random.Random, target: int) -> SyntheticExample:
         blocks = self._context(rng, target, 120)
@@ -208,7 +207,7 @@ class SyntheticData:
         first_sentence = _SENTENCE_END.split(blocks[i + 1])[0][:400]
         topic = blocks[i][len("Section: "):]
         question = f"Quote the first sentence of the section '{topic}'."
-        return SyntheticExample("quote", self._prompt(blocks, question, "Read the document."), first_sentence)
+        return self._example("quote", blocks, question, "Read the document.", first_sentence)
 
     def _frequent(self, rng: random.Random, target: int) -> SyntheticExample:
         common, *others = rng.sample(_MADE_UP, 4)
@@ -219,4 +218,4 @@ class SyntheticData:
         blocks = self._context(rng, target, 10 * len(needles) + 60)
         self._place(rng, blocks, needles)
         question = "Which made-up creature was seen most often in the document? Answer with one word."
-        return SyntheticExample("frequent", self._prompt(blocks, question, "Count the sightings."), common)
+        return self._example("frequent", blocks, question, "Count the sightings.", common)

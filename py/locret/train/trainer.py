@@ -4,7 +4,8 @@ One step is one sequence: the backbone's forward pass gives every layer's head i
 (backbone.py, labels.py), every head predicts its layer's scores, and the loss is the mean over
 layers of SmoothL1 + alpha * smoothness (heads_model.py), plus --rank-weight's attention KL when asked.
 AdamW with the paper's betas, linear warmup then cosine decay to a tenth of the peak rate, gradients
-clipped.
+clipped. With --query-tokens the examples take Locret-Q's layout (training_data.with_query) and the
+labels are gathered over every prompt token as always, the query's included.
 
 The run folder holds everything a run leaves: `checkpoint.pt` (written every --checkpoint-every
 steps and when the run stops, so a killed or time-limited run resumes where it was),
@@ -35,7 +36,7 @@ from ..convert.gguf_output import Recommended
 from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
 from .synthetic import DEFAULT_TASKS, TASKS, SyntheticData
-from .training_data import TokenizedExample, read_examples, tokenize
+from .training_data import Example, TokenizedExample, read_examples, tokenize, with_query
 
 BETAS = (0.9, 0.95)
 FINAL_LR_FRACTION = 0.1
@@ -67,6 +68,7 @@ class TrainConfig:
     init_heads: str = ""         # heads.safetensors to start from (fine-tuning); empty: a seeded random init
     freeze_layers: list[int] = field(default_factory=list)  # layers kept as init_heads gave them
     rank_weight: float = 0.0     # weight of heads_model.attention_kl in the loss; 0: the paper's loss alone
+    query_tokens: int = 0        # Locret-Q: the query's length limit L_Q, placed in front of the prompt; 0: off
 
     def fingerprint(self) -> str:
         """What must not change between a run and its resumption."""
@@ -77,6 +79,8 @@ class TrainConfig:
             settings["freeze_layers"] = sorted(self.freeze_layers)
         if self.rank_weight:  # likewise
             settings["rank_weight"] = self.rank_weight
+        if self.query_tokens:  # likewise
+            settings["query_tokens"] = self.query_tokens
         text = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -95,6 +99,8 @@ def check_config(config: TrainConfig) -> None:
         raise ConversionError(f"need 16 <= --min-tokens <= --max-tokens (got {config.min_tokens}, {config.max_tokens})")
     if config.checkpoint_every <= 0:
         raise ConversionError(f"--checkpoint-every must be positive, got {config.checkpoint_every}")
+    if config.query_tokens < 0:
+        raise ConversionError(f"--query-tokens must be >= 0 (0: no Locret-Q query), got {config.query_tokens}")
     unknown = [t for t in config.tasks if t not in TASKS]
     if unknown or not config.tasks:
         raise ConversionError(f"unknown synthetic task(s) {', '.join(unknown) or '(none given)'}; known: "
@@ -145,21 +151,33 @@ class ExampleSource:
 
     def describe(self) -> str:
         if self.synthetic is not None:
-            return (f"built-in generator (pydoc_data.topics text; tasks {', '.join(self.config.tasks)}; "
+            text = (f"built-in generator (pydoc_data.topics text; tasks {', '.join(self.config.tasks)}; "
                     f"{self.config.min_tokens}-{self.config.max_tokens} tokens; seed {self.config.seed})")
-        return f"{len(self.records)} records from {', '.join(Path(p).name for p in self.config.data)}"
+        else:
+            text = f"{len(self.records)} records from {', '.join(Path(p).name for p in self.config.data)}"
+        if self.config.query_tokens:  # the heads expect this layout at inference, so their recipe says so
+            text += (f"; Locret-Q layout: the query (at most {self.config.query_tokens} tokens) before the first "
+                     f"user turn")
+        return text
 
-    def get(self, step: int) -> tuple[TokenizedExample, str]:
+    def example(self, step: int) -> tuple[Example, str]:
+        """Example `step` as text, in Locret-Q's layout when asked, and its task."""
         if self.synthetic is not None:
-            from .training_data import Example
-
             ex = self.synthetic.example(step)
             example = Example(messages=(("user", ex.prompt),), answer=ex.answer, where=f"built-in #{step}")
-            return tokenize(self.tokenizer, example, self.config.max_tokens), ex.task
-        epoch, index = divmod(step, len(self.records))
-        order = list(range(len(self.records)))
-        random.Random(f"{self.config.seed}:epoch{epoch}").shuffle(order)
-        return tokenize(self.tokenizer, self.records[order[index]], self.config.max_tokens), "data"
+            question, task = ex.question, ex.task
+        else:
+            epoch, index = divmod(step, len(self.records))
+            order = list(range(len(self.records)))
+            random.Random(f"{self.config.seed}:epoch{epoch}").shuffle(order)
+            example, question, task = self.records[order[index]], None, "data"
+        if self.config.query_tokens:
+            example = with_query(self.tokenizer, example, self.config.query_tokens, question)
+        return example, task
+
+    def get(self, step: int) -> tuple[TokenizedExample, str]:
+        example, task = self.example(step)
+        return tokenize(self.tokenizer, example, self.config.max_tokens), task
 
 
 def load_init_heads(heads: RetainingHeads, path: Path, base: BaseModel) -> None:

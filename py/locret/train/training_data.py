@@ -10,14 +10,19 @@ Accepted records (one per line in .jsonl, or the elements of a .json array):
 
 The last assistant turn is the answer; everything before it is the prompt, rendered with the
 model's chat template when it has one. Every refusal names the file and line (or array index).
+
+With --query-tokens (Locret-Q, paper sec. 5.4) an example is rewritten before tokenization: its
+first user turn starts with the query, as inference will place it (locret/query.py), so the heads
+learn to score the context of a prompt that states what will be asked.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..convert.errors import ConversionError
+from ..query import place_query
 
 _ROLES = {"human": "user", "user": "user", "system": "system", "gpt": "assistant", "assistant": "assistant",
           "model": "assistant", "bot": "assistant"}
@@ -104,6 +109,25 @@ def _example(where: str, record: object) -> Example:
     if not any(text.strip() for _, text in prompt):
         raise ConversionError(f"training data {where}: the prompt is empty")
     return Example(messages=prompt, answer=answer, where=where)
+
+
+def with_query(tokenizer, example: Example, query_tokens: int, question: str | None = None) -> Example:
+    """The example in Locret-Q's layout: the query, then a blank line, then the first user turn's text.
+
+    The query is `question` when the example has one (the built-in generator's), else the last user
+    turn's text, where a record's question usually is; either way at most its last `query_tokens` tokens."""
+    users = [i for i, (role, _) in enumerate(example.messages) if role == "user"]
+    text = (question if question is not None else example.messages[users[-1]][1]).strip()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    # a query that fits is kept as written: decoding its tokens again could change its spelling
+    query = text if len(ids) <= query_tokens else tokenizer.decode(ids[-query_tokens:]).strip()
+    if not query:
+        raise ConversionError(f"training data {example.where}: the last user turn is empty, so there is no "
+                              f"Locret-Q query to place")
+    messages = list(example.messages)
+    role, first = messages[users[0]]
+    messages[users[0]] = (role, place_query(query, first))
+    return replace(example, messages=tuple(messages))
 
 
 def tokenize(tokenizer, example: Example, max_tokens: int) -> TokenizedExample:
