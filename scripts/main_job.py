@@ -4,12 +4,16 @@ window (scripts/data/harbor-log.txt, ~37K tokens vs SmolLM2's 8K) with Locret ev
 question about it, and prints the memory figures.
 
     .venv/bin/python scripts/main_job.py [--budget 2048] [--ubatch 512] [--heads H.gguf] [--question Q]
+                                         [--no-query]
 
+Locret-Q (the default when Locret-Q heads are shipped for the model, heads/*.query.gguf): the question
+is also given with --locret-query, so llama-cli places it at the start of the user turn and pins it,
+and the query heads score the log against it. --no-query runs plain Locret with the plain heads.
 Heads: --heads, else the shipped heads for the model when they exist (heads/), else random heads
 made once into the cache (untrained: eviction works and memory stays bounded, but which units survive
-is arbitrary). With the shipped SmolLM2 heads the answer is still wrong: SmolLM2-135M itself finds the
-code with full attention in a 3.5K-token excerpt of the log but not in a 6.9K one, and at 37K tokens
-with b = 2048 the heads do not keep the code's tokens (heads/README.md has the figures).
+is arbitrary). The script says whether the answer holds the code the log states (4-7-2-9). SmolLM2-135M
+itself finds the code with full attention in a 3.5K-token excerpt of the log but not in a 6.9K one
+(heads/README.md has the figures).
 """
 from __future__ import annotations
 
@@ -26,6 +30,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENT = REPO / "scripts" / "data" / "harbor-log.txt"
 QUESTION = "What is the code for the north warehouse door? Answer with the code only."
+EXPECTED = re.compile(r"4\D{0,3}7\D{0,3}2\D{0,3}9")  # the code the log states once, "4-7-2-9", however written
+
+
+def answer_text(stdout: str) -> str:
+    """llama-cli's answer: after its echo of the prompt (cut at "(truncated)" for a long one), before the timings."""
+    text = stdout.split("(truncated)", 1)[1] if "(truncated)" in stdout else stdout.rsplit("\n> ", 1)[-1]
+    return text.split("[ Prompt:", 1)[0]
+
+
+def query_heads() -> Path | None:
+    """The shipped Locret-Q heads of the default model, or None."""
+    from locret import models
+
+    plain = models.shipped_heads(models.DEFAULT_MODEL)
+    query = plain.with_suffix(".query.gguf") if plain is not None else None
+    return query if query is not None and query.is_file() else None
 
 
 def default_heads(model: Path) -> tuple[Path, str]:
@@ -49,12 +69,19 @@ def main() -> int:
     ap.add_argument("--heads", type=Path, default=None)
     ap.add_argument("--question", default=QUESTION)
     ap.add_argument("--ctx", type=int, default=65536, help="logical context (-c)")
+    ap.add_argument("--no-query", action="store_true", help="plain Locret: no Locret-Q query")
     args = ap.parse_args()
 
     from locret import models
 
     model = models.resolve(models.DEFAULT_MODEL)
-    heads, heads_kind = (args.heads, "given heads") if args.heads else default_heads(model)
+    use_query = not args.no_query and (args.heads is not None or query_heads() is not None)
+    if args.heads:
+        heads, heads_kind = args.heads, "given heads"
+    elif use_query:
+        heads, heads_kind = query_heads(), "shipped Locret-Q heads"
+    else:
+        heads, heads_kind = default_heads(model)
     document = DOCUMENT.read_text()
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(document + "\n\nQuestion: " + args.question + "\n")
@@ -64,8 +91,10 @@ def main() -> int:
            "--no-display-prompt", "--temp", "0", "--seed", "42", "-n", "48", "-c", str(args.ctx),
            "-b", "2048", "-ub", str(args.ubatch), "-t", str(os.cpu_count() or 2),
            "--locret-heads", heads, "--locret-budget", str(args.budget), "-lv", "4"]
+    if use_query:
+        cmd += ["--locret-query", args.question]
     print(f"model:    {model.name}\nheads:    {heads} ({heads_kind})\ndocument: {DOCUMENT.relative_to(REPO)} "
-          f"({len(document)} characters)\nquestion: {args.question}\n---", flush=True)
+          f"({len(document)} characters)\nquestion: {args.question}\nLocret-Q:  {'yes (the question is pinned at the start)' if use_query else 'no'}\n---", flush=True)
     t0 = time.time()
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, stdin=subprocess.DEVNULL)
     seconds = time.time() - t0
@@ -93,6 +122,9 @@ def main() -> int:
                   f"({kv_mib / cells * tokens / kv_mib:.1f}x)")
     print(f"peak RSS:          {peak_mib:.0f} MiB (llama-cli, whole process)")
     print(f"time:              {seconds:.0f} s")
+    if args.question == QUESTION:
+        matched = EXPECTED.search(answer_text(proc.stdout)) is not None
+        print(f"answer matched:    {'yes' if matched else 'NO'} (the log's code is 4-7-2-9)")
     return 0
 
 
