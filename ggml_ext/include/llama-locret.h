@@ -122,9 +122,13 @@ struct llama_locret_params {
     int32_t local;       // n_loc: last prompt tokens processed after compression (<= n_ubatch); -1 = default
     enum llama_locret_policy policy; // what scores the units for eviction; with RANDOM or STREAMING the heads,
                                      // if any, only score for llama_locret_record_scores
+    int32_t pool;        // score pooling (HEADS policy): each unit's score becomes the mean of the heads' scores over a
+                         // window of `pool` tokens centred on it (odd, <= n_ubatch), within its ubatch and sequence
+                         // (clipped at their edges), so that the neighbours of a high-scoring token (the rest of its
+                         // sentence or number) are kept with it. 0 or 1 = none; -1 = default (none: the paper's Locret)
 };
 
-// heads NULL, budget 0, stabilizers and local -1, policy HEADS. Defaults, resolved when a context is created: the
+// heads NULL, budget 0, stabilizers, local and pool -1, policy HEADS. Defaults, resolved when a context is created: the
 // heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped to n_ubatch, and n_s to b/2.
 LLAMA_API struct llama_locret_params llama_locret_params_default(void);
 
@@ -139,15 +143,16 @@ LLAMA_API struct llama_locret_params llama_locret_params_default(void);
 LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params);
 
 // The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local,
-// --locret-policy): heads from `heads_path` when it is non-empty, else the ones embedded in `model_path`'s model,
-// else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local -1 their defaults.
+// --locret-policy, --locret-pool): heads from `heads_path` when it is non-empty, else the ones embedded in
+// `model_path`'s model, else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local/pool -1
+// their defaults.
 // The RANDOM and STREAMING policies need a budget and no heads: heads given or embedded are then not loaded
 // (a warning says so). Registers the result with llama_locret_model_configure for the contexts created next
 // from `model`. The heads found are returned in *out (NULL when none); the caller frees them after those contexts.
 // Returns 0, or -1 on error (see llama_locret_last_error()).
 LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, const char * model_path,
                                                  const char * heads_path, int32_t budget, int32_t stabilizers,
-                                                 int32_t local, enum llama_locret_policy policy,
+                                                 int32_t local, enum llama_locret_policy policy, int32_t pool,
                                                  struct llama_locret_heads ** out);
 
 struct llama_locret_stats {
@@ -169,6 +174,7 @@ struct llama_locret_stats {
     uint64_t t_compact_us;     // the compaction graphs (moving and re-rotating rows) and the window cache's shifts
     uint64_t t_readback_us;    // reading each ubatch's scores back from the backend (waiting for the graph included)
     uint32_t n_pinned;         // Locret-Q: the sequence's first n_pinned positions are never evicted (0: none)
+    uint32_t pool;             // score pooling window (0: none)
 };
 
 // Statistics of sequence 0 (n_cells_used, pos_logical, n_evictions and n_units_evicted are per sequence; kv_bytes is

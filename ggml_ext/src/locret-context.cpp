@@ -122,7 +122,8 @@ int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path
 }
 
 int32_t llama_locret_configure_default(llama_model * model, const char * model_path, const char * heads_path,
-        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, llama_locret_heads ** out) {
+        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, int32_t pool,
+        llama_locret_heads ** out) {
     *out = nullptr;
     locret_set_error("");
     const char * policy_name = llama_locret_policy_name(policy);
@@ -133,6 +134,10 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     // -1 is "no --locret-budget"; any other value below 1 was given and is refused
     if (budget == -1 && (stabilizers >= 0 || local >= 0)) {
         locret_set_error("--locret-stabilizers and --locret-local need --locret-budget");
+        return -1;
+    }
+    if (budget == -1 && pool >= 0) {
+        locret_set_error("--locret-pool needs --locret-budget");
         return -1;
     }
     if (budget == -1 && policy != LLAMA_LOCRET_POLICY_HEADS) {
@@ -149,6 +154,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     params.stabilizers = stabilizers;
     params.local       = local;
     params.policy      = policy;
+    params.pool        = pool;
     if (policy != LLAMA_LOCRET_POLICY_HEADS) {
         // the scores come from the policy: loading the heads would only add their cost to every ubatch
         if (!path.empty()) {

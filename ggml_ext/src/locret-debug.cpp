@@ -45,6 +45,7 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.t_compact_us    = mem->t.compact_us;
     st.t_readback_us   = mem->t.readback_us;
     st.n_pinned        = s->n_pinned;
+    st.pool            = cfg.pool;
     return st;
 }
 

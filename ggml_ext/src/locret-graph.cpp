@@ -57,8 +57,9 @@ static ggml_tensor * locret_build_cis(ggml_context * ctx, const llama_locret_hea
 
 uint32_t llama_locret_graph_n_nodes(uint32_t n_layer) {
     // per layer: up to 6 flattening nodes (view, or cont + reshape), 4 mul_mat, 4 add and the
-    // activation, with room to spare
-    return 24 * n_layer;
+    // activation, 7 for pooling (reshape, permute, cont, pool, permute, cont, reshape) and the store, with room to
+    // spare
+    return 32 * n_layer;
 }
 
 namespace {
@@ -89,12 +90,34 @@ public:
 
 } // namespace
 
+// Score pooling: cis F32 [n_head_kv, n_tokens] -> the mean of each token's scores over a window of `pool` tokens
+// centred on it, clipped at the edges of its sequence's run in the ubatch. The ubatches of an evicting memory hold one
+// sequence (split_simple, split_seq), or the same number of tokens of each of n_seqs sequences, one run after another
+// (split_equal: generation, one token each; the reservation's ubatch), so the runs are rows of n_seq_tokens tokens.
+static ggml_tensor * locret_build_pooled(ggml_context * ctx, ggml_tensor * cis, const llama_ubatch & ubatch,
+        uint32_t pool) {
+    const int64_t n_head_kv = cis->ne[0];
+    const int64_t n_run     = ubatch.equal_seqs() ? ubatch.n_seq_tokens : ubatch.n_tokens; // tokens of one sequence
+    const int64_t n_runs    = (int64_t) ubatch.n_tokens / n_run;
+    if (n_run < 2) {
+        return cis;
+    }
+    // [n_head_kv, n_run, n_runs] -> [n_run, n_head_kv, n_runs]: one row per (KV head, sequence), pooled along it
+    ggml_tensor * rows = ggml_reshape_3d(ctx, cis, n_head_kv, n_run, n_runs);
+    rows = ggml_cont(ctx, ggml_permute(ctx, rows, 1, 0, 2, 3));
+    // stride 1, padding pool/2: as many outputs as tokens; the op averages over the positions inside the row only
+    ggml_tensor * pooled = ggml_pool_1d(ctx, rows, GGML_OP_POOL_AVG, (int) pool, 1, (int) pool / 2);
+    pooled = ggml_cont(ctx, ggml_permute(ctx, pooled, 1, 0, 2, 3));
+    return ggml_reshape_2d(ctx, pooled, n_head_kv, ubatch.n_tokens);
+}
+
 void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
         const llama_locret_heads * heads, const llama_memory_context_i * mctx,
-        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens, int il) {
+        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const llama_ubatch & ubatch, int il) {
     if (heads == nullptr || il < 0 || il >= (int) heads->layers.size()) {
         return;
     }
+    const int64_t n_tokens = ubatch.n_tokens;
     ggml_tensor * cis = locret_build_cis(ctx, *heads, il, q, k, v, n_tokens);
     ggml_format_name(cis, "locret_cis-%d", il);
     // an output: the allocator must not reuse its memory before the recorder reads the scores
@@ -113,7 +136,10 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
             res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells));
             res->t_locret_rows = rows;
         }
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, cis, res->t_locret_rows));
+        // the recorder reads the heads' own scores (cis); the store, which eviction reads, the pooled ones
+        const uint32_t pool = mem->config().pool;
+        ggml_tensor * kept = pool > 1 ? locret_build_pooled(ctx, cis, ubatch, pool) : cis;
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, kept, res->t_locret_rows));
     }
 
     if (res->t_locret_cis.size() < heads->layers.size()) {

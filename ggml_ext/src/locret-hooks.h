@@ -25,12 +25,13 @@ class  llm_graph_result;
 // loader leaves to llama_locret_heads_load
 bool llama_locret_is_heads_tensor(const std::string & name);
 
-// llm_graph_context::build_qkv (patches/0003): add the CIS of this layer's tokens to the graph, and, when mctx belongs
-// to an evicting memory, write them into its score store beside the cache.
+// llm_graph_context::build_qkv (patches/0003, 0017): add the CIS of this layer's tokens to the graph, and, when mctx
+// belongs to an evicting memory, write them into its score store beside the cache (pooled over the sequence's tokens
+// of the ubatch when the memory pools scores).
 // q: [d_head_k, n_head, n_tokens] (or [d_head_k*n_head, n_tokens]), k and v likewise for the KV heads.
 void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
                                 const llama_locret_heads * heads, const llama_memory_context_i * mctx,
-                                ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens, int il);
+                                ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const llama_ubatch & ubatch, int il);
 
 // llama_context::graph_max_nodes (patches/0004): graph nodes to reserve for Locret, whether or not heads are attached
 // yet (they may be attached after the context made its scheduler)

@@ -205,10 +205,11 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
         make_score_store(n_seq);
     }
 
-    LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, budget %u, stabilizers %u, local %u, chunk (ubatch) %u -> %u KV cells "
-            "per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
+    const std::string pooling = cfg.pool > 0 ? format(", score pooling %u", cfg.pool) : std::string();
+    LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, budget %u, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
+            "cells per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
             !policy->uses_heads() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
-            cfg.budget, cfg.stabilizers, cfg.local, cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
+            cfg.budget, cfg.stabilizers, cfg.local, pooling.c_str(), cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
             kv_swa ? ", window layers in their own cache" : "");
 }
 

@@ -61,6 +61,7 @@ struct llama_locret_params llama_locret_params_default(void) {
     p.stabilizers = -1;
     p.local       = -1;
     p.policy      = LLAMA_LOCRET_POLICY_HEADS;
+    p.pool        = -1;
     return p;
 }
 
@@ -192,6 +193,21 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     if (n_s >= budget) {
         fail(format("the budget (%u) must be larger than the stabilizers (%u)", budget, n_s));
     }
+    // pooling averages the heads' scores over a window centred on each token: an even window has no centre
+    const uint32_t pool = p.pool <= 1 ? 0 : (uint32_t) p.pool;
+    if (p.pool < -1) {
+        fail(format("the score pooling window must be a number of tokens (got %d)", p.pool));
+    }
+    if (pool > 0 && pool % 2 == 0) {
+        fail(format("the score pooling window must be odd, a window centred on each token (got %u)", pool));
+    }
+    if (pool > n_ubatch) {
+        fail(format("the score pooling window (%u) must fit in one ubatch (-ub %u)", pool, n_ubatch));
+    }
+    if (pool > 0 && p.policy != LLAMA_LOCRET_POLICY_HEADS) {
+        fail(format("score pooling averages the retaining heads' scores; policy %s has none",
+                llama_locret_policy_name(p.policy)));
+    }
 
     locret_config cfg;
     cfg.heads       = p.heads;
@@ -199,6 +215,7 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     cfg.budget      = budget;
     cfg.stabilizers = n_s;
     cfg.local       = n_loc;
+    cfg.pool        = pool;
     cfg.n_ubatch    = n_ubatch;
     cfg.capacity    = budget + n_ubatch;
     cfg.n_cells     = locret_kv_cells(budget, n_ubatch);

@@ -114,10 +114,13 @@ def _add_eval(sub) -> None:
     how.add_argument("--methods", default="full,locret,streaming,random",
                      help=f"comma-separated, of {', '.join(METHODS)} (default full,locret,streaming,random)")
     how.add_argument("--budgets", default="", help="Locret budgets b, comma-separated (default: the --device profile's)")
-    how.add_argument("--heads", help="trained heads for 'locret' (default: embedded in the model, or shipped in heads/)")
+    how.add_argument("--heads", help="trained heads for 'locret' and 'locret-q' (default: embedded in the model, or "
+                     "shipped in heads/); locret-q places each task's question at the start of the prompt and pins it")
     how.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
     how.add_argument("--stabilizers", type=int, help="stabilizers n_s for every evicting method (default: the heads file's)")
     how.add_argument("--local", type=int, help="local tail length (default: the heads file's)")
+    how.add_argument("--pool", type=int, help="score pooling window (odd) for the heads methods: each unit scores "
+                     "the mean of the heads' scores over that many tokens around it (default: none)")
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
     how.add_argument("--kv-type", help="KV cache type for K and V (default f16, or the profile's)")
     how.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all' (default 0, or the profile's)")

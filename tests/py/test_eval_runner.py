@@ -203,12 +203,42 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--device", "jetson-nano-2gb"], "jetson-nano-2gb"),
     (["--benchmark", "longbench", "--budgets", "256"], "needs --dataset"),
     (["--benchmark", "ruler", "--dataset", "conftest.py", "--budgets", "256"], "unknown benchmark 'ruler'"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "4"], "must be odd"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "5", "--methods", "streaming"],
+     "--pool smooths the retaining heads' scores"),
 ])
 def test_bad_settings_are_refused(args, message, tmp_path, model_path):
     proc = run(locret_cmd("eval", "--model", model_path, *args, "-o", tmp_path / "out"), timeout=300,
                cwd=REPO / "tests" / "py")
     assert proc.returncode == 1, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, model_path):
+    from locret.evaluation import items as items_module
+
+    out = tmp_path / "q"
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", "1200", "--depths", "0.5",
+                          "--methods", "locret,locret-q", "--pool", "5", *COMMON, "-o", out, "--no-plots"),
+               timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
+    assert by_method["locret"]["pinned"] == 0 and by_method["locret"]["evictions"] >= 3
+    assert by_method["locret"]["pool"] == 5 and by_method["locret-q"]["pool"] == 5
+    # the same sample, built here: locret-q's prompt opens the user turn with the question, and the pin ends with it
+    vocab = items_module.vocab_model(str(model_path))
+    try:
+        (item,) = items_module.task_items(vocab, ["niah"], [1200], [0.5], 1, 0)
+        n = by_method["locret-q"]["pinned"]
+        text = lambda toks: vocab.detokenize(list(toks)).decode()
+        assert by_method["locret-q"]["prompt_tokens"] == len(item.query_tokens) > len(item.tokens)
+        assert text(item.query_tokens[:n]).rstrip().endswith(item.query.strip())
+        assert item.query.strip() not in text(item.query_tokens[:n - 1])
+        assert text(item.query_tokens[:n]).endswith("user\n" + item.query.strip())  # it opens the user turn
+        k = len(item.tokens) - 200  # past the head (template, instructions): filler, needles and tail unchanged
+        assert item.query_tokens[-k:] == item.tokens[-k:]
+    finally:
+        vocab.close()
 
 
 def test_a_malformed_dataset_is_refused_with_its_line(tmp_path, model_path):

@@ -67,10 +67,11 @@ class Algorithm1:
     """Independent model of the cache: per (layer, head) a list of (logical position, score) in cell
     order, evicted by the rules of Algorithm 1 with the ubatch as the chunk."""
 
-    def __init__(self, n_layer, n_head_kv, b, ub, n_s, n_loc, n_pin=0):
+    def __init__(self, n_layer, n_head_kv, b, ub, n_s, n_loc, n_pin=0, pool=0):
         self.units = [[[] for _ in range(n_head_kv)] for _ in range(n_layer)]
         self.b, self.ub, self.n_s, self.n_loc, self.capacity = b, ub, n_s, n_loc, b + ub
         self.n_pin = n_pin  # Locret-Q: logical positions below n_pin are never evicted (and count in b)
+        self.pool = pool    # score pooling: a unit's score is the mean over `pool` tokens of its ubatch around it
         self.prev_output = True
         self.cut_ties = 0  # selections whose cut fell inside a run of equal scores (ties decided by cell order)
 
@@ -99,7 +100,24 @@ class Algorithm1:
                 keep = pinned + sorted(order[:n_top].tolist()) + list(range(n - n_stab, n))
                 layer[h] = [units[i] for i in keep]
 
+    def pooled(self, positions, scores_of):
+        """{position: [n_layer, n_head_kv] score} of one ubatch: the heads' scores, or with pooling their mean over
+        the window around each token clipped to the ubatch, summed left to right in float32 like the engine."""
+        raw = np.stack([scores_of[p] for p in positions]).astype(np.float32)  # [n_tokens, n_layer, n_head_kv]
+        if self.pool <= 1:
+            return dict(zip(positions, raw))
+        r, n = self.pool // 2, len(positions)
+        out = {}
+        for i, p in enumerate(positions):
+            total, count = np.zeros(raw.shape[1:], np.float32), 0
+            for j in range(i - r, i + r + 1):
+                if 0 <= j < n:
+                    total, count = total + raw[j], count + 1
+            out[p] = total / np.float32(count)
+        return out
+
     def place(self, positions, scores_of, is_output):
+        scores_of = self.pooled(positions, scores_of)
         n_used = len(self.units[0][0])
         if not self.prev_output and n_used > self.b:
             self.evict(self.b, 0 if is_output else min(self.n_s, n_used))
@@ -125,19 +143,21 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
     assert int(np.argmax(got)) == int(np.argmax(want))
 
 
-@pytest.mark.parametrize("select,n_pin", [("host", 0), ("graph", 0), ("host", 24), ("graph", 24)])
-def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, model_path, heads_file, prompt_tokens,
+@pytest.mark.parametrize("select,n_pin,pool", [("host", 0, 0), ("graph", 0, 0), ("host", 24, 0), ("graph", 24, 0),
+                                               ("host", 0, 7), ("graph", 24, 5)])
+def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, pool, model_path, heads_file, prompt_tokens,
                                                            monkeypatch):
     # the host's selection (the CPU default) and the device's graph (the GPU default), both on this CPU; n_pin:
-    # a Locret-Q query pinned at the start
+    # a Locret-Q query pinned at the start; pool: score pooling (the recorder gives the heads' own scores, the model
+    # pools them)
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path, heads_file)
+    llm = make(model_path, heads_file, locret_pool=pool or None)
     heads_api.record_scores(llm)
     if n_pin:
         llm.locret_pin_query(n_pin)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
-    ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC, n_pin)
+    ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC, n_pin, pool)
 
     # a prompt in batches of one ubatch (the last asks for logits), then generation one token at a time,
     # then a second prompt: the multi-turn case. A repeated stretch makes layer 0 score many units alike (its
@@ -173,7 +193,7 @@ def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, model_
                for il in range(n_layer) for h in range(n_head_kv))
     assert checked == len(calls) * n_layer * n_head_kv
     assert ref.cut_ties >= 3, "no selection was decided by a tie: the tie rule went unchecked"
-    assert stats["n_pinned"] == n_pin
+    assert stats["n_pinned"] == n_pin and stats["pool"] == pool
     if n_pin:
         # the model's rule kept the pinned units; the engine's read-out says the same in every head
         assert all(llm.locret_retained(il, h)[:n_pin].tolist() == list(range(n_pin))
@@ -423,6 +443,39 @@ def test_python_api_refuses_with_the_reason(model_path, heads_file):
         make(model_path, heads_file, locret_budget=16, locret_stabilizers=16)
     with pytest.raises(heads_api.HeadsError, match="needs retaining heads"):
         Llama(model_path=str(model_path), n_ctx=512, locret_budget=64, verbose=False)
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(locret_pool=4), "must be odd"),
+    (dict(locret_pool=33), r"score pooling window \(33\) must fit in one ubatch \(-ub 32\)"),
+    (dict(locret_pool=-3), "must be a number of tokens"),
+    (dict(locret_pool=5, locret_policy="random", locret_heads=None), "policy random has none"),
+    (dict(locret_pool=5, locret_budget=None, locret_stabilizers=None, locret_local=None), "needs --locret-budget"),
+])
+def test_score_pooling_refusals(kw, message, model_path, heads_file):
+    with pytest.raises(heads_api.HeadsError, match=message):
+        make(model_path, heads_file, **kw)
+
+
+def test_score_pooling_keeps_neighbours_and_reaches_the_tools(model_path, heads_file, prompt_tokens, tmp_path):
+    # with pooling the retained sets are made of runs of neighbouring positions: more adjacent pairs than without
+    def adjacent_pairs(llm):
+        return sum(int(np.sum(np.diff(llm.locret_retained(il, h)) == 1)) for il in range(4) for h in range(3))
+
+    counts = {}
+    for pool in (0, 9):
+        llm = make(model_path, heads_file, locret_pool=pool or None)
+        llm.eval(prompt_tokens[:600])
+        assert llm.locret_stats()["n_evictions"] >= 10
+        counts[pool] = adjacent_pairs(llm)
+    assert counts[9] > 1.2 * counts[0], counts
+    # the tools take --locret-pool and say so; an even window is refused with the reason
+    base = [tool("llama-completion"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "256",
+            "-p", "hi", "-n", "2", "-no-cnv", "-lv", "4"]
+    proc = run(base + ["--locret-pool", "15"], timeout=120)
+    assert proc.returncode == 0 and "score pooling 15," in proc.stderr, proc.stderr[-2000:]
+    proc = run(base + ["--locret-pool", "8"], timeout=120)
+    assert proc.returncode != 0 and "must be odd" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file, tmp_path):

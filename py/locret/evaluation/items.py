@@ -22,6 +22,10 @@ class Item:
     max_new_tokens: int
     answers: tuple
     extra: dict = field(default_factory=dict)  # JSON-serialisable details for the per-sample record
+    # Locret-Q: the task's question, and the prompt with it placed at the start of the user turn (query.place_query);
+    # empty for benchmark records
+    query: str = ""
+    query_tokens: tuple[int, ...] = ()
 
 
 class ItemError(ValueError):
@@ -89,10 +93,30 @@ def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequen
                     out.append(Item(id=f"{task.NAME}/{length}/{tag}/{index}", source=task.NAME, length=length,
                                     depth=depth, tokens=tuple(sample.tokens),
                                     max_new_tokens=max_new_tokens or task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
-                                    extra={"seed": seed, "index": index, "needles": spans}))
+                                    extra={"seed": seed, "index": index, "needles": spans}, query=sample.question,
+                                    query_tokens=query_prompt(sample, tokenize, chat)))
                     if progress is not None:
                         progress.update(1)
     return out
+
+
+def query_prompt(sample: tasks.haystack.Sample, tokenize, chat) -> tuple[int, ...]:
+    """Locret-Q's prompt of a task sample: the head piece rewritten so that the user turn opens with the question
+    and a blank line (the layout the tools and the trainer use); filler, needles and tail keep their tokens, so
+    the needles move by the head's growth only."""
+    from ..query import place_query
+
+    head = sample.pieces[0]
+    if head.kind != "head":
+        raise ItemError(f"{sample.task}: a sample must start with its head piece")
+    mark = "\u0001"
+    plain = chat(mark) if chat else mark
+    with_query = chat(place_query(sample.question, mark)) if chat else place_query(sample.question, mark)
+    before, before_q = plain.split(mark)[0], with_query.split(mark)[0]
+    if not head.text.startswith(before):
+        raise ItemError(f"{sample.task}: the chat template's text before the user turn is not the prompt's head")
+    text = before_q + head.text[len(before):]
+    return tuple(tokenize(text, True)) + tuple(sample.tokens[len(head.tokens):])
 
 
 def benchmark_items(llm, benchmark: str, paths: Sequence[str | Path], task: str | None, limit: int | None,

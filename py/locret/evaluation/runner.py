@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .. import devices, models, planner
-from . import METHODS, items as items_module, report
+from . import HEADS_METHODS, METHODS, items as items_module, report
 from .items import Item, ItemError
 from .worker import RunSpec
 
@@ -50,6 +50,7 @@ class EvalConfig:
     budgets: list[int] = field(default_factory=list)
     stabilizers: int | None = None
     local: int | None = None
+    pool: int | None = None        # score pooling window of the heads methods (None: none)
     ubatch: int | None = None      # None: the device profile's, else 512
     threads: int = 2
     kv_type: str | None = None
@@ -110,6 +111,12 @@ def validate(cfg: EvalConfig) -> None:
             raise EvalError(f"stabilizers ({cfg.stabilizers}) must be at least 0 and below the budget ({b})")
     if cfg.stabilizers is not None and cfg.stabilizers > cfg.ubatch:
         raise EvalError(f"stabilizers ({cfg.stabilizers}) must fit in one chunk (ubatch {cfg.ubatch})")
+    if cfg.pool is not None and (cfg.pool < 0 or (cfg.pool > 1 and cfg.pool % 2 == 0) or cfg.pool > cfg.ubatch):
+        raise EvalError(f"the score pooling window ({cfg.pool}) must be odd and at most the ubatch ({cfg.ubatch})")
+    if cfg.pool and not any(m in HEADS_METHODS for m in cfg.methods):
+        raise EvalError(f"--pool smooths the retaining heads' scores: give one of {', '.join(HEADS_METHODS)}")
+    if "locret-q" in cfg.methods and not cfg.tasks:
+        raise EvalError("locret-q places each task's question at the start; benchmark records have none here")
     if cfg.local is not None and not 0 <= cfg.local <= cfg.ubatch:
         raise EvalError(f"the local tail ({cfg.local}) must be between 0 and the ubatch ({cfg.ubatch})")
     for d in cfg.datasets:
@@ -119,7 +126,7 @@ def validate(cfg: EvalConfig) -> None:
 
 def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> tuple[str | None, str | None]:
     heads = random_heads = None
-    if "locret" in cfg.methods:
+    if "locret" in cfg.methods or "locret-q" in cfg.methods:
         try:
             found, _ = planner.resolve_heads(cfg.model, model_path, facts, cfg.heads)
         except planner.PlanError as e:
@@ -153,7 +160,9 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                     continue
                 longest = max(len(it.tokens) + it.max_new_tokens for it in chosen)
                 spec = RunSpec(model_path=str(model_path), method=method, budget=budget,
-                               heads=heads if method == "locret" else random_heads if method == "random-heads" else None,
+                               heads=heads if method in ("locret", "locret-q") else
+                               random_heads if method == "random-heads" else None,
+                               pool=cfg.pool if method in HEADS_METHODS else None,
                                stabilizers=cfg.stabilizers, local=cfg.local, n_ctx=_pad(longest + 16),
                                ubatch=cfg.ubatch, threads=cfg.threads, kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers,
                                heatmap_ids=heat_ids_per_group[group] if method != "full" else (),
@@ -312,7 +321,8 @@ def run_cli(args) -> int:
                      depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
-                     stabilizers=args.stabilizers, local=args.local, ubatch=args.ubatch, threads=args.threads,
+                     stabilizers=args.stabilizers, local=args.local, pool=args.pool, ubatch=args.ubatch,
+                     threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
                      max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,
                      max_minutes=args.max_minutes, plots=not args.no_plots)

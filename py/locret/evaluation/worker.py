@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import decoding
+from . import HEADS_METHODS, decoding
 from .items import Item
 
 HEATMAP_BINS = 128  # logical-position bins of a retained-unit heatmap
@@ -26,7 +26,7 @@ class RunSpec:
     model_path: str
     method: str                  # one of METHODS
     budget: int | None           # None for full attention
-    heads: str | None            # heads file for "locret" / "random-heads"
+    heads: str | None            # heads file for "locret", "locret-q" / "random-heads"
     stabilizers: int | None
     local: int | None
     n_ctx: int
@@ -37,6 +37,7 @@ class RunSpec:
     heatmap_ids: tuple[str, ...] = ()
     heatmap_dir: str | None = None
     labels: dict = field(default_factory=dict)  # copied into every sample record
+    pool: int | None = None      # score pooling window of the heads methods (None: none)
 
     @property
     def name(self) -> str:
@@ -55,8 +56,8 @@ def make_llm(spec: RunSpec):
     if spec.method == "full":
         return Llama(spec.model_path, **kwargs)
     kwargs.update(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
-    if spec.method in ("locret", "random-heads"):
-        return Llama(spec.model_path, locret_heads=spec.heads, locret_policy="heads", **kwargs)
+    if spec.method in HEADS_METHODS:
+        return Llama(spec.model_path, locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool, **kwargs)
     return Llama(spec.model_path, locret_policy=spec.method, **kwargs)
 
 
@@ -98,11 +99,34 @@ def _retained_histogram(llm, n_layer: int, n_head_kv: int, n_prompt: int) -> np.
     return out
 
 
+def prompt_of(spec: RunSpec, item: Item) -> list[int]:
+    """The prompt a method answers: Locret-Q's has the question at the start of the user turn."""
+    if spec.method != "locret-q":
+        return list(item.tokens)
+    if not item.query_tokens:
+        raise ValueError(f"{item.id}: locret-q needs a question to place (generated tasks have one; benchmarks not)")
+    return list(item.query_tokens)
+
+
+def _pin_query(llm, spec: RunSpec, item: Item, tokens: list[int]) -> None:
+    """Locret-Q: pin the prompt's tokens through the question (the C library's rule, as the tools) when the
+    prompt starts the sequence (after llm.reset(), the next eval empties it first)."""
+    import llama_cpp
+
+    from .. import eviction
+
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    llm._locret_pending_pin = eviction.query_tokens(vocab, tokens, item.query, spec.budget)
+
+
 def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) -> int:
     """Evaluate the prompt; returns the most cells in use seen (0 without eviction). With `heat` (evicting
     runs only), one chunk (ubatch) per call (the same chunks as one call: each call starts on a chunk
     boundary) and the retained units read after each chunk."""
-    tokens = list(item.tokens)
+    tokens = prompt_of(spec, item)
+    llm._locret_pending_pin = None
+    if spec.method == "locret-q":
+        _pin_query(llm, spec, item, tokens)
     if heat is None:
         llm.eval(tokens)
         return int(llm.locret_stats()["n_cells_used"]) if evicting else 0
@@ -126,19 +150,20 @@ def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
     t2 = time.perf_counter()
     stats = llm.locret_stats() if evicting else {}
     out = dict(spec.labels, item=item.id, source=item.source, length=item.length, depth=item.depth,
-               prompt_tokens=len(item.tokens), answer=answer, answers=list(item.answers),
+               prompt_tokens=len(prompt_of(spec, item)), answer=answer, answers=list(item.answers),
                new_tokens=n_gen, prefill_s=round(t1 - t0, 4), decode_s=round(t2 - t1, 4),
-               prefill_tok_s=round(len(item.tokens) / max(t1 - t0, 1e-9), 2),
+               prefill_tok_s=round(len(prompt_of(spec, item)) / max(t1 - t0, 1e-9), 2),
                decode_tok_s=round(n_gen / (t2 - t1), 2) if n_gen and t2 > t1 else None,
                cells_used_max=max(cells_prefill, int(stats.get("n_cells_used", 0))) if evicting else None,
                n_cells=int(stats["n_cells"]) if evicting else None,
                evictions=int(stats["n_evictions"]) if evicting else 0,
+               pinned=int(stats["n_pinned"]) if evicting else 0, pool=int(stats["pool"]) if evicting else 0,
                kv_bytes=int(stats["kv_bytes"]) if evicting else None, extra=item.extra)
     if heat:
         safe = item.id.replace("/", "_")
         path = Path(spec.heatmap_dir) / f"{spec.name}__{safe}.npz"
         np.savez_compressed(path, retained=np.stack(heat).astype(np.float16), ubatch=spec.ubatch,
-                            prompt_tokens=len(item.tokens), method=spec.name, item=item.id)
+                            prompt_tokens=len(prompt_of(spec, item)), method=spec.name, item=item.id)
         out["heatmap"] = path.name
     return out
 
