@@ -101,6 +101,9 @@ def _add_eval(sub) -> None:
     what = p.add_argument_group("what to ask")
     what.add_argument("--tasks", help="comma-separated: passkey, niah, variable_tracking, common_words, long_qa")
     what.add_argument("--lengths", help="prompt lengths in tokens, comma-separated: 4096, 16k, ...")
+    what.add_argument("--haystacks", default="prose",
+                      help="the long text the tasks hide their needles in, comma-separated: prose, code, legal, logs "
+                           "(default prose); each family other than prose gets its own rows, as TASK@FAMILY")
     what.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
     what.add_argument("--samples", type=int, default=1, help="prompts per (task, length, depth) (default 1)")
     what.add_argument("--seed", type=int, default=0)

@@ -204,6 +204,9 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
     (["--benchmark", "longbench", "--budgets", "256"], "needs --dataset"),
     (["--benchmark", "ruler", "--dataset", "conftest.py", "--budgets", "256"], "unknown benchmark 'ruler'"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "4"], "must be odd"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--haystacks", "prose,poetry"],
+     "unknown haystack family poetry; valid: prose, code, legal, logs"),
+    (["--tasks", "common_words", "--lengths", "600", "--budgets", "256", "--haystacks", "code"], "has no haystack"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "5", "--methods", "streaming"],
      "--pool smooths the retaining heads' scores"),
 ])
@@ -239,6 +242,23 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
         assert item.query_tokens[-k:] == item.tokens[-k:]
     finally:
         vocab.close()
+
+
+def test_haystack_families_get_rows_of_their_own(tmp_path, model_path):
+    out = tmp_path / "families"
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", "1200", "--depths", "0.5",
+                          "--haystacks", "prose,logs", "--methods", "locret", *COMMON, "-o", out, "--no-plots"),
+               timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    samples = {s["item"]: s for s in read_jsonl(out / "samples.jsonl")}
+    assert sorted(samples) == ["niah/1200/d0.50/0", "niah@logs/1200/d0.50/0"]
+    assert samples["niah@logs/1200/d0.50/0"]["source"] == "niah@logs"
+    # the same keys and numbers (same seed and index), another haystack: another prompt
+    assert samples["niah/1200/d0.50/0"]["answers"] == samples["niah@logs/1200/d0.50/0"]["answers"]
+    summary = json.loads((out / "summary.json").read_text())
+    rows = summary["summary"]
+    assert {r["source"] for r in rows} == {"niah", "niah@logs"}
+    assert "niah@logs" in (out / "summary.md").read_text()
 
 
 def test_a_malformed_dataset_is_refused_with_its_line(tmp_path, model_path):

@@ -164,6 +164,26 @@ def test_llama_completion_refuses_a_query_without_a_budget(model_path):
     assert proc.returncode > 0 and "needs an evicting cache" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_llama_bench_pins_its_query_in_every_prompt_run(model_path, heads_file, tmp_path):
+    query_file = tmp_path / "query.txt"
+    query_file.write_text(QUERY)
+    for flag in (["--locret-query", QUERY], ["--locret-query-file", query_file]):
+        proc = run([tool("llama-bench"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-ub", UB,
+                    "-b", UB, "-p", 512, "-n", 0, "-r", 2, "-t", 2, "-v", *flag], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        pins = [int(m.group(1)) for m in PIN_LOG.finditer(proc.stderr)]
+        # the warmup and both repetitions start an emptied sequence: pinned each time, the query's own tokens
+        assert pins == [_expected_pin(model_path, place_query(QUERY, ""), QUERY)] * 3, proc.stderr[-3000:]
+    proc = run([tool("llama-bench"), "-m", model_path, "-p", 256, "-n", 0, "-r", 1, "--locret-query", QUERY], timeout=120)
+    assert proc.returncode > 0 and "the context does not evict" in proc.stderr, proc.stderr[-2000:]
+    long_query = ["--locret-query", " ".join(["word"] * 200)]
+    for extra, message in ((["-b", 64], "(201 tokens) does not fit in the prompt's first batch (64 tokens)"),
+                           ([], "a pinned query of 200 tokens leaves no room in the budget")):
+        proc = run([tool("llama-bench"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-ub", UB,
+                    "-p", 256, "-n", 0, "-r", 1, *long_query, *extra], timeout=120)
+        assert proc.returncode > 0 and message in proc.stderr, proc.stderr[-2000:]
+
+
 def test_llama_cli_sends_its_query_to_the_cache(model_path, heads_file, tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(natural_text()[:6000])

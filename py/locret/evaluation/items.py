@@ -2,11 +2,14 @@
 process from the model's tokenizer, so that every method answers exactly the same prompts."""
 from __future__ import annotations
 
+import inspect
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 from .. import benchmarks, tasks
+from ..tasks import haystacks as haystack_families
 from . import decoding
 
 BENCHMARK_MAX_NEW_TOKENS = 64  # default answer length for benchmark records (--max-new-tokens overrides)
@@ -66,37 +69,47 @@ def vocab_model(model_path: str) -> VocabOnly:
 
 
 def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequence[float], samples: int,
-               seed: int, max_new_tokens: int | None = None, progress=None) -> list[Item]:
-    """`samples` prompts per (task, length, depth); a task without depths gets `samples` per length.
-    Index k of depth j is sample j * samples + k of the seed, so every prompt has its own keys."""
+               seed: int, max_new_tokens: int | None = None, progress=None,
+               haystacks: Sequence[str] = ("prose",)) -> list[Item]:
+    """`samples` prompts per (task, haystack family, length, depth); a task without depths gets `samples` per
+    length. Index k of depth j is sample j * samples + k of the seed, so every prompt has its own keys. A family
+    other than prose names the source "task@family" (its own rows in the summary) and the item ids."""
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ItemError(f"depth {d} is outside [0, 1] (a share of the filler before the needle)")
+    unknown = [h for h in haystacks if h not in haystack_families.FAMILIES]
+    if unknown or not haystacks:
+        raise ItemError(f"unknown haystack family {', '.join(unknown) or '(none given)'}; "
+                        f"valid: {', '.join(haystack_families.FAMILIES)}")
     modules = []
     for name in names:
         try:
             modules.append(tasks.get(name))
         except ValueError as e:
             raise ItemError(str(e)) from None
+        if any(h != "prose" for h in haystacks) and "haystack" not in inspect.signature(modules[-1].generate).parameters:
+            raise ItemError(f"task {name} has no haystack (only prose applies): run it without --haystacks")
     tokenize, chat = decoding.tokenizer(llm), decoding.chat_format(llm)
     out: list[Item] = []
-    for task in modules:
-        for length in lengths:
-            points = list(enumerate(depths)) if task.USES_DEPTH else [(0, None)]
-            for j, depth in points:
-                for k in range(samples):
-                    index = j * samples + k
-                    kwargs = {} if depth is None else {"depth": depth}
-                    sample = task.generate(seed, index, tokenize=tokenize, n_tokens=length, chat_format=chat, **kwargs)
-                    tag = "all" if depth is None else f"d{depth:.2f}"
-                    spans = [(label, a, b) for label, a, b in sample.spans()]
-                    out.append(Item(id=f"{task.NAME}/{length}/{tag}/{index}", source=task.NAME, length=length,
-                                    depth=depth, tokens=tuple(sample.tokens),
-                                    max_new_tokens=max_new_tokens or task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
-                                    extra={"seed": seed, "index": index, "needles": spans}, query=sample.question,
-                                    query_tokens=query_prompt(sample, tokenize, chat)))
-                    if progress is not None:
-                        progress.update(1)
+    for task, family, length in itertools.product(modules, haystacks, lengths):
+        source = task.NAME if family == "prose" else f"{task.NAME}@{family}"
+        options = {} if family == "prose" else {"haystack": family}
+        points = list(enumerate(depths)) if task.USES_DEPTH else [(0, None)]
+        for j, depth in points:
+            for k in range(samples):
+                index = j * samples + k
+                kwargs = {} if depth is None else {"depth": depth}
+                sample = task.generate(seed, index, tokenize=tokenize, n_tokens=length, chat_format=chat, **kwargs,
+                                       **options)
+                tag = "all" if depth is None else f"d{depth:.2f}"
+                spans = [(label, a, b) for label, a, b in sample.spans()]
+                out.append(Item(id=f"{source}/{length}/{tag}/{index}", source=source, length=length,
+                                depth=depth, tokens=tuple(sample.tokens),
+                                max_new_tokens=max_new_tokens or task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
+                                extra={"seed": seed, "index": index, "needles": spans}, query=sample.question,
+                                query_tokens=query_prompt(sample, tokenize, chat)))
+                if progress is not None:
+                    progress.update(1)
     return out
 
 
@@ -152,4 +165,4 @@ def score(item: Item, prediction: str, records: dict) -> float:
     """The task's or the benchmark's own score of a prediction, in [0, 1]."""
     if item.id in records:
         return float(benchmarks.score(records[item.id], prediction))
-    return float(tasks.get(item.source).score(prediction, item.answers))
+    return float(tasks.get(item.source.split("@")[0]).score(prediction, item.answers))

@@ -38,6 +38,7 @@ class EvalConfig:
     heads: str | None = None
     random_heads: str | None = None
     tasks: list[str] = field(default_factory=list)
+    haystacks: list[str] = field(default_factory=lambda: ["prose"])  # the tasks' filler families
     lengths: list[int] = field(default_factory=list)
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     samples: int = 1
@@ -66,6 +67,8 @@ class EvalConfig:
         d = asdict(self)
         for k in ("output", "max_minutes", "plots", "heatmaps", "threads"):
             d.pop(k)
+        if d["haystacks"] == ["prose"]:
+            d.pop("haystacks")  # what every run before the families was: such runs resume
         return d
 
 
@@ -244,10 +247,10 @@ def run(cfg: EvalConfig) -> int:
     records: dict = {}
     try:
         if cfg.tasks:
-            n = len(cfg.tasks) * len(cfg.lengths) * len(cfg.depths) * cfg.samples
+            n = len(cfg.tasks) * len(cfg.haystacks) * len(cfg.lengths) * len(cfg.depths) * cfg.samples
             with tqdm(total=n, desc="building prompts", unit="prompt") as bar:
                 items = items_module.task_items(vocab, cfg.tasks, cfg.lengths, cfg.depths, cfg.samples, cfg.seed,
-                                                cfg.max_new_tokens, bar)
+                                                cfg.max_new_tokens, bar, haystacks=cfg.haystacks)
         else:
             items, records = items_module.benchmark_items(vocab, cfg.benchmark, cfg.datasets, cfg.benchmark_task,
                                                           cfg.limit, cfg.max_new_tokens)
@@ -317,7 +320,7 @@ def _drop_samples(path: Path, run_name: str, item_id: str) -> None:
 
 def run_cli(args) -> int:
     cfg = EvalConfig(model=args.model, output=Path(args.output), heads=args.heads, random_heads=args.random_heads,
-                     tasks=_split(args.tasks), lengths=[planner.parse_context(x) for x in _split(args.lengths)],
+                     tasks=_split(args.tasks), haystacks=_split(args.haystacks) or ["prose"], lengths=[planner.parse_context(x) for x in _split(args.lengths)],
                      depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],

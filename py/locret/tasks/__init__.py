@@ -33,7 +33,8 @@ needles + tail, each piece tokenized on its own (so needle positions are exact);
 is the evaluation. haystack.py explains the placement rules.
 
 Filler is our own plain sentences (filler.py; passkey keeps its own), not Python's documentation, which
-the head trainer learns from.
+the head trainer learns from. The needle tasks (all but common_words) take ``haystack="code"``, ``"legal"`` or
+``"logs"`` for another kind of long text (haystacks.py; ``"prose"``, the default, is the plain sentences).
 
 Tasks: passkey (passkey.py: the original module with its own runner passkey_eval.py; passkey_task.py
 puts it in this interface), niah (several keys and values), variable_tracking (chains of assignments),

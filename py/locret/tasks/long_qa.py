@@ -19,8 +19,8 @@ import random
 from typing import Sequence
 
 from .. import metrics
-from . import filler as filler_text
-from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for, sentence_stream
+from . import haystacks
+from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
 
 NAME = "long_qa"
 USES_DEPTH = True
@@ -81,9 +81,9 @@ def _fact(kind: str, name: str, rng: random.Random) -> tuple[str, str, tuple[str
 
 def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float = 0.5,
              chat_format: ChatFormat | None = None, kind: str | None = None, n_distractors: int = 24,
-             confusers: int = 1) -> Sample:
+             confusers: int = 1, haystack: str = "prose") -> Sample:
     """One sample of at most `n_tokens` prompt tokens. `kind`: the kind of fact asked (default: drawn
-    from KINDS by the seed)."""
+    from KINDS by the seed). `haystack`: the kind of filler, one of haystacks.FAMILIES."""
     if kind is not None and kind not in KINDS:
         raise ValueError(f"unknown fact kind {kind!r}; valid: {', '.join(KINDS)}")
     if not 0 <= confusers <= n_distractors:
@@ -106,9 +106,9 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
         needles.append(Needle(text, rng.random(), "confuser" if confuser else "distractor"))
     return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
                     n_tokens=n_tokens, intro=INTRO, question=question + " Answer in a few words.",
-                    filler=sentence_stream(filler_text.SENTENCES, rng), needles=needles, answers=answers,
+                    filler=haystacks.units(haystack, rng), needles=needles, answers=answers,
                     metadata={"depth": depth, "kind": kind, "person": name, "n_distractors": n_distractors,
-                              "confusers": confusers})
+                              "confusers": confusers, **haystacks.metadata(haystack)})
 
 
 def score(prediction: str, answers: Sequence[str]) -> float:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from . import filler as filler_text
-from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for, sentence_stream
+from . import haystacks
+from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
 
 NAME = "niah"
 USES_DEPTH = True
@@ -49,10 +49,11 @@ def question_text(keys: Sequence[str]) -> str:
 
 def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float | Sequence[float] = 0.5,
              chat_format: ChatFormat | None = None, n_keys: int = 4, n_values: int = 2,
-             n_queries: int = 1) -> Sample:
+             n_queries: int = 1, haystack: str = "prose") -> Sample:
     """One sample of at most `n_tokens` prompt tokens: `n_keys` keys with `n_values` numbers each, the
     numbers of `n_queries` keys asked for. `depth`: where the answer needles go (a float for all of them,
-    or one per answer needle, n_queries * n_values in all)."""
+    or one per answer needle, n_queries * n_values in all). `haystack`: the kind of filler, one of
+    haystacks.FAMILIES (recorded in the metadata unless it is the default "prose")."""
     if not 1 <= n_queries <= n_keys:
         raise ValueError(f"n_queries must be between 1 and n_keys ({n_keys}), got {n_queries}")
     if n_values < 1 or n_keys > len(ADJECTIVES) * len(NOUNS):
@@ -76,9 +77,10 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
     needles += [Needle(needle_text(k, v), rng.random(), "distractor") for k in keys[n_queries:] for v in by_key[k]]
     return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
                     n_tokens=n_tokens, intro=INTRO, question=question_text(asked),
-                    filler=sentence_stream(filler_text.SENTENCES, rng), needles=needles, answers=answers,
+                    filler=haystacks.units(haystack, rng), needles=needles, answers=answers,
                     metadata={"depth": depths[0] if len(set(depths)) == 1 else depths, "keys": asked,
-                              "n_keys": n_keys, "n_values": n_values, "n_queries": n_queries})
+                              "n_keys": n_keys, "n_values": n_values, "n_queries": n_queries,
+                              **haystacks.metadata(haystack)})
 
 
 def score(prediction: str, answers: Sequence[str]) -> float:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from . import passkey
-from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for, sentence_stream
+from . import haystacks, passkey
+from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
 
 NAME = "passkey"
 USES_DEPTH = True
@@ -20,14 +20,15 @@ SENTENCES = tuple(s for s in re.split(r"(?<=\.)\s+", passkey.FILLER.strip()) if 
 
 
 def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float = 0.5,
-             chat_format: ChatFormat | None = None) -> Sample:
-    """One passkey prompt of at most `n_tokens` tokens; the key is passkey.make_keys(seed, ...)[index]."""
+             chat_format: ChatFormat | None = None, haystack: str = "prose") -> Sample:
+    """One passkey prompt of at most `n_tokens` tokens; the key is passkey.make_keys(seed, ...)[index].
+    `haystack`: the kind of filler, one of haystacks.FAMILIES; "prose" is passkey's own sentences."""
     key = passkey.make_keys(seed, index + 1)[index]
     return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
                     n_tokens=n_tokens, intro=passkey.INTRO, question=passkey.QUESTION,
-                    filler=sentence_stream(SENTENCES, rng_for(NAME, seed, index)),
+                    filler=haystacks.units(haystack, rng_for(NAME, seed, index), prose=SENTENCES),
                     needles=[Needle(passkey.needle_text(key).strip(), depth)], answers=[key],
-                    metadata={"depth": depth})
+                    metadata={"depth": depth, **haystacks.metadata(haystack)})
 
 
 def score(prediction: str, answers: Sequence[str]) -> float:

@@ -21,8 +21,8 @@ import re
 import string
 from typing import Sequence
 
-from . import filler as filler_text
-from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for, sentence_stream
+from . import haystacks
+from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
 
 NAME = "variable_tracking"
 USES_DEPTH = True
@@ -48,9 +48,9 @@ def _spread(start: float, end: float, n: int) -> list[float]:
 
 def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float = 0.5,
              depth_end: float | None = None, chat_format: ChatFormat | None = None, n_hops: int = 4,
-             n_chains: int = 2) -> Sample:
+             n_chains: int = 2, haystack: str = "prose") -> Sample:
     """One sample of at most `n_tokens` prompt tokens; the answer is the n_hops + 1 variables of the first
-    chain."""
+    chain. `haystack`: the kind of filler, one of haystacks.FAMILIES."""
     if n_hops < 0 or n_chains < 1:
         raise ValueError("n_hops must be at least 0 and n_chains at least 1")
     depth_end = depth if depth_end is None else depth_end
@@ -77,9 +77,9 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
                     enumerate(zip(chain_statements(chains[c], values[c]), _spread(a, b, per_chain)))]
     return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
                     n_tokens=n_tokens, intro=INTRO, question=question_text(values[0]),
-                    filler=sentence_stream(filler_text.SENTENCES, rng), needles=needles, answers=chains[0],
+                    filler=haystacks.units(haystack, rng), needles=needles, answers=chains[0],
                     metadata={"depth": depth, "depth_end": depth_end, "value": values[0], "n_hops": n_hops,
-                              "n_chains": n_chains})
+                              "n_chains": n_chains, **haystacks.metadata(haystack)})
 
 
 def score(prediction: str, answers: Sequence[str]) -> float:
