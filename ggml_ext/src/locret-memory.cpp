@@ -1092,7 +1092,7 @@ struct locret_state_header {
     uint32_t budget;
     uint32_t policy;
     uint32_t n_streams;  // streams that follow
-    uint32_t reserved;
+    uint32_t pool;       // score pooling window (0: none; was a zero "reserved" field before pooling existed)
     uint64_t heads_fingerprint;
 };
 
@@ -1116,6 +1116,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     h.budget            = cfg.budget;
     h.policy            = (uint32_t) cfg.policy;
     h.n_streams         = (uint32_t) ids.size();
+    h.pool              = cfg.pool;
     h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
     io.write(&h, sizeof(h));
     for (uint32_t id : ids) {
@@ -1191,6 +1192,11 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
         }
         if (h.policy != (uint32_t) cfg.policy || h.heads_fingerprint != fp) {
             throw std::runtime_error("Locret: the saved state was scored by another policy or other retaining heads");
+        }
+        if (h.pool != cfg.pool) {
+            // the saved units' scores are on another scale than the ones this context would compute next
+            throw std::runtime_error(format("Locret: the saved state's scores were pooled over %u tokens, this context's "
+                    "over %u (--locret-pool)", h.pool, cfg.pool));
         }
         const uint32_t n_expected = seq_id < 0 ? (uint32_t) streams.size() : 1;
         if (h.n_streams != n_expected) {

@@ -113,6 +113,7 @@ MISMATCHES = {
     "budget": (dict(locret_budget=B + 32), "another model or budget"),
     "policy": (dict(locret_policy="streaming", locret_heads=None), "another policy or other retaining heads"),
     "heads": (None, "another policy or other retaining heads"),  # other_heads
+    "pool": (dict(locret_pool=5), "scores were pooled over 0 tokens, this context's over 5"),
 }
 
 
