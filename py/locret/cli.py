@@ -9,6 +9,7 @@
     locret needle-ranks ...        forecast whether heads keep a passkey (= convert/needle_ranks.py; see --help)
     locret plan --device D --model M   Locret settings and predicted peak memory of a model on a device
     locret eval --tasks T --lengths L --budgets B   tasks or benchmarks, every method side by side
+    locret inspect --prompt-file F --needle TEXT    what the cache kept of a prompt (per layer and KV head)
     locret bench ...               speed and memory of eviction against plain llama.cpp (scripts/bench_eviction.py)
     locret serve [--budget B]      llama-server (OpenAI-compatible API) with Locret's flags
 """
@@ -174,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     _add_eval(sub)
+
+    from . import retention
+    p = sub.add_parser("inspect", help="what the cache kept of a prompt, and whether a needle survived",
+                       description="Run a document (and a question) with eviction and report, per layer and KV "
+                       "head, how many of a needle's tokens are held, its best rank by the heads' score, and the "
+                       "longest retained runs as text (what the cache holds instead). Exit 1 on a bad input.")
+    retention.add_arguments(p)
+    p.set_defaults(func=lambda args: retention.run_cli(args))
 
     from . import serve
     p = sub.add_parser("serve", help="llama-server (OpenAI-compatible API) with Locret's eviction",

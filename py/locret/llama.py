@@ -97,6 +97,11 @@ class Llama(llama_cpp.Llama):
         eviction; lasts until the sequence is emptied). HeadsError with the reason when that cannot be."""
         eviction.pin_query(self._ctx.ctx, n_tokens, seq_id)
 
+    def locret_pin_next_prompt(self, n_tokens: int | None) -> None:
+        """Locret-Q for token-level callers (`eval`): pin positions [0, n_tokens) when the next `eval` starts the
+        sequence (n_tokens == 0: it empties the sequence first, which would drop a pin set before). None: no pin."""
+        self._locret_pending_pin = n_tokens
+
     def locret_retained(self, layer: int, head: int, seq_id: int = 0):
         """Logical positions of the units that (layer, KV head) holds in sequence `seq_id`, in cell order."""
         return eviction.retained(self._ctx.ctx, layer, head, seq_id)

@@ -116,7 +116,7 @@ def _pin_query(llm, spec: RunSpec, item: Item, tokens: list[int]) -> None:
     from .. import eviction
 
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    llm._locret_pending_pin = eviction.query_tokens(vocab, tokens, item.query, spec.budget)
+    llm.locret_pin_next_prompt(eviction.query_tokens(vocab, tokens, item.query, spec.budget))
 
 
 def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) -> int:
@@ -124,7 +124,7 @@ def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) 
     runs only), one chunk (ubatch) per call (the same chunks as one call: each call starts on a chunk
     boundary) and the retained units read after each chunk."""
     tokens = prompt_of(spec, item)
-    llm._locret_pending_pin = None
+    llm.locret_pin_next_prompt(None)
     if spec.method == "locret-q":
         _pin_query(llm, spec, item, tokens)
     if heat is None:
