@@ -272,12 +272,14 @@ def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_toke
             assert (old != np.arange(B)).any()
 
 
-@pytest.mark.parametrize("select", ["host", "graph"])
-def test_no_graph_outgrows_the_buffers_reserved_at_creation(select, model_path, heads_file, prompt_tokens, monkeypatch):
+@pytest.mark.parametrize("select,pool", [("host", 0), ("graph", 0), ("graph", 9)])
+def test_no_graph_outgrows_the_buffers_reserved_at_creation(select, pool, model_path, heads_file, prompt_tokens,
+                                                            monkeypatch):
     # the eviction graphs have their own scheduler, reserved for their worst case when the context is made: neither
-    # its buffers nor the context's may grow at an eviction (a growth would be an allocation inside the loop)
+    # its buffers nor the context's may grow at an eviction (a growth would be an allocation inside the loop); with
+    # score pooling the reservation holds the pooling nodes too
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0)
+    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0, locret_pool=pool or None)
     ctx_bytes, evict_bytes = eviction.compute_buffers(llm._ctx.ctx)
     assert ctx_bytes > 0 and evict_bytes > 0
     llm.eval(prompt_tokens[:700])
