@@ -8,7 +8,7 @@ for a registered model, and a device profile's settings. Anything after `--` goe
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
 import sys
 
 from . import devices, models, planner
@@ -62,10 +62,12 @@ def run_cli(args: argparse.Namespace) -> int:
     print(" ".join(cmd), file=sys.stderr if not args.print_command else sys.stdout, flush=True)
     if args.print_command:
         return 0
+    # become llama-server (exec, not a child): a signal that stops `locret serve` (a service manager, a test, kill)
+    # then stops the server itself instead of leaving it running, orphaned, on its port
     try:
-        return subprocess.call(cmd)
-    except KeyboardInterrupt:
-        return 130
+        os.execv(cmd[0], cmd)
+    except OSError as e:
+        raise RuntimeError(f"cannot start {cmd[0]}: {e}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -99,6 +99,10 @@ def test_locret_serve_answers_an_openai_request_past_the_window(model_path, samp
         reply = post_json(url + "/v1/chat/completions",
                           {"messages": [{"role": "user", "content": user_message(sample)}], "max_tokens": 24,
                            "temperature": 0})
+    # stopping `locret serve` stopped the server it runs (it execs llama-server): nothing answers on the port
+    import urllib.request
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "/health", timeout=5)
     text = log_path.read_text()
     assert "--locret-heads" in text.splitlines()[0]  # `locret serve` found the shipped heads itself
     assert "llama_kv_cache: size =" in text and " 4352 cells" in text, text[-3000:]
