@@ -105,9 +105,17 @@ enum llama_locret_policy {
     LLAMA_LOCRET_POLICY_HEADS     = 0, // the causal importance scores of the retaining heads (Locret)
     LLAMA_LOCRET_POLICY_RANDOM    = 1, // a fixed pseudo-random number in [0, 1) per (layer, KV head, logical position)
     LLAMA_LOCRET_POLICY_STREAMING = 2, // StreamingLLM: the first 4 logical positions (attention sinks), then recency
+    LLAMA_LOCRET_POLICY_LAGKV     = 3, // LagKV: each partition of `lag` units scored against the next partition's
+                                       // per-channel min/max of K and V, from the cache itself (no heads); the first
+                                       // 16 units (sinks) and the units without a complete next partition are kept
 };
 
-// "heads", "random" or "streaming" (NULL for a value that is not a policy).
+// Units LagKV always keeps at the start of a sequence (its attention sinks; the paper's S = 16).
+#define LLAMA_LOCRET_LAGKV_SINKS 16
+// LagKV's default partition (lag) size: the paper's L = 128.
+#define LLAMA_LOCRET_LAGKV_LAG 128
+
+// "heads", "random", "streaming" or "lagkv" (NULL for a value that is not a policy).
 LLAMA_API const char * llama_locret_policy_name(enum llama_locret_policy policy);
 
 // Parse a policy name into *out. Returns 0, or -1 for an unknown name (llama_locret_last_error() says which
@@ -126,9 +134,11 @@ struct llama_locret_params {
                          // window of `pool` tokens centred on it (odd, <= n_ubatch), within its ubatch and sequence
                          // (clipped at their edges), so that the neighbours of a high-scoring token (the rest of its
                          // sentence or number) are kept with it. 0 or 1 = none; -1 = default (none: the paper's Locret)
+    int32_t lag;         // LAGKV policy: units per partition (>= 2); 0 or -1 = default (LLAMA_LOCRET_LAGKV_LAG). The budget
+                         // must hold the sinks, two partitions and the stabilizers.
 };
 
-// heads NULL, budget 0, stabilizers, local and pool -1, policy HEADS. Defaults, resolved when a context is created: the
+// heads NULL, budget 0, stabilizers, local, pool and lag -1, policy HEADS. Defaults, resolved when a context is created: the
 // heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped to n_ubatch, and n_s to b/2.
 LLAMA_API struct llama_locret_params llama_locret_params_default(void);
 
@@ -143,17 +153,17 @@ LLAMA_API struct llama_locret_params llama_locret_params_default(void);
 LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params);
 
 // The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local,
-// --locret-policy, --locret-pool): heads from `heads_path` when it is non-empty, else the ones embedded in
-// `model_path`'s model, else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local/pool -1
-// their defaults.
-// The RANDOM and STREAMING policies need a budget and no heads: heads given or embedded are then not loaded
+// --locret-policy, --locret-pool, --locret-lag): heads from `heads_path` when it is non-empty, else the ones embedded
+// in `model_path`'s model, else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local/pool/lag
+// -1 their defaults.
+// The RANDOM, STREAMING and LAGKV policies need a budget and no heads: heads given or embedded are then not loaded
 // (a warning says so). Registers the result with llama_locret_model_configure for the contexts created next
 // from `model`. The heads found are returned in *out (NULL when none); the caller frees them after those contexts.
 // Returns 0, or -1 on error (see llama_locret_last_error()).
 LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, const char * model_path,
                                                  const char * heads_path, int32_t budget, int32_t stabilizers,
                                                  int32_t local, enum llama_locret_policy policy, int32_t pool,
-                                                 struct llama_locret_heads ** out);
+                                                 int32_t lag, struct llama_locret_heads ** out);
 
 struct llama_locret_stats {
     bool     enabled;          // the context evicts
@@ -175,6 +185,7 @@ struct llama_locret_stats {
     uint64_t t_readback_us;    // reading each ubatch's scores back from the backend (waiting for the graph included)
     uint32_t n_pinned;         // Locret-Q: the sequence's first n_pinned positions are never evicted (0: none)
     uint32_t pool;             // score pooling window (0: none)
+    uint32_t lag;              // LagKV's partition size (0: another policy)
 };
 
 // Statistics of sequence 0 (n_cells_used, pos_logical, n_evictions and n_units_evicted are per sequence; kv_bytes is
@@ -224,6 +235,14 @@ LLAMA_API int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t
 // The same for sequence seq_id.
 LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, bool read_v,
                                                  float * out, int32_t n_cells);
+
+// Debug: the scores that eviction ranks layer il's units of sequence seq_id by, for cells [0, n_cells), as
+// [n_cells][n_head_kv] (the heads' scores, pooled when the context pools; LagKV's scores, meaningless for the units
+// still waiting for their partition's successor, which the sequence keeps unscored).
+// Returns n_head_kv, or -1 when the context does not evict, evicts by a policy that keeps no scores (random,
+// streaming), or the layer, sequence or cell count is wrong.
+LLAMA_API int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
+                                                 int32_t n_cells);
 
 // Debug: the window cache of an evicting iSWA model (Gemma 3): for each cell of sequence seq_id that holds a token, in
 // cell order, the client's position of that token and the token itself, as the cache records them. Returns the number

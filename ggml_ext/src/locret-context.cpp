@@ -122,7 +122,7 @@ int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path
 }
 
 int32_t llama_locret_configure_default(llama_model * model, const char * model_path, const char * heads_path,
-        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, int32_t pool,
+        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, int32_t pool, int32_t lag,
         llama_locret_heads ** out) {
     *out = nullptr;
     locret_set_error("");
@@ -140,6 +140,19 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         locret_set_error("--locret-pool needs --locret-budget");
         return -1;
     }
+    if (budget == -1 && lag >= 0) {
+        locret_set_error("--locret-lag needs --locret-budget and --locret-policy lagkv");
+        return -1;
+    }
+    if (lag >= 0 && policy != LLAMA_LOCRET_POLICY_LAGKV) {
+        locret_set_error(format("--locret-lag sets LagKV's partition; policy %s has none (use --locret-policy lagkv)",
+                policy_name));
+        return -1;
+    }
+    if (lag != -1 && lag < 2) {
+        locret_set_error(format("the LagKV partition (--locret-lag) must be at least 2 units (got %d)", lag));
+        return -1;
+    }
     if (budget == -1 && policy != LLAMA_LOCRET_POLICY_HEADS) {
         locret_set_error(format("--locret-policy %s needs --locret-budget", policy_name));
         return -1;
@@ -155,6 +168,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     params.local       = local;
     params.policy      = policy;
     params.pool        = pool;
+    params.lag         = lag;
     if (policy != LLAMA_LOCRET_POLICY_HEADS) {
         // the scores come from the policy: loading the heads would only add their cost to every ubatch
         if (!path.empty()) {
@@ -166,7 +180,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     if (path.empty()) {
         if (budget != -1) {
             locret_set_error("--locret-budget needs retaining heads: pass --locret-heads FILE (or a model with embedded "
-                    "heads), or choose --locret-policy random or streaming");
+                    "heads), or choose --locret-policy lagkv, streaming or random");
             return -1;
         }
         llama_locret_model_configure(model, nullptr);

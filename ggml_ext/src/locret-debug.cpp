@@ -46,6 +46,7 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.t_readback_us   = mem->t.readback_us;
     st.n_pinned        = s->n_pinned;
     st.pool            = cfg.pool;
+    st.lag             = cfg.lag;
     return st;
 }
 
@@ -126,6 +127,27 @@ int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id 
         }
     }
     return (int32_t) width;
+}
+
+int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
+        int32_t n_cells) {
+    locret_set_error("");
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    if (mem == nullptr || !mem->get_policy().stores_scores()) {
+        locret_set_error("llama_locret_debug_read_scores: the context does not evict by stored scores (heads or lagkv)");
+        return -1;
+    }
+    const int32_t i = il >= 0 ? mem->layer_index((uint32_t) il) : -1;
+    if (i < 0 || mem->get_stream(seq_id) == nullptr || n_cells < 0 || n_cells > (int32_t) mem->config().n_cells) {
+        locret_set_error(format("llama_locret_debug_read_scores: no evicting layer %d, no sequence %d or bad cell count %d",
+                il, seq_id, n_cells));
+        return -1;
+    }
+    llama_synchronize(ctx);
+    const ggml_tensor * store = mem->score_store(i);
+    ggml_backend_tensor_get(store, out, (size_t) seq_id * mem->config().n_cells * store->nb[1],
+            sizeof(float) * (size_t) n_cells * mem->get_layers()[i].n_head_kv);
+    return (int32_t) mem->get_layers()[i].n_head_kv;
 }
 
 int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool read_v, float * out, int32_t n_cells) {

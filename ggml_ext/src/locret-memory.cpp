@@ -2,6 +2,7 @@
 // and state save/load of the eviction bookkeeping.
 
 #include "locret-memory.h"
+#include "locret-lagkv.h"
 #include "locret-heads.h"
 #include "locret-select.h"
 
@@ -201,14 +202,15 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
             s.pos[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, -1);
         }
     }
-    if (policy->uses_heads()) {
+    if (policy->stores_scores()) {
         make_score_store(n_seq);
     }
 
-    const std::string pooling = cfg.pool > 0 ? format(", score pooling %u", cfg.pool) : std::string();
+    const std::string pooling = cfg.pool > 0 ? format(", score pooling %u", cfg.pool) :
+                                cfg.lag  > 0 ? format(", lag %u, %d sinks", cfg.lag, LLAMA_LOCRET_LAGKV_SINKS) : std::string();
     LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, budget %u, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
             "cells per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
-            !policy->uses_heads() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
+            !policy->stores_scores() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
             cfg.budget, cfg.stabilizers, cfg.local, pooling.c_str(), cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
             kv_swa ? ", window layers in their own cache" : "");
 }
@@ -536,7 +538,8 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         backends.push_back(ggml_backend_sched_get_backend(ctx_sched, i));
         bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
     }
-    const size_t max_nodes = 32 * layers.size() + 64;
+    const size_t max_nodes = std::max(32 * layers.size() + 64,
+            policy->scores_from_cache() ? locret_lagkv_n_nodes(layers.size()) : 0);
     evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
     evict_res.reset(new llm_graph_result((int64_t) max_nodes));
 
@@ -572,6 +575,15 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         evict_res->reset();
         gf = evict_res->get_gf();
         ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
+        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    }
+    if (ok && policy->scores_from_cache()) {
+        // LagKV's largest scoring graph: a full cache after the sinks, all but its last partition scored
+        const uint32_t n_part = (cfg.capacity - LLAMA_LOCRET_LAGKV_SINKS) / cfg.lag;
+        evict_res->reset();
+        gf = evict_res->get_gf();
+        locret_build_lagkv(evict_res->get_ctx(), gf, layers, v_trans, cfg.n_cells, 0, LLAMA_LOCRET_LAGKV_SINKS, n_part - 1,
+                cfg.lag);
         ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
     }
     moves.clear();
@@ -638,6 +650,33 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
     return true;
 }
 
+bool llama_locret_memory::score_from_cache(uint32_t strm) {
+    locret_stream & s = streams[strm];
+    const uint32_t lag   = cfg.lag;
+    const uint32_t start = std::max({ s.scored_to, pinned_cells(s), std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, s.n_used) });
+    const uint32_t n_part = s.n_used > start ? (s.n_used - start) / lag : 0;
+    if (n_part < 2) {
+        s.scored_to = start; // no partition has a complete successor yet
+        return true;
+    }
+    const int64_t p0 = ggml_time_us();
+    ggml_backend_sched_t sched = evict_sched.get();
+    ggml_backend_sched_reset(sched);
+    evict_res->reset();
+    ggml_cgraph * gf = evict_res->get_gf();
+    locret_build_lagkv(evict_res->get_ctx(), gf, layers, v_trans, cfg.n_cells, strm, start, n_part - 1, lag);
+    if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+        LLAMA_LOG_ERROR("%s: Locret: the LagKV scoring graph failed\n", __func__);
+        return false;
+    }
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: LagKV scores of %u partitions %.2f ms (splits %d)\n", n_part - 1,
+                (ggml_time_us() - p0) / 1e3, ggml_backend_sched_get_n_splits(sched));
+    }
+    s.scored_to = start + (n_part - 1) * lag;
+    return true;
+}
+
 void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
     const uint32_t n_head_kv = layers[i].n_head_kv;
     const uint32_t n_top     = n_keep - n_pin - n_stab;
@@ -651,7 +690,7 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
             continue;
         }
         row.resize(n_used);
-        if (policy->uses_heads()) {
+        if (policy->stores_scores()) {
             for (uint32_t c = 0; c < n_used; ++c) {
                 row[c] = block[(size_t) c * n_head_kv + h];
             }
@@ -689,20 +728,31 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             continue;
         }
         // a pinned query (Locret-Q) stays like the stabilizers: the rest of the budget is chosen by score
-        const uint32_t n_pin = pinned_cells(s);
-        GGML_ASSERT(n_pin + st.n_stab <= st.n_keep);
+        uint32_t n_pin  = pinned_cells(s);
+        uint32_t n_stab = st.n_stab;
+        if (policy->scores_from_cache()) {
+            // LagKV: score the partitions that have a complete successor now; the sinks stay like a pinned prefix, the
+            // units still waiting for their successor like stabilizers (the budget was checked to hold both)
+            if (!score_from_cache(st.strm)) {
+                locret_set_error("the LagKV scoring graph could not run; the cache is unchanged");
+                return -1;
+            }
+            n_pin  = std::max(n_pin, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, s.n_used));
+            n_stab = std::max(n_stab, s.n_used - s.scored_to);
+        }
+        GGML_ASSERT(n_pin + n_stab <= st.n_keep);
         const uint32_t n_used = s.n_used;
-        const uint32_t n_cand = n_used - st.n_stab - n_pin;
-        const uint32_t n_top  = st.n_keep - st.n_stab - n_pin;
+        const uint32_t n_cand = n_used - n_stab - n_pin;
+        const uint32_t n_top  = st.n_keep - n_stab - n_pin;
 
         // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
-        const bool on_device = policy->uses_heads() && select_graph && n_top > 0 && n_top < n_cand;
+        const bool on_device = policy->stores_scores() && select_graph && n_top > 0 && n_top < n_cand;
         if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
             locret_set_error("the Locret selection graph could not run; the cache is unchanged");
             return -1;
         }
         std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
-        if (!on_device && policy->uses_heads()) {
+        if (!on_device && policy->stores_scores()) {
             size_t n_floats = 0;
             for (size_t i = 0; i < layers.size(); ++i) {
                 n_floats += (size_t) n_used * layers[i].n_head_kv;
@@ -733,7 +783,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         // threads only where the work outweighs starting them (a few hundred thousand units)
         const size_t n_work = row0.back() * (size_t) n_used;
         locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
-            select_layer(i, row0[i], n_used, st.n_keep, n_pin, st.n_stab, on_device, blocks[i], s, evict_keep.data());
+            select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device, blocks[i], s, evict_keep.data());
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());
             // the layer's moves are written through local pointers and counted once at the end: the layers' headers
@@ -761,7 +811,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             }
             m.n += n;
         });
-        pending.push_back({ st.strm, st.n_keep, st.n_stab });
+        pending.push_back({ st.strm, st.n_keep, n_stab });
         if (locret_profile()) {
             fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start\n", on_device ? "device" : "host",
                     (ggml_time_us() - t_start_us) / 1e3);
@@ -800,6 +850,10 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         }
         s.n_used           = pd.n_keep;
         s.uniform_from     = pd.n_keep;
+        if (policy->scores_from_cache()) {
+            // the units waiting for their partition's successor were all kept: they end the stream
+            s.scored_to = pd.n_keep - (n_used - s.scored_to);
+        }
         s.undo.valid       = false;
         s.n_evictions     += 1;
         s.n_units_evicted += n_evicted;
@@ -842,6 +896,7 @@ void llama_locret_memory::reset_stream(locret_stream & s) {
     s.prev_output  = true;
     s.logical_next = 0;
     s.n_pinned     = 0;
+    s.scored_to    = 0;
     s.undo.valid   = false;
 }
 
@@ -872,10 +927,13 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
                 "(or empty it first)", seq_id));
         return false;
     }
-    // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget
-    if ((uint64_t) n_tokens + cfg.stabilizers >= cfg.budget) {
+    // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget (with LagKV, its
+    // sinks and the two partitions it keeps unscored too)
+    const uint64_t lagkv_kept = cfg.lag > 0 ? 2ull * cfg.lag + LLAMA_LOCRET_LAGKV_SINKS : 0;
+    if ((uint64_t) n_tokens + cfg.stabilizers + lagkv_kept >= cfg.budget) {
         locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head, "
-                "%u stabilizers): shorten the query or raise the budget", n_tokens, cfg.budget, cfg.stabilizers));
+                "%u stabilizers%s): shorten the query or raise the budget", n_tokens, cfg.budget, cfg.stabilizers,
+                lagkv_kept > 0 ? format(", LagKV's %d sinks and 2 partitions of %u", LLAMA_LOCRET_LAGKV_SINKS, cfg.lag).c_str() : ""));
         return false;
     }
     s.n_pinned = n_tokens;
@@ -955,6 +1013,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         s.logical_next = p0;
         s.prev_output  = true;
     }
+    s.scored_to  = std::min(s.scored_to, s.n_used);
     s.undo.valid = false;
     return true;
 }
@@ -1081,7 +1140,8 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
 //
 
 static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
-static const uint32_t LOCRET_STATE_VERSION = 3; // 3: a sequence's pinned query (Locret-Q); 2 is read as unpinned
+// 4: LagKV's scored_to per sequence; 3: a sequence's pinned query (Locret-Q). 3 and 2 (read as unpinned) load too.
+static const uint32_t LOCRET_STATE_VERSION = 4;
 
 // what a saved state must agree on with the context that loads it
 struct locret_state_header {
@@ -1092,7 +1152,8 @@ struct locret_state_header {
     uint32_t budget;
     uint32_t policy;
     uint32_t n_streams;  // streams that follow
-    uint32_t pool;       // score pooling window (0: none; was a zero "reserved" field before pooling existed)
+    uint32_t window;     // the policy's window: score pooling (heads; 0: none) or the partition (lagkv); a zero
+                         // "reserved" field before pooling existed
     uint64_t heads_fingerprint;
 };
 
@@ -1116,12 +1177,12 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     h.budget            = cfg.budget;
     h.policy            = (uint32_t) cfg.policy;
     h.n_streams         = (uint32_t) ids.size();
-    h.pool              = cfg.pool;
+    h.window            = cfg.lag > 0 ? cfg.lag : cfg.pool;
     h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
     io.write(&h, sizeof(h));
     for (uint32_t id : ids) {
         const locret_stream & s = streams[id];
-        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned };
+        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned, s.scored_to };
         const int64_t  next     = s.logical_next;
         const uint64_t stats[]  = { s.n_evictions, s.n_units_evicted };
         io.write(fields, sizeof(fields));
@@ -1181,7 +1242,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
         if (h.magic != LOCRET_STATE_MAGIC) {
             throw std::runtime_error("Locret: the saved state has no Locret section (saved without eviction?)");
         }
-        if (h.version != LOCRET_STATE_VERSION && h.version != 2) {
+        if (h.version < 2 || h.version > LOCRET_STATE_VERSION) {
             throw std::runtime_error(format("Locret: the saved state has version %u, this build reads %u", h.version, LOCRET_STATE_VERSION));
         }
         const uint64_t fp = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
@@ -1193,26 +1254,31 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
         if (h.policy != (uint32_t) cfg.policy || h.heads_fingerprint != fp) {
             throw std::runtime_error("Locret: the saved state was scored by another policy or other retaining heads");
         }
-        if (h.pool != cfg.pool) {
+        if (cfg.lag > 0 && h.window != cfg.lag) {
+            // the saved scores rank partitions of another size than the ones this context would score next
+            throw std::runtime_error(format("Locret: the saved state was scored by LagKV with partitions of %u units, this "
+                    "context's are %u (--locret-lag)", h.window, cfg.lag));
+        }
+        if (cfg.lag == 0 && h.window != cfg.pool) {
             // the saved units' scores are on another scale than the ones this context would compute next
             throw std::runtime_error(format("Locret: the saved state's scores were pooled over %u tokens, this context's "
-                    "over %u (--locret-pool)", h.pool, cfg.pool));
+                    "over %u (--locret-pool)", h.window, cfg.pool));
         }
         const uint32_t n_expected = seq_id < 0 ? (uint32_t) streams.size() : 1;
         if (h.n_streams != n_expected) {
             throw std::runtime_error(format("Locret: the saved state holds %u sequences, expected %u", h.n_streams, n_expected));
         }
         for (uint32_t k = 0; k < h.n_streams; ++k) {
-            uint32_t fields[5] = {};
+            uint32_t fields[6] = {};
             int64_t  next;
             uint64_t stats[2];
-            io.read(fields, sizeof(uint32_t) * (h.version == 2 ? 4 : 5));
+            io.read(fields, sizeof(uint32_t) * (h.version == 2 ? 4 : h.version == 3 ? 5 : 6));
             io.read(&next, sizeof(next));
             io.read(stats, sizeof(stats));
             const uint32_t id = seq_id < 0 ? fields[0] : (uint32_t) seq_id;
             if (id >= streams.size() || fields[1] > cfg.n_cells || fields[2] > fields[1] || next < fields[1] ||
                     next > std::numeric_limits<llama_pos>::max() ||
-                    (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers >= cfg.budget)) {
+                    (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers >= cfg.budget) || fields[5] > fields[1]) {
                 throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
             }
             locret_stream & s = streams[id];
@@ -1221,6 +1287,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.prev_output     = fields[3] != 0;
             s.logical_next    = (llama_pos) next;
             s.n_pinned        = fields[4];
+            s.scored_to       = fields[5]; // versions before LagKV: 0, and their policies do not read it
             s.n_evictions     = stats[0];
             s.n_units_evicted = stats[1];
             std::vector<float> block;

@@ -70,6 +70,8 @@ struct locret_stream {
     bool      prev_output  = true;  // the last part placed asked for an output
     llama_pos logical_next = 0;     // the client's position of the sequence's next token
     uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
+    uint32_t  scored_to    = 0;     // LagKV: cells [0, scored_to) are sinks, pinned or scored; the later ones wait for
+                                    // their partition's successor (the same cells in every head: they are never evicted)
 
     uint64_t n_evictions     = 0;
     uint64_t n_units_evicted = 0;   // summed over layers and KV heads
@@ -135,7 +137,8 @@ public:
     // the inner cache placed the plan's ubatch: record its units
     void placed(const locret_ubatch_plan & plan);
 
-    // the score store the graph writes each ubatch's causal importance scores into (heads policy only), or NULL:
+    // the score store the graph writes each ubatch's causal importance scores into (heads policy), or LagKV's
+    // eviction-time graph its scores (lagkv policy), or NULL:
     // layer i (index into get_layers()) is F32 [n_head_kv, n_cells*n_streams]; a unit's score sits at row
     // strm*n_cells + cell like its key
     ggml_tensor * score_store(int32_t i) const { return scores_of_layer.empty() ? nullptr : scores_of_layer[i]; }
@@ -231,6 +234,9 @@ private:
     std::vector<uint32_t> evict_keep;    // the kept cells of every (layer, KV head)
     locret_moves          evict_moves;
     void make_score_store(uint32_t n_seq);
+    // LagKV: score stream strm's partitions that have a complete successor (one graph for every layer) and advance its
+    // scored_to; false when the graph could not run
+    bool score_from_cache(uint32_t strm);
 
     // the eviction and placement that put a part of n_tokens after `s`'s current state; returns n_keep
     uint32_t plan_eviction(uint32_t n_used, bool prev_output, uint32_t n_tokens, bool output, uint32_t & n_stab) const;

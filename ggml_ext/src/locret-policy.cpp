@@ -1,4 +1,4 @@
-// The scoring policies: the retaining heads (Locret), and the paper's ablations random and streaming.
+// The scoring policies: the retaining heads (Locret), the paper's ablations random and streaming, and LagKV.
 
 #include "locret-policy.h"
 
@@ -37,6 +37,15 @@ struct locret_policy_streaming : locret_policy {
     }
 };
 
+// LagKV: attention-free scores that an eviction-time graph computes from the cached K and V (locret-lagkv.h) into the
+// memory's score store; never asked to score
+struct locret_policy_lagkv : locret_policy {
+    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_LAGKV; }
+    bool stores_scores() const override { return true; }
+    bool scores_from_cache() const override { return true; }
+    void score(const locret_score_args &) const override {}
+};
+
 // the SplitMix64 finalizer: a bijection of 64-bit words with full avalanche
 uint64_t locret_mix64(uint64_t x) {
     x ^= x >> 30;
@@ -63,6 +72,7 @@ std::unique_ptr<locret_policy> locret_policy_make(llama_locret_policy id) {
         case LLAMA_LOCRET_POLICY_HEADS:     return std::make_unique<locret_policy_heads>();
         case LLAMA_LOCRET_POLICY_RANDOM:    return std::make_unique<locret_policy_random>();
         case LLAMA_LOCRET_POLICY_STREAMING: return std::make_unique<locret_policy_streaming>();
+        case LLAMA_LOCRET_POLICY_LAGKV:     return std::make_unique<locret_policy_lagkv>();
     }
     return nullptr;
 }

@@ -26,8 +26,14 @@ struct locret_policy {
     // the scores are the retaining heads' causal importance scores, computed in the graph with the units
     virtual bool uses_heads() const { return false; }
 
-    // fill args.score for the units about to be selected from (not asked of a policy that uses heads: the graph wrote
-    // its scores into the memory's store)
+    // the scores live in the memory's score store beside the cache (moved with the units, selected on the device)
+    virtual bool stores_scores() const { return uses_heads(); }
+
+    // the scores are computed from the cache itself by an eviction-time graph (LagKV, locret-lagkv.h), for the units
+    // that can be scored by then; the memory keeps the others like stabilizers
+    virtual bool scores_from_cache() const { return false; }
+
+    // fill args.score for the units about to be selected from (not asked of a policy that stores its scores)
     virtual void score(const locret_score_args & args) const = 0;
 };
 

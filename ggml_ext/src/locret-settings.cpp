@@ -20,7 +20,7 @@
 //
 
 static const llama_locret_policy LOCRET_POLICIES[] = {
-    LLAMA_LOCRET_POLICY_HEADS, LLAMA_LOCRET_POLICY_RANDOM, LLAMA_LOCRET_POLICY_STREAMING,
+    LLAMA_LOCRET_POLICY_HEADS, LLAMA_LOCRET_POLICY_RANDOM, LLAMA_LOCRET_POLICY_STREAMING, LLAMA_LOCRET_POLICY_LAGKV,
 };
 
 const char * llama_locret_policy_name(enum llama_locret_policy policy) {
@@ -28,6 +28,7 @@ const char * llama_locret_policy_name(enum llama_locret_policy policy) {
         case LLAMA_LOCRET_POLICY_HEADS:     return "heads";
         case LLAMA_LOCRET_POLICY_RANDOM:    return "random";
         case LLAMA_LOCRET_POLICY_STREAMING: return "streaming";
+        case LLAMA_LOCRET_POLICY_LAGKV:     return "lagkv";
     }
     return nullptr; // a value from outside the enum (C callers, ctypes)
 }
@@ -62,6 +63,7 @@ struct llama_locret_params llama_locret_params_default(void) {
     p.local       = -1;
     p.policy      = LLAMA_LOCRET_POLICY_HEADS;
     p.pool        = -1;
+    p.lag         = -1;
     return p;
 }
 
@@ -209,6 +211,26 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
                 llama_locret_policy_name(p.policy)));
     }
 
+    // LagKV scores a partition of `lag` units against the next one: the budget must keep the sinks, the partitions not
+    // yet scored (fewer than two) and the stabilizers whatever the scores say
+    uint32_t lag = 0;
+    if (p.lag < -1 || p.lag == 1) {
+        fail(format("the LagKV partition (--locret-lag) must be at least 2 units (got %d)", p.lag));
+    }
+    if (p.lag > 0 && p.policy != LLAMA_LOCRET_POLICY_LAGKV) {
+        fail(format("--locret-lag sets LagKV's partition; policy %s has none (use --locret-policy lagkv)",
+                llama_locret_policy_name(p.policy)));
+    }
+    if (p.policy == LLAMA_LOCRET_POLICY_LAGKV) {
+        lag = p.lag > 0 ? (uint32_t) p.lag : LLAMA_LOCRET_LAGKV_LAG;
+        const uint64_t kept = (uint64_t) LLAMA_LOCRET_LAGKV_SINKS + 2ull * lag + n_s;
+        if (kept >= budget) {
+            fail(format("with LagKV the budget (%u) must exceed what it keeps unscored: %u sinks + 2 partitions of %u "
+                    "units + %u stabilizers = %llu (lower --locret-lag or --locret-stabilizers, or raise the budget)",
+                    budget, (unsigned) LLAMA_LOCRET_LAGKV_SINKS, lag, n_s, (unsigned long long) kept));
+        }
+    }
+
     locret_config cfg;
     cfg.heads       = p.heads;
     cfg.policy      = p.policy;
@@ -216,6 +238,7 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     cfg.stabilizers = n_s;
     cfg.local       = n_loc;
     cfg.pool        = pool;
+    cfg.lag         = lag;
     cfg.n_ubatch    = n_ubatch;
     cfg.capacity    = budget + n_ubatch;
     cfg.n_cells     = locret_kv_cells(budget, n_ubatch);

@@ -125,6 +125,8 @@ def _add_eval(sub) -> None:
     how.add_argument("--local", type=int, help="local tail length (default: the heads file's)")
     how.add_argument("--pool", type=int, help="score pooling window (odd) for the heads methods: each unit scores "
                      "the mean of the heads' scores over that many tokens around it (default: none)")
+    how.add_argument("--lag", type=int, help="LagKV's partition in units for the method lagkv (default: 128, the "
+                     "paper's; the budget must hold 16 sinks, two partitions and the stabilizers)")
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
     how.add_argument("--kv-type", help="KV cache type for K and V (default f16, or the profile's)")
     how.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all' (default 0, or the profile's)")

@@ -11,13 +11,13 @@ from .heads import Heads, HeadsError, _lib, _last_error
 
 
 # enum llama_locret_policy, in value order
-POLICIES = ("heads", "random", "streaming")
+POLICIES = ("heads", "random", "streaming", "lagkv")
 
 
 class _Params(ctypes.Structure):
     _fields_ = [("heads", ctypes.c_void_p), ("budget", ctypes.c_int32),
                 ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32),
-                ("policy", ctypes.c_int), ("pool", ctypes.c_int32)]
+                ("policy", ctypes.c_int), ("pool", ctypes.c_int32), ("lag", ctypes.c_int32)]
 
 
 class _Stats(ctypes.Structure):
@@ -28,13 +28,14 @@ class _Stats(ctypes.Structure):
                 ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32),
                 ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int),
                 ("n_seq", ctypes.c_uint32), ("t_select_us", ctypes.c_uint64), ("t_compact_us", ctypes.c_uint64),
-                ("t_readback_us", ctypes.c_uint64), ("n_pinned", ctypes.c_uint32), ("pool", ctypes.c_uint32)]
+                ("t_readback_us", ctypes.c_uint64), ("n_pinned", ctypes.c_uint32), ("pool", ctypes.c_uint32),
+                ("lag", ctypes.c_uint32)]
 
 
 _SIGNATURES = {
     "llama_locret_configure_default": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
                                         ctypes.c_int32, ctypes.c_int32, ctypes.c_int, ctypes.c_int32,
-                                        ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
+                                        ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
     "llama_locret_policy_from_name": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int32),
     "llama_locret_policy_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_model_configure": ([ctypes.c_void_p, ctypes.POINTER(_Params)], ctypes.c_int32),
@@ -49,6 +50,8 @@ _SIGNATURES = {
     "llama_locret_debug_read_kv_seq": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool,
                                         ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_inject_fault": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int32),
+    "llama_locret_debug_read_scores": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
+                                        ctypes.c_int32], ctypes.c_int32),
     "llama_locret_pin_query": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_query_tokens": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_char_p,
                                    ctypes.c_int32], ctypes.c_int32),
@@ -91,18 +94,19 @@ def policy_value(name: str) -> int:
 
 def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None,
               budget: int | None = None, stabilizers: int | None = None, local: int | None = None,
-              policy: str | None = None, pool: int | None = None) -> Heads | None:
+              policy: str | None = None, pool: int | None = None, lag: int | None = None) -> Heads | None:
     """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
     llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
     to its default (`budget` None: no eviction; `policy` None: "heads"; `pool` None: no score pooling).
-    `policy` "random" or "streaming" evicts without heads (given heads are then not loaded). `pool` N (odd):
-    each unit is scored by the mean of the heads' scores over the N tokens around it. Returns the heads
-    loaded (keep them while the contexts live)."""
+    `policy` "random", "streaming" or "lagkv" evicts without heads (given heads are then not loaded). `pool` N
+    (odd): each unit is scored by the mean of the heads' scores over the N tokens around it. `lag` N: LagKV's
+    partition (policy "lagkv"; None: 128, the paper's). Returns the heads loaded (keep them while the contexts
+    live)."""
     out = ctypes.c_void_p()
     heads_path = os.fsencode(heads) if heads is not None else b""
     policy_id = policy_value("heads" if policy is None else policy)
     if _api().llama_locret_configure_default(model, os.fsencode(model_path), heads_path, _arg(budget),
-                                             _arg(stabilizers), _arg(local), policy_id, _arg(pool),
+                                             _arg(stabilizers), _arg(local), policy_id, _arg(pool), _arg(lag),
                                              ctypes.byref(out)) != 0:
         raise HeadsError(_last_error())
     if not out.value:
@@ -113,8 +117,9 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
 def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     """Sequence `seq_id`'s enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used,
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
-    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random" or "streaming"), n_seq (sequences the
-    context keeps), n_pinned (Locret-Q: leading positions never evicted) and pool (score pooling window, 0: none)."""
+    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming" or "lagkv"), n_seq
+    (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling
+    window, 0: none) and lag (LagKV's partition, 0: another policy)."""
     s = _api().llama_locret_get_seq_stats(ctx, seq_id)
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
@@ -158,6 +163,17 @@ def read_kv(ctx: int, layer: int, n_cells: int, *, values: bool = False, width: 
                                                 out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n_cells)
     if got != width:
         raise HeadsError(_last_error() or f"read_kv: width {got} != {width}")
+    return out
+
+
+def read_scores(ctx: int, layer: int, n_cells: int, *, n_head_kv: int, seq_id: int = 0) -> np.ndarray:
+    """The scores eviction ranks layer's units of sequence `seq_id` by (the heads' or LagKV's), for cells
+    [0, n_cells): float32 [n_cells, n_head_kv]."""
+    out = np.zeros((n_cells, n_head_kv), dtype=np.float32)
+    got = _api().llama_locret_debug_read_scores(ctx, seq_id, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                                n_cells)
+    if got != n_head_kv:
+        raise HeadsError(_last_error() or f"read_scores: {got} KV heads, expected {n_head_kv}")
     return out
 
 

@@ -10,8 +10,9 @@ Existing code changes one line::
 
 `n_ctx` is the logical limit on positions; the KV cache holds `locret_budget + n_ubatch` cells
 (padded to 256) whatever `n_ctx` is. The chunk of Algorithm 1 is `n_ubatch`. `locret_policy`
-chooses what scores the units: "heads" (default), or the ablations "random" and "streaming"
-(attention sinks, then recency), which need no heads. `locret_pool=N` (odd) scores each unit by the mean of
+chooses what scores the units: "heads" (default), "lagkv" (LagKV: each partition of `locret_lag` units
+scored against the next one's K/V ranges), or the ablations "random" and "streaming" (attention sinks, then
+recency); all but "heads" need no heads. `locret_pool=N` (odd) scores each unit by the mean of
 the heads' scores over the N tokens around it, so that whole sentences and numbers survive eviction
 rather than scattered tokens of them (15 is what makes the main job's long log answerable).
 
@@ -44,9 +45,10 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, locret_heads: str | os.PathLike | None = None,
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
-                 locret_query: str | None = None, locret_pool: int | None = None, **kwargs: Any):
+                 locret_query: str | None = None, locret_pool: int | None = None, locret_lag: int | None = None,
+                 **kwargs: Any):
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
-                        local=locret_local, policy=locret_policy, pool=locret_pool)
+                        local=locret_local, policy=locret_policy, pool=locret_pool, lag=locret_lag)
         self._locret_heads: Heads | None = None
         self.locret_query = locret_query or None  # the default query of every call (Locret-Q)
         self._locret_active_query: str | None = None  # the query of the call being served

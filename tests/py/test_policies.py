@@ -23,7 +23,7 @@ from test_eviction import Algorithm1, decode, heads_file, prompt_tokens  # noqa:
 B, UB, NS, NLOC = 96, 32, 16, 8
 SINKS = 4      # StreamingLLM's attention sinks: logical positions 0..3
 N_PROMPT = 500  # 15 full ubatches, then 12 tokens and the 8-token local tail
-VALID = "valid policies: heads, random, streaming"
+VALID = "valid policies: heads, random, streaming, lagkv"
 
 # the random policy's hash, as in ggml_ext/src/locret-evict.cpp (locret_random_score)
 RANDOM_SEED = np.uint64(0x4C6F63726574)

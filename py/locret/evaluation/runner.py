@@ -52,6 +52,7 @@ class EvalConfig:
     stabilizers: int | None = None
     local: int | None = None
     pool: int | None = None        # score pooling window of the heads methods (None: none)
+    lag: int | None = None         # LagKV's partition (None: the paper's 128)
     ubatch: int | None = None      # None: the device profile's, else 512
     threads: int = 2
     kv_type: str | None = None
@@ -69,6 +70,8 @@ class EvalConfig:
             d.pop(k)
         if d["haystacks"] == ["prose"]:
             d.pop("haystacks")  # what every run before the families was: such runs resume
+        if d["lag"] is None:
+            d.pop("lag")        # likewise for runs from before LagKV
         return d
 
 
@@ -116,6 +119,8 @@ def validate(cfg: EvalConfig) -> None:
         raise EvalError(f"stabilizers ({cfg.stabilizers}) must fit in one chunk (ubatch {cfg.ubatch})")
     if cfg.pool is not None and (cfg.pool < 0 or (cfg.pool > 1 and cfg.pool % 2 == 0) or cfg.pool > cfg.ubatch):
         raise EvalError(f"the score pooling window ({cfg.pool}) must be odd and at most the ubatch ({cfg.ubatch})")
+    if cfg.lag is not None and (cfg.lag < 2 or "lagkv" not in cfg.methods):
+        raise EvalError(f"--lag is LagKV's partition (at least 2 units): give the method lagkv (got {cfg.lag})")
     if cfg.pool and not any(m in HEADS_METHODS for m in cfg.methods):
         raise EvalError(f"--pool smooths the retaining heads' scores: give one of {', '.join(HEADS_METHODS)}")
     if "locret-q" in cfg.methods and not cfg.tasks:
@@ -166,6 +171,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                heads=heads if method in ("locret", "locret-q") else
                                random_heads if method == "random-heads" else None,
                                pool=cfg.pool if method in HEADS_METHODS else None,
+                               lag=cfg.lag if method == "lagkv" else None,
                                stabilizers=cfg.stabilizers, local=cfg.local, n_ctx=_pad(longest + 16),
                                ubatch=cfg.ubatch, threads=cfg.threads, kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers,
                                heatmap_ids=heat_ids_per_group[group] if method != "full" else (),
@@ -324,7 +330,7 @@ def run_cli(args) -> int:
                      depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
-                     stabilizers=args.stabilizers, local=args.local, pool=args.pool, ubatch=args.ubatch,
+                     stabilizers=args.stabilizers, local=args.local, pool=args.pool, lag=args.lag, ubatch=args.ubatch,
                      threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
                      max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,

@@ -38,6 +38,7 @@ class RunSpec:
     heatmap_dir: str | None = None
     labels: dict = field(default_factory=dict)  # copied into every sample record
     pool: int | None = None      # score pooling window of the heads methods (None: none)
+    lag: int | None = None       # LagKV's partition (method lagkv; None: the paper's 128)
 
     @property
     def name(self) -> str:
@@ -58,6 +59,8 @@ def make_llm(spec: RunSpec):
     kwargs.update(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
     if spec.method in HEADS_METHODS:
         return Llama(spec.model_path, locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool, **kwargs)
+    if spec.method == "lagkv":
+        return Llama(spec.model_path, locret_policy="lagkv", locret_lag=spec.lag, **kwargs)
     return Llama(spec.model_path, locret_policy=spec.method, **kwargs)
 
 
