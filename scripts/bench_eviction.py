@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_eviction.py [--model M.gguf | --shape NAME] [--heads H.gguf] [--budget 2048]
         [--ubatch 512] [--lengths 2048,8192,32768,131072] [--plain-lengths 2048,8192,32768] [--decode-depth 131072]
-        [--gpu-layers -1]
+        [--gpu-layers -1] [--policies heads,lagkv,streaming] [--lag 128]
 
 Prints a markdown table of every figure (tok/s; peak host RSS; on a GPU the device memory in use with the context
 alive, which llama-bench reads from the device; and for Locret runs the time split per ubatch: model compute,
@@ -15,7 +15,10 @@ selection, read-back, compaction) and the issue's targets as ratios measured in 
   - selection + read-back + compaction <= 5 % of the prefill time at the longest length;
   - peak RSS at the longest length <= 1.05 x at 8K;
   - Locret decode tok/s after a --decode-depth prompt >= 0.9 x plain decode after a 2.5K prompt.
-Exits 1 when a target is missed. Without --heads it makes random heads (speed does not depend on their values).
+Exits 1 when a target is missed (the targets are the first policy's). --policies runs the same figures for each
+eviction policy, side by side (lagkv with --lag; random and streaming need no heads); every policy's prefill and
+decode are also reported against plain llama.cpp. Without --heads it makes random heads (speed does not depend on
+their values).
 --shape NAME benchmarks a random-weight model with the exact shapes of a model the paper ran (py/locret/shapes.py:
 llama3.1-8b, phi3-mini-128k, and scaled-down variants for a CPU), with its d_R = 1024 random heads.
 
@@ -39,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
 
-def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int) -> dict:
+def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int, policy: str = "heads") -> dict:
     cmd = [str(REPO / "build" / "bin" / "llama-bench"), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
            "-d", str(depth), "-r", "1", "--no-warmup", "-t", str(args.threads), "-ub", str(args.ubatch),
            "-b", str(args.ubatch), "-o", "json"]
@@ -48,7 +51,10 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
     if args.gpu_layers:
         cmd += ["-ngl", str(99999 if args.gpu_layers < 0 else args.gpu_layers)]
     if locret:
-        cmd += ["--locret-heads", str(args.heads), "--locret-budget", str(args.budget)]
+        cmd += ["--locret-budget", str(args.budget)]
+        cmd += ["--locret-heads", str(args.heads)] if policy == "heads" else ["--locret-policy", policy]
+        if policy == "lagkv" and args.lag is not None:
+            cmd += ["--locret-lag", str(args.lag)]
         if args.stabilizers is not None:
             cmd += ["--locret-stabilizers", str(args.stabilizers)]
     t0 = time.time()
@@ -103,6 +109,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--lengths", default="2048,8192,32768,131072")
     ap.add_argument("--decode-depth", type=int, default=131072)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--policies", default="heads",
+                    help="eviction policies to measure, comma-separated (heads, lagkv, streaming, random; default heads)")
+    ap.add_argument("--lag", type=int, help="LagKV's partition for the lagkv policy (default: the engine's, 128)")
     ap.add_argument("--d-r", type=int, default=256,
                     help="hidden size of the random heads made without --heads (default 256: 5.5%% of SmolLM2's "
                          "per-token work, the paper's 2.5-8%% range; its d_R = 1024 is for 3.8B-8B models)")
@@ -126,7 +135,12 @@ def main() -> int:
 
         args.model = str(models.resolve(models.DEFAULT_MODEL))
         args.argv += ["--model", args.model]
-    if args.heads is None:
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in ("heads", "lagkv", "streaming", "random")]
+    if unknown or not policies:
+        raise SystemExit(f"bench_eviction: error: unknown policy {','.join(unknown) or '(none)'}; "
+                         "valid: heads, lagkv, streaming, random")
+    if args.heads is None and "heads" in policies:
         from locret import heads
 
         args.heads = heads.make_random(args.model, Path(tempfile.mkdtemp(prefix="locret-bench-")) / "heads.gguf",
@@ -150,9 +164,17 @@ def main() -> int:
         plain_lengths.append(args.plain_reference)
     ppp = {n: record(f"plain llama.cpp prefill {n}", locret=False, prompt=n, gen=0, depth=0) for n in plain_lengths}
     plain_tg = record("plain llama.cpp decode after 2560", locret=False, prompt=0, gen=64, depth=2560)
-    lpp = {n: record(f"Locret b={args.budget} prefill {n}", locret=True, prompt=n, gen=0, depth=0) for n in lengths}
-    ltg = record(f"Locret b={args.budget} decode after {args.decode_depth}", locret=True, prompt=0, gen=64,
-                 depth=args.decode_depth)
+    def label(policy):
+        return "Locret" if policy == "heads" else policy
+
+    per_policy = {}
+    for policy in policies:
+        pp = {n: record(f"{label(policy)} b={args.budget} prefill {n}", locret=True, prompt=n, gen=0, depth=0,
+                        policy=policy) for n in lengths}
+        tg = record(f"{label(policy)} b={args.budget} decode after {args.decode_depth}", locret=True, prompt=0, gen=64,
+                    depth=args.decode_depth, policy=policy)
+        per_policy[policy] = (pp, tg)
+    lpp, ltg = per_policy[policies[0]]
 
     on_gpu = args.gpu_layers != 0
     print(f"\n{Path(args.model).name}, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, "
@@ -184,6 +206,12 @@ def main() -> int:
         checks.append((f"peak RSS {hi} / 8192 (Locret)", lpp[hi]["peak_rss_mib"] / lpp[8192]["peak_rss_mib"], 1.05, False))
     checks.append((f"Locret decode after {args.decode_depth} / plain decode after 2560", ltg["tps"] / plain_tg["tps"],
                    0.9, True))
+    for policy in policies[1:]:
+        pp, tg = per_policy[policy]
+        for n in sorted(set(lengths) & set(plain_lengths)):
+            checks.append((f"{label(policy)} prefill {n} / plain prefill {n}", pp[n]["tps"] / ppp[n]["tps"], None, True))
+        checks.append((f"{label(policy)} decode after {args.decode_depth} / plain decode after 2560",
+                       tg["tps"] / plain_tg["tps"], None, True))
     print("\n| target | ratio | needed | |\n|---|---:|---:|---|")
     ok = True
     for name, ratio, need, at_least in checks:

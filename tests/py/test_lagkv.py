@@ -306,3 +306,16 @@ def test_lagkv_graphs_stay_within_the_buffers_reserved_at_creation(model_path, p
         llm.eval([t])
     assert llm.locret_stats()["n_evictions"] >= 2
     assert eviction.compute_buffers(llm._ctx.ctx) == before
+
+
+def test_bench_measures_lagkv_beside_the_heads(model_path):
+    import bench_eviction  # scripts/, on sys.path through conftest
+
+    args = bench_eviction.parse(["--model", str(model_path), "--budget", "256", "--ubatch", "128", "--lag", "32",
+                                 "--threads", "1", "--policies", "lagkv"])
+    bench_eviction.apply_device(args)
+    r = bench_eviction.bench(args, locret=True, prompt=1024, gen=0, depth=0, policy="lagkv")
+    assert r["tps"] > 0 and r["eviction_ms"] > 0  # llama-bench evicted: 1024 tokens through 384 cells
+    with pytest.raises(SystemExit, match="unknown policy sink"):
+        bench_eviction.sys.argv = ["bench_eviction.py", "--model", str(model_path), "--policies", "lagkv,sink"]
+        bench_eviction.main()
