@@ -7,6 +7,8 @@
 #   bash scripts/setup.sh --cuda 89       CUDA build for that architecture (89 RTX 4090, 87 Jetson Orin)
 #   bash scripts/setup.sh --device D      build for a device profile (devices/D.toml, or a .toml path): its
 #                                         CUDA architecture and CMake flags (cpu-2core: the CPU build)
+#   bash scripts/setup.sh --sanitize      CPU build with AddressSanitizer + UndefinedBehaviorSanitizer in
+#                                         build-sanitize/ (scripts/sanitize_check.sh runs the tests under it)
 #   --build-dir DIR                       build there instead of build/ (then export LOCRET_BUILD_DIR=DIR)
 #   --print-config                        print the build configuration that would be used, and stop
 #
@@ -20,7 +22,8 @@ cd "$ROOT"
 CUDA_ARCH=""
 DEVICE=""
 PRINT_CONFIG=0
-BUILD="$ROOT/build"
+SANITIZE=0
+BUILD=""
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -31,11 +34,15 @@ while [[ $# -gt 0 ]]; do
         --build-dir) [[ $# -ge 2 ]] || { echo "setup.sh: --build-dir needs a folder" >&2; exit 2; }
                 BUILD="$(realpath -m "$2")"; shift 2 ;;
         --print-config) PRINT_CONFIG=1; shift ;;
+        --sanitize) SANITIZE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 PYTHON="${PYTHON:-python3}"
+if [[ -z "$BUILD" ]]; then
+    BUILD="$ROOT/$([[ $SANITIZE -eq 1 ]] && echo build-sanitize || echo build)"
+fi
 DEVICE_CMAKE_FLAGS=()
 if [[ -n "$DEVICE" ]]; then
     [[ -z "$CUDA_ARCH" ]] || { echo "setup.sh: give --device or --cuda, not both" >&2; exit 2; }
@@ -52,6 +59,14 @@ fi
 # CMake configuration; the key written to $BUILD/.locret-config decides when to reconfigure, so a plain
 # CPU build (with or without --device cpu-2core) keeps the same key as before devices existed
 cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release)
+if [[ $SANITIZE -eq 1 ]]; then
+    [[ -z "$CUDA_ARCH" ]] || { echo "setup.sh: --sanitize is a CPU build (drop --cuda / the GPU device)" >&2; exit 2; }
+    # llama.cpp's and ggml's own switches: every source of libllama (ours included), the tools and the tests;
+    # with debug information, so that a report names the line
+    cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+                -DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON
+                -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON)
+fi
 if [[ -n "$CUDA_ARCH" ]]; then
     cmake_args+=(-DLOCRET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
 else
@@ -180,4 +195,10 @@ step "default model"
 "$VPY" -m locret models fetch smollm2-135m
 "$VPY" -m locret models fetch gemma3-270m   # used by the tests (and by the iSWA work later)
 
+if [[ $SANITIZE -eq 1 ]]; then
+    # an instrumented libllama loads into Python only after the sanitizer runtime
+    step "done: $(LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)" \
+                  ASAN_OPTIONS=detect_leaks=0 "$VPY" -m locret version | tr '\n' ' ')"
+    exit 0
+fi
 step "done: $("$VPY" -m locret version | tr '\n' ' ')"

@@ -404,3 +404,18 @@ def test_setup_passes_a_profiles_extra_flags(tmp_path):
 def test_setup_refuses_bad_devices(args, rc, message):
     proc = setup_config(*args) if args != ["--device"] else run(["bash", REPO / "scripts" / "setup.sh", "--device"])
     assert proc.returncode == rc and message in proc.stderr
+
+
+def test_setup_sanitize_builds_apart_with_both_sanitizers():
+    proc = setup_config("--sanitize")
+    assert proc.returncode == 0, proc.stderr
+    cmake = re.search(r"^cmake: +cmake (.*)$", proc.stdout, re.M).group(1)
+    assert cmake == (f"-S {REPO} -B {REPO / 'build-sanitize'} -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "
+                     "-DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON -DGGML_SANITIZE_ADDRESS=ON "
+                     "-DGGML_SANITIZE_UNDEFINED=ON -DLOCRET_CUDA=OFF")
+    proc = setup_config("--sanitize", "--cuda", "89")
+    assert proc.returncode == 2 and "--sanitize is a CPU build" in proc.stderr
+    # the check script refuses a build without the sanitizers, with the command that makes one
+    proc = run(["bash", REPO / "scripts" / "sanitize_check.sh"], timeout=60,
+               env={**os.environ, "LOCRET_SANITIZE_BUILD": str(REPO / "build")})
+    assert proc.returncode == 1 and "run 'bash scripts/setup.sh --sanitize' first" in proc.stderr

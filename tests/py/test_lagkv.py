@@ -138,12 +138,13 @@ def shape(llm):
     return n_layer, n_head_kv, llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
 
 
-@pytest.mark.parametrize("select,n_pin", [("host", 0), ("graph", 0), ("graph", 40)])
-def test_lagkv_scores_and_retained_sets_match_numpy(select, n_pin, model_path, prompt_tokens, monkeypatch):
+@pytest.mark.parametrize("select,n_pin,flash_attn", [("host", 0, False), ("graph", 0, True), ("graph", 40, False)])
+def test_lagkv_scores_and_retained_sets_match_numpy(select, n_pin, flash_attn, model_path, prompt_tokens, monkeypatch):
     # host: the host selects from the store (the CPU default); graph: the device's selection graph (a GPU's
-    # default), both here on the CPU; n_pin: a Locret-Q query pinned at the start, longer than the sinks
+    # default), both here on the CPU; n_pin: a Locret-Q query pinned at the start, longer than the sinks; without
+    # flash attention the V cache is transposed (the scoring graph reads it by channel), with it V is stored by cell
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path)
+    llm = make(model_path, flash_attn=flash_attn)
     if n_pin:
         llm.locret_pin_query(n_pin)
     ctx = llm._ctx.ctx
