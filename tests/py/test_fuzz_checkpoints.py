@@ -1,0 +1,44 @@
+"""The converter's checkpoint readers under mutated input (scripts/fuzz_checkpoints.py): every input loads or is
+refused with a ConversionError. A short seeded run here; the long run's figures are in the README."""
+from __future__ import annotations
+
+import fuzz_checkpoints  # scripts/, on sys.path through conftest
+
+
+def test_mutated_checkpoints_load_or_are_refused_with_a_conversion_error():
+    stats = fuzz_checkpoints.run(3000, seed=7, kinds=list(fuzz_checkpoints.KINDS), timeout=20.0, progress=False)
+    assert stats["inputs"] == 3000
+    assert not stats["failures"], stats["failures"][:5]
+    # the mutations reach both outcomes: some inputs still read, most are refused
+    assert stats["loaded"] >= 30 and stats["refused"] >= 1000, stats
+
+
+def test_the_harness_reports_what_is_not_a_conversion_error(monkeypatch):
+    import locret.convert.checkpoint as checkpoint
+
+    real = checkpoint.read_checkpoint
+    calls = []
+
+    def flaky(path):
+        # a reader that crashes on the mutated inputs it would have accepted (the seed, read first, still reads)
+        calls.append(path)
+        result = real(path)
+        if len(calls) > 1:
+            raise KeyError("boom")
+        return result
+
+    monkeypatch.setattr(checkpoint, "read_checkpoint", flaky)
+    stats = fuzz_checkpoints.run(200, seed=7, kinds=["safetensors"], timeout=20.0, progress=False)
+    assert stats["failures"] and all("KeyError" in f[3] for f in stats["failures"])
+
+
+def test_the_seeds_read_cleanly(tmp_path):
+    seeds = fuzz_checkpoints.make_seeds(tmp_path)
+    for kind, (path, _) in seeds.items():
+        assert fuzz_checkpoints.read_all(path.parent if kind == "index" else path) == 6
+
+
+def test_bad_arguments_are_refused(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["fuzz_checkpoints.py", "--kinds", "gguf"])
+    assert fuzz_checkpoints.main() == 2
+    assert "--kinds must name some of" in capsys.readouterr().err
