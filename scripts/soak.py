@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Soak: a chat that never ends, streamed through an evicting context, with its memory, speed and answers watched.
+
+    .venv/bin/python scripts/soak.py [--tokens 10000000] [--budget 2048] [--ubatch 512] [--max-minutes 60]
+        [--out results/soak] [--resume]
+
+Turns of generated text (a log of deliveries, each with a code, over a filler family from locret.tasks.haystacks)
+go through `locret.Llama`'s context chunk by chunk (llama_decode on the client's batch, so that no Python-side
+list grows with the input); after every turn the model generates a few tokens (greedy), whose logits must be finite.
+Every 100,000 tokens (--check-every) the process's resident and peak memory and the throughput of the last stretch are recorded in
+OUT/soak.json. At the end, a question about the last turn's code must be answered right.
+
+--max-minutes stops at the next turn after that time and saves the context (OUT/state.bin) and the progress;
+--resume loads both and goes on, so a 10M-token soak can run in parts. The figures the targets read:
+  - peak RSS at the end <= 1.05 x peak RSS at 100K tokens,
+  - throughput of the last million >= 0.9 x the second million (when the run got that far),
+  - no non-finite logits, the final answer right.
+Exits 1 when a target reached is missed, 0 otherwise (also when stopped by --max-minutes, with the figures so far).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "py"))
+
+CHECK_EVERY = 100_000
+FAMILIES = ("prose", "code", "legal", "logs")
+
+
+def memory_mib() -> tuple[float, float]:
+    """(resident, peak resident) of this process, MiB"""
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value
+    rss = float(fields["VmRSS"].split()[0]) / 1024 if "VmRSS" in fields else float("nan")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return rss, peak
+
+
+def turn_text(index: int) -> tuple[str, str]:
+    """Turn `index` of the endless chat and the code it states: the same text for the same index on every run."""
+    from locret.tasks import haystacks
+
+    rng = random.Random(index)
+    code = f"{rng.randrange(10)}-{rng.randrange(10)}-{rng.randrange(10)}-{rng.randrange(10)}"
+    family = FAMILIES[index % len(FAMILIES)]
+    parts, size = [], 0
+    for unit in haystacks.units(family, rng):
+        parts.append(unit)
+        size += len(unit) + 1
+        if size >= 1200:
+            break
+    filler = " ".join(parts)
+    text = (f"\n\nTurn {index}. {filler}\nDelivery note for turn {index}: the code for crate {index} is {code}. "
+            f"Remember it.\n")
+    return text, code
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model name or GGUF (default: the default model)")
+    ap.add_argument("--tokens", type=int, default=10_000_000)
+    ap.add_argument("--budget", type=int, default=2048)
+    ap.add_argument("--ubatch", type=int, default=512)
+    ap.add_argument("--policy", default="heads", help="eviction policy (default heads, the shipped heads)")
+    ap.add_argument("--heads", default=None, help="heads GGUF (default: the shipped heads for the model)")
+    ap.add_argument("--generate", type=int, default=8, help="tokens generated after every turn (default 8)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-minutes", type=float, default=None)
+    ap.add_argument("--out", default=str(REPO / "results" / "soak"))
+    ap.add_argument("--resume", action="store_true", help="go on from OUT/state.bin and OUT/soak.json")
+    ap.add_argument("--check-every", type=int, default=CHECK_EVERY, help="tokens between checkpoints (default 100000)")
+    args = ap.parse_args()
+    if args.tokens < 1 or args.budget < 1 or args.ubatch < 1 or args.generate < 0 or args.check_every < 1:
+        print("soak: error: --tokens, --budget and --ubatch must be positive, --generate at least 0", file=sys.stderr)
+        return 2
+
+    import locret  # noqa: F401  (points llama_cpp at our library)
+    import llama_cpp
+    from tqdm import tqdm
+
+    from locret import models
+    from locret.heads import HeadsError
+    from locret.llama import Llama
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    progress_path, state_path = out / "soak.json", out / "state.bin"
+    model_path = models.resolve(args.model or models.DEFAULT_MODEL)
+    heads = args.heads
+    if heads is None and args.policy == "heads":
+        shipped = models.shipped_heads(args.model or models.DEFAULT_MODEL)
+        heads = str(shipped) if shipped else None
+    settings = dict(model=str(model_path), budget=args.budget, ubatch=args.ubatch, policy=args.policy, heads=heads,
+                    generate=args.generate)
+
+    progress = {"settings": settings, "tokens": 0, "n_past": 0, "turn": 0, "checks": [], "non_finite": 0,
+                "seconds": 0.0}
+    if args.resume:
+        if not progress_path.is_file() or not state_path.is_file():
+            print(f"soak: error: nothing to resume in {out} (no soak.json / state.bin)", file=sys.stderr)
+            return 2
+        progress = json.loads(progress_path.read_text())
+        if progress["settings"] != settings:
+            print(f"soak: error: {out} was run with other settings: {progress['settings']}", file=sys.stderr)
+            return 2
+
+    try:
+        llm = Llama(str(model_path), n_ctx=1 << 25, n_batch=args.ubatch, n_ubatch=args.ubatch, locret_budget=args.budget,
+                    locret_policy=args.policy, locret_heads=heads, n_threads=args.threads,
+                    n_threads_batch=args.threads, verbose=False)
+    except (HeadsError, ValueError) as e:
+        print(f"soak: error: {e}", file=sys.stderr)
+        return 2
+    ctx = llm._ctx.ctx
+    n_vocab = llm.n_vocab()
+    if args.resume:
+        n_loaded = ctypes.c_size_t(0)
+        if not llama_cpp.llama_state_load_file(ctx, str(state_path).encode(), None, 0, ctypes.byref(n_loaded)):
+            print(f"soak: error: {state_path} could not be loaded", file=sys.stderr)
+            return 2
+
+    def decode(tokens: list[int], output_last: bool) -> np.ndarray | None:
+        for i in range(0, len(tokens), args.ubatch):
+            part = tokens[i:i + args.ubatch]
+            last = output_last and i + args.ubatch >= len(tokens)
+            llm._batch.set_batch(batch=part, n_past=progress["n_past"], logits_all=False)
+            llm._batch.batch.logits[len(part) - 1] = last
+            rc = llama_cpp.llama_decode(ctx, llm._batch.batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc} at position {progress['n_past']}")
+            progress["n_past"] += len(part)
+        if not output_last:
+            return None
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+
+    def greedy(logits: np.ndarray, n: int) -> list[int]:
+        made = []
+        for _ in range(n):
+            if not np.isfinite(logits).all():
+                progress["non_finite"] += 1
+            token = int(np.argmax(logits))
+            made.append(token)
+            logits = decode([token], True)
+        return made
+
+    t_start = time.time()
+    stretch_t, stretch_tokens = time.time(), 0
+    every = args.check_every
+    next_check = (progress["tokens"] // every + 1) * every
+    bar = tqdm(total=args.tokens, initial=progress["tokens"], unit="tok", unit_scale=True, desc="soak", mininterval=5)
+    last_code = None
+    stopped = False
+    while progress["tokens"] < args.tokens:
+        text, last_code = turn_text(progress["turn"])
+        tokens = llm.tokenize(text.encode(), add_bos=progress["n_past"] == 0, special=False)
+        logits = decode(tokens, True)
+        greedy(logits, args.generate)
+        n = len(tokens) + args.generate
+        progress["tokens"] += n
+        progress["turn"] += 1
+        stretch_tokens += n
+        bar.update(n)
+        if progress["tokens"] >= next_check:
+            rss, peak = memory_mib()
+            now = time.time()
+            stats = llm.locret_stats()
+            progress["checks"].append({"tokens": progress["tokens"], "rss_mib": round(rss, 1), "peak_mib": round(peak, 1),
+                                       "tok_per_s": round(stretch_tokens / max(now - stretch_t, 1e-9), 1),
+                                       "cells_used": stats["n_cells_used"], "evictions": stats["n_evictions"]})
+            stretch_t, stretch_tokens = now, 0
+            next_check = (progress["tokens"] // every + 1) * every
+            bar.set_postfix(rss=f"{rss:.0f}MiB", tps=progress["checks"][-1]["tok_per_s"])
+        if args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes:
+            stopped = True
+            break
+    bar.close()
+    progress["seconds"] += time.time() - t_start
+
+    if stopped:
+        if not llama_cpp.llama_state_save_file(ctx, str(state_path).encode(), None, 0):
+            print("soak: error: the context could not be saved", file=sys.stderr)
+            return 2
+        progress_path.write_text(json.dumps(progress, indent=1))
+        print(f"stopped after {progress['tokens']:,} tokens ({progress['seconds'] / 3600:.2f} h so far); "
+              f"resume with --resume --out {out}")
+        return report(progress, final=False, first_at=every)
+
+    # the question about the last turn
+    _, last_code = turn_text(progress["turn"] - 1)
+    question = f"\n\nQuestion: what is the code for crate {progress['turn'] - 1}? Answer: the code for crate " \
+               f"{progress['turn'] - 1} is"
+    logits = decode(llm.tokenize(question.encode(), add_bos=False, special=False), True)
+    answer = llm.detokenize(greedy(logits, 12)).decode(errors="replace")
+    progress["answer"], progress["answer_right"] = answer, last_code in answer
+    progress_path.write_text(json.dumps(progress, indent=1))
+    state_path.unlink(missing_ok=True)
+    print(f"answer: {answer!r} (code {last_code}): {'right' if progress['answer_right'] else 'WRONG'}")
+    return report(progress, final=True, first_at=every)
+
+
+def report(progress: dict, final: bool, first_at: int = CHECK_EVERY) -> int:
+    checks = progress["checks"]
+    print(f"\n{progress['tokens']:,} tokens in {progress['seconds'] / 3600:.2f} h, {len(checks)} checkpoints\n")
+    print("| tokens | RSS (MiB) | peak RSS (MiB) | tok/s (last stretch) | cells used | evictions |\n|---:|---:|---:|---:|---:|---:|")
+    for c in checks:
+        print(f"| {c['tokens']:,} | {c['rss_mib']} | {c['peak_mib']} | {c['tok_per_s']} | {c['cells_used']} | "
+              f"{c['evictions']} |")
+    ok = progress["non_finite"] == 0
+    print(f"\nnon-finite logits: {progress['non_finite']}")
+    first = next((c for c in checks if c["tokens"] >= first_at), None)
+    if first is not None and len(checks) > 1:
+        ratio = checks[-1]["peak_mib"] / first["peak_mib"]
+        ok &= ratio <= 1.05
+        print(f"peak RSS at {checks[-1]['tokens']:,} / at {first['tokens']:,}: {ratio:.3f} (needed <= 1.05)")
+    millions = {}
+    for c in checks:  # mean throughput per million, over the stretches ending in it
+        millions.setdefault((c["tokens"] - 1) // 1_000_000, []).append(c["tok_per_s"])
+    if 1 in millions and len(millions) > 2:
+        last = max(millions)
+        ratio = np.mean(millions[last]) / np.mean(millions[1])
+        ok &= ratio >= 0.9
+        print(f"throughput of million {last + 1} / million 2: {ratio:.3f} (needed >= 0.9)")
+    if final:
+        ok &= bool(progress.get("answer_right"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
