@@ -740,7 +740,12 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             n_pin  = std::max(n_pin, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, s.n_used));
             n_stab = std::max(n_stab, s.n_used - s.scored_to);
         }
-        GGML_ASSERT(n_pin + n_stab <= st.n_keep);
+        if (n_pin + n_stab > st.n_keep) {
+            // only a state loaded from elsewhere could bring this: the settings checks keep room for both
+            locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
+                    "keep; the cache is unchanged", st.strm, n_pin, n_stab, st.n_keep));
+            return -1;
+        }
         const uint32_t n_used = s.n_used;
         const uint32_t n_cand = n_used - n_stab - n_pin;
         const uint32_t n_top  = st.n_keep - n_stab - n_pin;
@@ -1278,7 +1283,9 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             const uint32_t id = seq_id < 0 ? fields[0] : (uint32_t) seq_id;
             if (id >= streams.size() || fields[1] > cfg.n_cells || fields[2] > fields[1] || next < fields[1] ||
                     next > std::numeric_limits<llama_pos>::max() ||
-                    (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers >= cfg.budget) || fields[5] > fields[1]) {
+                    (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers +
+                        (cfg.lag > 0 ? 2ull * cfg.lag + LLAMA_LOCRET_LAGKV_SINKS : 0) >= cfg.budget) ||
+                    fields[5] > fields[1]) {
                 throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
             }
             locret_stream & s = streams[id];
