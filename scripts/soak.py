@@ -4,9 +4,10 @@
     .venv/bin/python scripts/soak.py [--tokens 10000000] [--budget 2048] [--ubatch 512] [--max-minutes 60]
         [--out results/soak] [--resume]
 
-Turns of generated text (a log of deliveries, each with a code, over a filler family from locret.tasks.haystacks)
-go through `locret.Llama`'s context chunk by chunk (llama_decode on the client's batch, so that no Python-side
-list grows with the input); after every turn the model generates a few tokens (greedy), whose logits must be finite.
+User turns of generated text (a log of deliveries, each with a code, over a filler family from
+locret.tasks.haystacks), in the model's chat template, go through `locret.Llama`'s context chunk by chunk
+(llama_decode on the client's batch, so that no Python-side list grows with the input); after every turn the model
+answers a few tokens (greedy), whose logits must be finite, and the turn is closed.
 Every 100,000 tokens (--check-every) the process's resident and peak memory and the throughput of the last stretch are recorded in
 OUT/soak.json. At the end, a question about the last turn's code must be answered right.
 
@@ -62,7 +63,7 @@ def turn_text(index: int) -> tuple[str, str]:
         if size >= 1200:
             break
     filler = " ".join(parts)
-    text = (f"\n\nTurn {index}. {filler}\nDelivery note for turn {index}: the code for crate {index} is {code}. "
+    text = (f"\n\nTurn {index}. {filler}\nDelivery note for turn {index}: the delivery number for crate {index} is {code}. "
             f"Remember it.\n")
     return text, code
 
@@ -145,6 +146,21 @@ def main() -> int:
             return None
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
 
+    template = llama_cpp.llama_model_chat_template(llm._model.model, None)
+
+    def user_turn(text: str) -> str:
+        """a user message and the assistant's opening, in the model's chat template (plain text without one)"""
+        if not template:
+            return f"\n\nUser: {text}\nAssistant:"
+        msg = (llama_cpp.llama_chat_message * 1)(llama_cpp.llama_chat_message(role=b"user", content=text.encode()))
+        buf = ctypes.create_string_buffer(len(text) * 2 + 1024)
+        n = llama_cpp.llama_chat_apply_template(template, msg, 1, True, buf, len(buf))
+        if n < 0 or n > len(buf):
+            raise RuntimeError("the model's chat template could not be applied")
+        return buf.raw[:n].decode(errors="replace")
+
+    end_of_turn = llm.token_eos()
+
     def greedy(logits: np.ndarray, n: int) -> list[int]:
         made = []
         for _ in range(n):
@@ -153,6 +169,8 @@ def main() -> int:
             token = int(np.argmax(logits))
             made.append(token)
             logits = decode([token], True)
+            if token == end_of_turn:
+                break
         return made
 
     t_start = time.time()
@@ -164,10 +182,15 @@ def main() -> int:
     stopped = False
     while progress["tokens"] < args.tokens:
         text, last_code = turn_text(progress["turn"])
-        tokens = llm.tokenize(text.encode(), add_bos=progress["n_past"] == 0, special=False)
+        tokens = llm.tokenize(user_turn(text).encode(), add_bos=progress["n_past"] == 0, special=True)
         logits = decode(tokens, True)
-        greedy(logits, args.generate)
-        n = len(tokens) + args.generate
+        made = greedy(logits, args.generate)
+        if not made or made[-1] != end_of_turn:
+            close = llm.tokenize(b"<|im_end|>\n" if template and b"<|im_end|>" in template else b"\n",
+                                 add_bos=False, special=True)
+            decode(close, False)
+            made += close
+        n = len(tokens) + len(made)
         progress["tokens"] += n
         progress["turn"] += 1
         stretch_tokens += n
@@ -199,9 +222,9 @@ def main() -> int:
 
     # the question about the last turn
     _, last_code = turn_text(progress["turn"] - 1)
-    question = f"\n\nQuestion: what is the code for crate {progress['turn'] - 1}? Answer: the code for crate " \
-               f"{progress['turn'] - 1} is"
-    logits = decode(llm.tokenize(question.encode(), add_bos=False, special=False), True)
+    crate = progress["turn"] - 1
+    question = user_turn(f"What is the delivery number for crate {crate}?") + f"The delivery number for crate {crate} is"
+    logits = decode(llm.tokenize(question.encode(), add_bos=False, special=True), True)
     answer = llm.detokenize(greedy(logits, 12)).decode(errors="replace")
     progress["answer"], progress["answer_right"] = answer, last_code in answer
     progress_path.write_text(json.dumps(progress, indent=1))
