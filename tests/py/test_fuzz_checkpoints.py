@@ -42,3 +42,13 @@ def test_bad_arguments_are_refused(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["fuzz_checkpoints.py", "--kinds", "gguf"])
     assert fuzz_checkpoints.main() == 2
     assert "--kinds must name some of" in capsys.readouterr().err
+
+
+def test_tensors_saved_with_requires_grad_are_read(tmp_path):
+    # found by the fuzzer (a flipped bit in the pickle set requires_grad): parameters saved as such must convert too
+    import torch
+
+    tensors = {name: torch.nn.Parameter(t.float()) for name, t in fuzz_checkpoints.seed_tensors().items()}
+    path = tmp_path / "params.pt"
+    torch.save(tensors, path)
+    assert fuzz_checkpoints.read_all(path) == 6

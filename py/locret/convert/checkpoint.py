@@ -82,7 +82,8 @@ class Checkpoint:
                                   f"({type(e).__name__}: {first_line(e)})") from None
         if not tensor.is_floating_point():
             raise ConversionError(f"checkpoint {self._files[name]}: tensor {name} has non-float type {tensor.dtype}")
-        return tensor.to(torch.float32).numpy()
+        # detached: a tensor saved with requires_grad (parameters saved as such) cannot become numpy otherwise
+        return tensor.detach().to(torch.float32).numpy()
 
 
 def read_checkpoint(path: Path) -> Checkpoint:
