@@ -11,6 +11,7 @@
 #pragma once
 
 #include "locret-compact.h"
+#include "llama-locret.h"
 
 #include <cstdint>
 #include <vector>
@@ -23,6 +24,12 @@ constexpr float LOCRET_LAGKV_EPS = 1e-6f;
 // The K and V storage of the layers is read as it is (any type a copy to F32 supports; V transposed or not).
 void locret_build_lagkv(ggml_context * ctx, ggml_cgraph * gf, const std::vector<locret_kv_layer> & layers, bool v_trans,
                         uint32_t kv_size, uint32_t strm, uint32_t c0, uint32_t n_part, uint32_t lag);
+
+// the most units a sequence keeps unscored with this lag (0: another policy): the sinks and fewer than two partitions
+// waiting for their successor; the budget must hold them beside the stabilizers and a pinned query
+inline uint64_t locret_lagkv_unscored(uint32_t lag) {
+    return lag > 0 ? (uint64_t) LLAMA_LOCRET_LAGKV_SINKS + 2ull * lag : 0;
+}
 
 // graph nodes locret_build_lagkv needs for this many layers
 size_t locret_lagkv_n_nodes(size_t n_layers);

@@ -934,7 +934,7 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     }
     // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget (with LagKV, its
     // sinks and the two partitions it keeps unscored too)
-    const uint64_t lagkv_kept = cfg.lag > 0 ? 2ull * cfg.lag + LLAMA_LOCRET_LAGKV_SINKS : 0;
+    const uint64_t lagkv_kept = locret_lagkv_unscored(cfg.lag);
     if ((uint64_t) n_tokens + cfg.stabilizers + lagkv_kept >= cfg.budget) {
         locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head, "
                 "%u stabilizers%s): shorten the query or raise the budget", n_tokens, cfg.budget, cfg.stabilizers,
@@ -1284,7 +1284,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             if (id >= streams.size() || fields[1] > cfg.n_cells || fields[2] > fields[1] || next < fields[1] ||
                     next > std::numeric_limits<llama_pos>::max() ||
                     (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers +
-                        (cfg.lag > 0 ? 2ull * cfg.lag + LLAMA_LOCRET_LAGKV_SINKS : 0) >= cfg.budget) ||
+                        locret_lagkv_unscored(cfg.lag) >= cfg.budget) ||
                     fields[5] > fields[1]) {
                 throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
             }

@@ -3,6 +3,7 @@
 
 #include "locret-settings.h"
 #include "locret-heads.h"
+#include "locret-lagkv.h"
 #include "locret-hooks.h"
 
 #include "llama-cparams.h"
@@ -223,7 +224,7 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     }
     if (p.policy == LLAMA_LOCRET_POLICY_LAGKV) {
         lag = p.lag > 0 ? (uint32_t) p.lag : LLAMA_LOCRET_LAGKV_LAG;
-        const uint64_t kept = (uint64_t) LLAMA_LOCRET_LAGKV_SINKS + 2ull * lag + n_s;
+        const uint64_t kept = locret_lagkv_unscored(lag) + n_s;
         if (kept >= budget) {
             fail(format("with LagKV the budget (%u) must exceed what it keeps unscored: %u sinks + 2 partitions of %u "
                     "units + %u stabilizers = %llu (lower --locret-lag or --locret-stabilizers, or raise the budget)",
