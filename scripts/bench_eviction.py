@@ -135,11 +135,13 @@ def main() -> int:
 
         args.model = str(models.resolve(models.DEFAULT_MODEL))
         args.argv += ["--model", args.model]
+    from locret.eviction import POLICIES
+
     policies = [p for p in args.policies.split(",") if p]
-    unknown = [p for p in policies if p not in ("heads", "lagkv", "streaming", "random")]
+    unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         raise SystemExit(f"bench_eviction: error: unknown policy {','.join(unknown) or '(none)'}; "
-                         "valid: heads, lagkv, streaming, random")
+                         f"valid: {', '.join(POLICIES)}")
     if args.heads is None and "heads" in policies:
         from locret import heads
 
