@@ -17,6 +17,7 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-settings.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-lagkv.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-sage.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-select.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp

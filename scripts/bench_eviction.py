@@ -16,7 +16,8 @@ selection, read-back, compaction) and the issue's targets as ratios measured in 
   - peak RSS at the longest length <= 1.05 x at 8K;
   - Locret decode tok/s after a --decode-depth prompt >= 0.9 x plain decode after a 2.5K prompt.
 Exits 1 when a target is missed (the targets are the first policy's). --policies runs the same figures for each
-eviction policy, side by side (lagkv with --lag; random and streaming need no heads); every policy's prefill and
+eviction policy, side by side (lagkv with --lag; sage, random and streaming need no heads; sage caches each whole
+prompt, so its lengths must reach the budget plus the ubatch); every policy's prefill and
 decode are also reported against plain llama.cpp. Without --heads it makes random heads (speed does not depend on
 their values).
 --shape NAME benchmarks a random-weight model with the exact shapes of a model the paper ran (py/locret/shapes.py:
@@ -55,7 +56,7 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         cmd += ["--locret-heads", str(args.heads)] if policy == "heads" else ["--locret-policy", policy]
         if policy == "lagkv" and args.lag is not None:
             cmd += ["--locret-lag", str(args.lag)]
-        if args.stabilizers is not None:
+        if args.stabilizers is not None and policy != "sage":   # SAGE-KV's recent window is its own
             cmd += ["--locret-stabilizers", str(args.stabilizers)]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -110,7 +111,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--decode-depth", type=int, default=131072)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--policies", default="heads",
-                    help="eviction policies to measure, comma-separated (heads, lagkv, streaming, random; default heads)")
+                    help="eviction policies to measure, comma-separated (heads, lagkv, sage, streaming, random; default heads)")
     ap.add_argument("--lag", type=int, help="LagKV's partition for the lagkv policy (default: the engine's, 128)")
     ap.add_argument("--d-r", type=int, default=256,
                     help="hidden size of the random heads made without --heads (default 256: 5.5%% of SmolLM2's "

@@ -108,14 +108,22 @@ enum llama_locret_policy {
     LLAMA_LOCRET_POLICY_LAGKV     = 3, // LagKV: each partition of `lag` units scored against the next partition's
                                        // per-channel min/max of K and V, from the cache itself (no heads); the first
                                        // 16 units (sinks) and the units without a complete next partition are kept
+    LLAMA_LOCRET_POLICY_SAGE      = 4, // SAGE-KV: the whole prompt is kept while it is read (the cache is sized for
+                                       // n_ctx, not the budget); at the first ubatch after a prompt's end, one
+                                       // selection per KV head by the attention of the prompt's last token (post-RoPE
+                                       // query, max over the KV head's query heads): b/4 sinks, b/2 chosen units, b/4
+                                       // recent units; generation then slides the recent window over that fixed set
 };
 
 // Units LagKV always keeps at the start of a sequence (its attention sinks; the paper's S = 16).
 #define LLAMA_LOCRET_LAGKV_SINKS 16
 // LagKV's default partition (lag) size: the paper's L = 128.
 #define LLAMA_LOCRET_LAGKV_LAG 128
+// SAGE-KV's split of the budget b (the paper's appendix): b/4 sink units, b/4 recent units, the rest chosen by score.
+#define LLAMA_LOCRET_SAGE_SINK_DIV   4
+#define LLAMA_LOCRET_SAGE_RECENT_DIV 4
 
-// "heads", "random", "streaming" or "lagkv" (NULL for a value that is not a policy).
+// "heads", "random", "streaming", "lagkv" or "sage" (NULL for a value that is not a policy).
 LLAMA_API const char * llama_locret_policy_name(enum llama_locret_policy policy);
 
 // Parse a policy name into *out. Returns 0, or -1 for an unknown name (llama_locret_last_error() says which
@@ -243,6 +251,13 @@ LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, lla
 // streaming), or the layer, sequence or cell count is wrong.
 LLAMA_API int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
                                                  int32_t n_cells);
+
+// Debug: the post-RoPE query of the last token placed for sequence seq_id in layer il, as the SAGE policy holds it
+// (F32, [d_head_k * n_head], query head h at out[h * d_head_k]), and the layer's attention scale in *kq_scale. Returns
+// d_head_k * n_head (copies only when n_max holds it), or -1 when the context does not evict with the SAGE policy, or
+// the sequence or layer is wrong.
+LLAMA_API int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
+                                                int32_t n_max, float * kq_scale);
 
 // Debug: the window cache of an evicting iSWA model (Gemma 3): for each cell of sequence seq_id that holds a token, in
 // cell order, the client's position of that token and the token itself, as the cache records them. Returns the number

@@ -150,6 +150,31 @@ int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id 
     return (int32_t) mem->get_layers()[i].n_head_kv;
 }
 
+int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
+        int32_t n_max, float * kq_scale) {
+    locret_set_error("");
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    if (mem == nullptr || !mem->get_policy().selects_once()) {
+        locret_set_error("llama_locret_debug_read_query: the context does not evict with the SAGE-KV policy");
+        return -1;
+    }
+    const int32_t i = il >= 0 ? mem->layer_index((uint32_t) il) : -1;
+    if (i < 0 || mem->get_stream(seq_id) == nullptr) {
+        locret_set_error(format("llama_locret_debug_read_query: no evicting layer %d or no sequence %d", il, seq_id));
+        return -1;
+    }
+    llama_synchronize(ctx);
+    const ggml_tensor * store = mem->query_store(i);
+    const int32_t width = (int32_t) store->ne[0];
+    if (out != nullptr && n_max >= width) {
+        ggml_backend_tensor_get(store, out, (size_t) seq_id * store->nb[1], sizeof(float) * width);
+    }
+    if (kq_scale != nullptr) {
+        *kq_scale = mem->get_query_scale(i);
+    }
+    return width;
+}
+
 int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool read_v, float * out, int32_t n_cells) {
     return llama_locret_debug_read_kv_seq(ctx, 0, il, read_v, out, n_cells);
 }

@@ -33,6 +33,13 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
                                 const llama_locret_heads * heads, const llama_memory_context_i * mctx,
                                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const llama_ubatch & ubatch, int il);
 
+// llm_graph_context::build_attn with a KV cache (patches/0022): when mctx belongs to a memory evicting with the SAGE-KV
+// policy, write the post-RoPE query of each sequence's last token of the ubatch into the memory's query store, and
+// remember the layer's attention scale (locret-sage.h). q: [d_head_k, n_head, n_tokens].
+void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
+                                  const llama_memory_context_i * mctx, ggml_tensor * q, float kq_scale,
+                                  const llama_ubatch & ubatch, int il);
+
 // llama_context::graph_max_nodes (patches/0004): graph nodes to reserve for Locret, whether or not heads are attached
 // yet (they may be attached after the context made its scheduler)
 uint32_t llama_locret_graph_n_nodes(uint32_t n_layer);

@@ -3,6 +3,7 @@
 
 #include "locret-memory.h"
 #include "locret-lagkv.h"
+#include "locret-sage.h"
 #include "locret-heads.h"
 #include "locret-select.h"
 
@@ -205,9 +206,14 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
     if (policy->stores_scores()) {
         make_score_store(n_seq);
     }
+    if (policy->selects_once()) {
+        make_query_store(n_seq);
+    }
 
     const std::string pooling = cfg.pool > 0 ? format(", score pooling %u", cfg.pool) :
-                                cfg.lag  > 0 ? format(", lag %u, %d sinks", cfg.lag, LLAMA_LOCRET_LAGKV_SINKS) : std::string();
+                                cfg.lag  > 0 ? format(", lag %u, %d sinks", cfg.lag, LLAMA_LOCRET_LAGKV_SINKS) :
+                                policy->selects_once() ? format(", %u sinks and %u recent units, the whole prompt kept until "
+                                        "its end", locret_sage_sinks(cfg.budget), cfg.stabilizers) : std::string();
     LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, budget %u, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
             "cells per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
             !policy->stores_scores() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
@@ -248,6 +254,26 @@ void llama_locret_memory::make_score_store(uint32_t n_seq) {
     if (const char * e = getenv("LOCRET_DEBUG_SELECT")) {
         select_graph = uniform && strcmp(e, "graph") == 0 ? true : strcmp(e, "host") == 0 ? false : select_graph;
     }
+}
+
+void llama_locret_memory::make_query_store(uint32_t n_seq) {
+    const auto & hp = model.hparams;
+    ggml_init_params ip = { ggml_tensor_overhead() * layers.size(), nullptr, /*.no_alloc =*/ true };
+    queries_ctx.reset(ggml_init(ip));
+    queries_of_layer.resize(layers.size());
+    query_scale.assign(layers.size(), NAN);
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const int64_t width = (int64_t) layers[i].d_k * hp.n_head(layers[i].il);
+        queries_of_layer[i] = ggml_new_tensor_2d(queries_ctx.get(), GGML_TYPE_F32, width, n_seq);
+        ggml_format_name(queries_of_layer[i], "locret_query-%u", layers[i].il);
+    }
+    // beside the keys the query is compared with
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(layers[0].k->buffer);
+    queries_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(queries_ctx.get(), buft));
+    if (!queries_buf) {
+        throw std::runtime_error("failed to allocate the SAGE-KV query store");
+    }
+    ggml_backend_buffer_clear(queries_buf.get(), 0);
 }
 
 int32_t llama_locret_memory::layer_index(uint32_t il) const {
@@ -293,9 +319,20 @@ uint64_t llama_locret_memory::kv_bytes() const {
 // planning
 //
 
-uint32_t llama_locret_memory::plan_eviction(uint32_t n_used, bool prev_output, uint32_t n_tokens, bool output,
-        uint32_t & n_stab) const {
+uint32_t llama_locret_memory::plan_eviction(uint32_t n_used, bool prev_output, bool sage_fresh, uint32_t n_tokens,
+        bool output, uint32_t & n_stab) const {
     n_stab = 0;
+    if (policy->selects_once()) {
+        // SAGE-KV: never while a prompt is read; its one selection at the first part after the prompt's end; then the
+        // recent window slides when generation would pass the budget by a ubatch (evict() splits what stays)
+        if (!prev_output) {
+            return n_used;
+        }
+        if (sage_fresh || n_used + n_tokens > cfg.budget + cfg.n_ubatch) {
+            return std::min(cfg.budget, n_used);
+        }
+        return n_used;
+    }
     if (!prev_output && n_used > cfg.budget) {
         // after a prefill chunk; the chunk before the prompt's tail is the final one: no stabilizers
         n_stab = output ? 0 : std::min(cfg.stabilizers, n_used);
@@ -381,10 +418,11 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     }
 
     // simulate the evictions and placements, per stream
-    struct sim_t { uint32_t n_used; bool prev_output; llama_pos offset; };
+    struct sim_t { uint32_t n_used; bool prev_output; llama_pos offset; bool sage_fresh; };
     std::vector<sim_t> sim(streams.size());
     for (size_t s = 0; s < streams.size(); ++s) {
-        sim[s] = { streams[s].n_used, streams[s].prev_output, streams[s].logical_next - (llama_pos) streams[s].n_used };
+        sim[s] = { streams[s].n_used, streams[s].prev_output, streams[s].logical_next - (llama_pos) streams[s].n_used,
+                   streams[s].sage_fresh };
     }
 
     llama_kv_cache::slot_info_vec_t sinfos;
@@ -420,11 +458,19 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
             }
             locret_step st;
             st.strm          = s;
-            st.n_keep        = plan_eviction(sim[s].n_used, sim[s].prev_output, n, output, st.n_stab);
+            st.n_keep        = plan_eviction(sim[s].n_used, sim[s].prev_output, sim[s].sage_fresh, n, output, st.n_stab);
             st.first_cell    = st.n_keep;
             st.n_tokens      = n;
             st.first_logical = ubatch.pos[i0];
             st.output        = output;
+            if (policy->selects_once() && st.first_cell + n > cfg.capacity) {
+                const std::string msg = format("SAGE-KV keeps the whole prompt until its end: sequence %u would hold %u "
+                        "units, more than the context per sequence (%u); raise -c or shorten the prompt", s,
+                        st.first_cell + n, cfg.capacity);
+                locret_set_error(msg);
+                LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, msg.c_str());
+                return failed();
+            }
             if (st.first_cell + n > cfg.n_cells) {
                 LLAMA_LOG_ERROR("%s: Locret: a part of %u tokens does not fit after %u retained units in %u cells\n",
                         __func__, n, st.first_cell, cfg.n_cells);
@@ -438,6 +484,11 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
                 plan.cell[i0 + j]  = st.first_cell + j;
                 pos_phys[i0 + j]   = (llama_pos) (st.first_cell + j);
                 pos_frame[i0 + j]  = ubatch.pos[i0 + j] - sim[s].offset;
+            }
+            if (policy->selects_once()) {
+                // as placed() and evict() will set it
+                const bool end = sage_prompt_end(sim[s].prev_output, n, output);
+                sim[s].sage_fresh = end ? st.first_cell + n > cfg.budget : sim[s].sage_fresh && st.n_keep == sim[s].n_used;
             }
             sim[s].n_used      = st.first_cell + n;
             sim[s].prev_output = output;
@@ -497,8 +548,19 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         s.undo.uniform_from  = s.uniform_from;
         s.undo.prev_output   = s.prev_output;
         s.undo.logical_next  = s.logical_next;
+        s.undo.scored_to     = s.scored_to;
+        s.undo.sage_fresh    = s.sage_fresh;
+        const bool prompt_end = sage_prompt_end(s.prev_output, st.n_tokens, st.output);
         s.n_used       = st.first_cell + st.n_tokens;
         s.prev_output  = st.output;
+        if (policy->selects_once() && prompt_end) {
+            // SAGE-KV: a prompt that passes the budget is chosen from at the next part, with this part's last query; one
+            // within the budget stays whole, all but the recent window kept like the chosen set of a selection
+            s.sage_fresh = s.n_used > cfg.budget;
+            if (!s.sage_fresh) {
+                s.scored_to = s.n_used - std::min(cfg.stabilizers, s.n_used);
+            }
+        }
     }
     for (size_t t = 0; t < plan.cell.size(); ++t) {
         locret_stream & s = streams[plan.strm[t]];
@@ -538,8 +600,9 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         backends.push_back(ggml_backend_sched_get_backend(ctx_sched, i));
         bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
     }
-    const size_t max_nodes = std::max(32 * layers.size() + 64,
-            policy->scores_from_cache() ? locret_lagkv_n_nodes(layers.size()) : 0);
+    const size_t max_nodes = std::max({ 32 * layers.size() + 64,
+            policy->scores_from_cache() ? locret_lagkv_n_nodes(layers.size()) : 0,
+            policy->selects_once() ? locret_sage_n_nodes(layers.size()) : 0 });
     evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
     evict_res.reset(new llm_graph_result((int64_t) max_nodes));
 
@@ -584,6 +647,14 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         gf = evict_res->get_gf();
         locret_build_lagkv(evict_res->get_ctx(), gf, layers, v_trans, cfg.n_cells, 0, LLAMA_LOCRET_LAGKV_SINKS, n_part - 1,
                 cfg.lag);
+        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    }
+    if (ok && policy->selects_once()) {
+        // SAGE-KV's scoring graph over a full cache
+        evict_res->reset();
+        gf = evict_res->get_gf();
+        locret_build_sage(evict_res->get_ctx(), gf, layers, queries_of_layer, std::vector<float>(layers.size(), 1.0f),
+                cfg.n_cells, 0, cfg.capacity);
         ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
     }
     moves.clear();
@@ -677,6 +748,34 @@ bool llama_locret_memory::score_from_cache(uint32_t strm) {
     return true;
 }
 
+bool llama_locret_memory::score_sage(uint32_t strm) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+        if (std::isnan(query_scale[i])) {
+            locret_set_error(format("SAGE-KV: the query of layer %u was never captured (this model's attention does not "
+                    "go through the hooked build_attn); use another policy", layers[i].il));
+            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
+            return false;
+        }
+    }
+    const int64_t p0 = ggml_time_us();
+    ggml_backend_sched_t sched = evict_sched.get();
+    ggml_backend_sched_reset(sched);
+    evict_res->reset();
+    ggml_cgraph * gf = evict_res->get_gf();
+    locret_build_sage(evict_res->get_ctx(), gf, layers, queries_of_layer, query_scale, cfg.n_cells, strm,
+            streams[strm].n_used);
+    if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+        locret_set_error("the SAGE-KV scoring graph could not run; the cache is unchanged");
+        LLAMA_LOG_ERROR("%s: Locret: the SAGE-KV scoring graph failed\n", __func__);
+        return false;
+    }
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: SAGE-KV scores of %u units %.2f ms (splits %d)\n", streams[strm].n_used,
+                (ggml_time_us() - p0) / 1e3, ggml_backend_sched_get_n_splits(sched));
+    }
+    return true;
+}
+
 void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
     const uint32_t n_head_kv = layers[i].n_head_kv;
     const uint32_t n_top     = n_keep - n_pin - n_stab;
@@ -709,7 +808,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     const uint64_t readback_before_us = t.readback_us;
 
     // the selections, into the pending positions: nothing changes until the compaction has run
-    struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; };
+    struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; bool sage_selected; };
     std::vector<pending_t> pending;
     locret_moves & moves = evict_moves;
     if (moves.layer.size() != layers.size()) {
@@ -740,6 +839,20 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             n_pin  = std::max(n_pin, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, s.n_used));
             n_stab = std::max(n_stab, s.n_used - s.scored_to);
         }
+        const bool sage_select = policy->selects_once() && s.sage_fresh;
+        if (sage_select) {
+            // SAGE-KV's one selection after a prompt: its sinks, its recent window, the best of the rest by the
+            // attention of the prompt's last token
+            if (!score_sage(st.strm)) {
+                return -1;
+            }
+            n_pin  = locret_sage_sinks(cfg.budget);
+            n_stab = cfg.stabilizers;
+        } else if (policy->selects_once()) {
+            // after it: the chosen set as it is, and the newest units in the rest of the budget
+            n_pin  = std::min(s.scored_to, st.n_keep);
+            n_stab = st.n_keep - n_pin;
+        }
         if (n_pin + n_stab > st.n_keep) {
             // only a state loaded from elsewhere could bring this: the settings checks keep room for both
             locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
@@ -751,13 +864,15 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         const uint32_t n_top  = st.n_keep - n_stab - n_pin;
 
         // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
+        // nothing chosen by score (SAGE-KV after its selection): no score is read
+        const bool ends_only = n_top == 0;
         const bool on_device = policy->stores_scores() && select_graph && n_top > 0 && n_top < n_cand;
         if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
             locret_set_error("the Locret selection graph could not run; the cache is unchanged");
             return -1;
         }
         std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
-        if (!on_device && policy->stores_scores()) {
+        if (!on_device && !ends_only && policy->stores_scores()) {
             size_t n_floats = 0;
             for (size_t i = 0; i < layers.size(); ++i) {
                 n_floats += (size_t) n_used * layers[i].n_head_kv;
@@ -788,7 +903,8 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         // threads only where the work outweighs starting them (a few hundred thousand units)
         const size_t n_work = row0.back() * (size_t) n_used;
         locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
-            select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device, blocks[i], s, evict_keep.data());
+            select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
+                    evict_keep.data());
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());
             // the layer's moves are written through local pointers and counted once at the end: the layers' headers
@@ -816,7 +932,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             }
             m.n += n;
         });
-        pending.push_back({ st.strm, st.n_keep, n_stab });
+        pending.push_back({ st.strm, st.n_keep, n_stab, sage_select });
         if (locret_profile()) {
             fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start\n", on_device ? "device" : "host",
                     (ggml_time_us() - t_start_us) / 1e3);
@@ -858,6 +974,11 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         if (policy->scores_from_cache()) {
             // the units waiting for their partition's successor were all kept: they end the stream
             s.scored_to = pd.n_keep - (n_used - s.scored_to);
+        }
+        if (pd.sage_selected) {
+            // the sinks and the chosen units lead the stream from now on; the recent window follows them
+            s.scored_to  = pd.n_keep - pd.n_stab;
+            s.sage_fresh = false;
         }
         s.undo.valid       = false;
         s.n_evictions     += 1;
@@ -902,6 +1023,7 @@ void llama_locret_memory::reset_stream(locret_stream & s) {
     s.logical_next = 0;
     s.n_pinned     = 0;
     s.scored_to    = 0;
+    s.sage_fresh   = false;
     s.undo.valid   = false;
 }
 
@@ -925,6 +1047,11 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     locret_stream & s = streams[seq_id];
     if (n_tokens == s.n_pinned) {
         return true;
+    }
+    if (policy->selects_once()) {
+        locret_set_error("Locret: SAGE-KV chooses by the attention of the prompt's last token and keeps its own sinks; "
+                "a pinned query (Locret-Q) does not apply to it");
+        return false;
     }
     if (s.uniform_from > 0) {
         // after an eviction the heads hold different units: a new pin could name units some heads no longer have
@@ -1013,6 +1140,8 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         s.uniform_from = s.undo.uniform_from;
         s.prev_output  = s.undo.prev_output;
         s.logical_next = s.undo.logical_next;
+        s.scored_to    = s.undo.scored_to;
+        s.sage_fresh   = s.undo.sage_fresh;
     } else {
         s.n_used       = first;
         s.logical_next = p0;
@@ -1038,6 +1167,12 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
     inner->seq_cp(seq_id_src, seq_id_dst, -1, -1);
     streams[seq_id_dst] = src;
     copy_scores((uint32_t) seq_id_src, (uint32_t) seq_id_dst);
+    for (ggml_tensor * q : queries_of_layer) {
+        // the copy's next selection reads the same captured query
+        std::vector<uint8_t> row(q->nb[1]);
+        ggml_backend_tensor_get(q, row.data(), (size_t) seq_id_src * q->nb[1], row.size());
+        ggml_backend_tensor_set(q, row.data(), (size_t) seq_id_dst * q->nb[1], row.size());
+    }
     streams[seq_id_dst].undo.valid = false;
 }
 
@@ -1137,6 +1272,9 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
     if (scores_buf) {
         res[ggml_backend_buffer_get_type(scores_buf.get())] += ggml_backend_buffer_get_size(scores_buf.get());
     }
+    if (queries_buf) {
+        res[ggml_backend_buffer_get_type(queries_buf.get())] += ggml_backend_buffer_get_size(queries_buf.get());
+    }
     return res;
 }
 
@@ -1145,8 +1283,9 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
 //
 
 static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
-// 4: LagKV's scored_to per sequence; 3: a sequence's pinned query (Locret-Q). 3 and 2 (read as unpinned) load too.
-static const uint32_t LOCRET_STATE_VERSION = 4;
+// 5: SAGE-KV's pending selection per sequence, and its captured query after the layers' units; 4: LagKV's scored_to
+// per sequence; 3: a sequence's pinned query (Locret-Q). 4, 3 and 2 (read as unpinned) load too.
+static const uint32_t LOCRET_STATE_VERSION = 5;
 
 // what a saved state must agree on with the context that loads it
 struct locret_state_header {
@@ -1187,7 +1326,8 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     io.write(&h, sizeof(h));
     for (uint32_t id : ids) {
         const locret_stream & s = streams[id];
-        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned, s.scored_to };
+        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned, s.scored_to,
+                                    (uint32_t) s.sage_fresh };
         const int64_t  next     = s.logical_next;
         const uint64_t stats[]  = { s.n_evictions, s.n_units_evicted };
         io.write(fields, sizeof(fields));
@@ -1208,6 +1348,13 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
                 io.write(s.pos[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
                 io.write(row.data(), sizeof(float) * s.n_used);
             }
+        }
+        // SAGE-KV: the query its next selection reads
+        std::vector<uint8_t> qrow;
+        for (ggml_tensor * q : queries_of_layer) {
+            qrow.resize(q->nb[1]);
+            ggml_backend_tensor_get(q, qrow.data(), (size_t) id * q->nb[1], qrow.size());
+            io.write(qrow.data(), qrow.size());
         }
     }
 }
@@ -1274,10 +1421,10 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             throw std::runtime_error(format("Locret: the saved state holds %u sequences, expected %u", h.n_streams, n_expected));
         }
         for (uint32_t k = 0; k < h.n_streams; ++k) {
-            uint32_t fields[6] = {};
+            uint32_t fields[7] = {};
             int64_t  next;
             uint64_t stats[2];
-            io.read(fields, sizeof(uint32_t) * (h.version == 2 ? 4 : h.version == 3 ? 5 : 6));
+            io.read(fields, sizeof(uint32_t) * (h.version == 2 ? 4 : h.version == 3 ? 5 : h.version == 4 ? 6 : 7));
             io.read(&next, sizeof(next));
             io.read(stats, sizeof(stats));
             const uint32_t id = seq_id < 0 ? fields[0] : (uint32_t) seq_id;
@@ -1285,7 +1432,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                     next > std::numeric_limits<llama_pos>::max() ||
                     (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers +
                         locret_lagkv_unscored(cfg.lag) >= cfg.budget) ||
-                    fields[5] > fields[1]) {
+                    fields[5] > fields[1] || fields[6] > 1 || (fields[6] == 1 && fields[1] <= cfg.budget)) {
                 throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
             }
             locret_stream & s = streams[id];
@@ -1295,6 +1442,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.logical_next    = (llama_pos) next;
             s.n_pinned        = fields[4];
             s.scored_to       = fields[5]; // versions before LagKV: 0, and their policies do not read it
+            s.sage_fresh      = fields[6] != 0; // versions before SAGE-KV: false, and their policies do not read it
             s.n_evictions     = stats[0];
             s.n_units_evicted = stats[1];
             std::vector<float> block;
@@ -1321,6 +1469,15 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                 if (!scores_of_layer.empty()) {
                     scores_set(i, id, s.n_used, block.data());
                 }
+            }
+            if (!queries_of_layer.empty() && h.version < 5) {
+                throw std::runtime_error("Locret: the saved state has no SAGE-KV query (saved by an older build)");
+            }
+            std::vector<uint8_t> qrow;
+            for (ggml_tensor * q : queries_of_layer) {
+                qrow.resize(q->nb[1]);
+                io.read(qrow.data(), qrow.size());
+                ggml_backend_tensor_set(q, qrow.data(), (size_t) id * q->nb[1], qrow.size());
             }
             // llama.cpp restored the cells from 0: they must be exactly the used ones
             const llama_kv_cells & cells = kv->get_cells((llama_seq_id) id);

@@ -30,6 +30,7 @@
 
 #include "ggml-cpp.h"
 
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -72,6 +73,8 @@ struct locret_stream {
     uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
     uint32_t  scored_to    = 0;     // LagKV: cells [0, scored_to) are sinks, pinned or scored; the later ones wait for
                                     // their partition's successor (the same cells in every head: they are never evicted)
+    bool      sage_fresh   = false; // SAGE-KV: a prompt ended and its one selection has not run yet (the query store
+                                    // holds its last token's query)
 
     uint64_t n_evictions     = 0;
     uint64_t n_units_evicted = 0;   // summed over layers and KV heads
@@ -88,6 +91,8 @@ struct locret_stream {
         uint32_t  uniform_from = 0;
         bool      prev_output = true;
         llama_pos logical_next = 0;
+        uint32_t  scored_to = 0;
+        bool      sage_fresh = false;
     } undo;
 };
 
@@ -142,6 +147,12 @@ public:
     // layer i (index into get_layers()) is F32 [n_head_kv, n_cells*n_streams]; a unit's score sits at row
     // strm*n_cells + cell like its key
     ggml_tensor * score_store(int32_t i) const { return scores_of_layer.empty() ? nullptr : scores_of_layer[i]; }
+
+    // SAGE-KV: the query store of layers[i] (F32 [d_k*n_head, n_stream], NULL for other policies), and the attention
+    // scale its graph applies, recorded when the graph captures the query (NaN until then)
+    ggml_tensor * query_store(int32_t i) const { return queries_of_layer.empty() ? nullptr : queries_of_layer[i]; }
+    void  set_query_scale(int32_t i, float scale) { query_scale[i] = scale; }
+    float get_query_scale(int32_t i) const { return query_scale.empty() ? NAN : query_scale[i]; }
 
     // the scheduler and compute buffers of the eviction graphs (selection, compaction), apart from the context's so
     // that its graphs stay allocated (and reusable) across evictions; made for the worst case when the context
@@ -202,6 +213,11 @@ private:
     ggml_backend_buffer_ptr   scores_buf;
     ggml_tensor             * scores_all = nullptr; // the 3-d tensor, or NULL when the layers differ
     std::vector<ggml_tensor *> scores_of_layer;
+
+    ggml_context_ptr           queries_ctx;      // SAGE-KV's query store
+    ggml_backend_buffer_ptr    queries_buf;
+    std::vector<ggml_tensor *> queries_of_layer;
+    std::vector<float>         query_scale;
     // where the heads policy selects: on the device with a graph (the default when the scores are not in host memory),
     // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
     bool select_graph = false;
@@ -234,12 +250,22 @@ private:
     std::vector<uint32_t> evict_keep;    // the kept cells of every (layer, KV head)
     locret_moves          evict_moves;
     void make_score_store(uint32_t n_seq);
+    void make_query_store(uint32_t n_seq);
+    // SAGE-KV: score every unit of stream strm by the attention of its captured query (one graph for every layer);
+    // false when the graph could not run or a layer's query was never captured
+    bool score_sage(uint32_t strm);
     // LagKV: score stream strm's partitions that have a complete successor (one graph for every layer) and advance its
     // scored_to; false when the graph could not run
     bool score_from_cache(uint32_t strm);
 
     // the eviction and placement that put a part of n_tokens after `s`'s current state; returns n_keep
-    uint32_t plan_eviction(uint32_t n_used, bool prev_output, uint32_t n_tokens, bool output, uint32_t & n_stab) const;
+    uint32_t plan_eviction(uint32_t n_used, bool prev_output, bool sage_fresh, uint32_t n_tokens, bool output,
+                           uint32_t & n_stab) const;
+    // SAGE-KV: the part just placed ends a prompt (its last token asks for an output, and it is more than one token or
+    // follows a part without one)
+    static bool sage_prompt_end(bool prev_output, uint32_t n_tokens, bool output) {
+        return output && (n_tokens > 1 || !prev_output);
+    }
 
     void reset_stream(locret_stream & s);
     void free_cells(uint32_t strm, uint32_t from);  // inner cells [from, n_used) of a stream become free

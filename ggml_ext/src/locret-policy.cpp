@@ -46,6 +46,15 @@ struct locret_policy_lagkv : locret_policy {
     void score(const locret_score_args &) const override {}
 };
 
+// SAGE-KV: scores from the attention of a prompt's last token over the cache, computed by an eviction-time graph
+// (locret-sage.h) into the memory's score store once per prompt; never asked to score
+struct locret_policy_sage : locret_policy {
+    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_SAGE; }
+    bool stores_scores() const override { return true; }
+    bool selects_once() const override { return true; }
+    void score(const locret_score_args &) const override {}
+};
+
 // the SplitMix64 finalizer: a bijection of 64-bit words with full avalanche
 uint64_t locret_mix64(uint64_t x) {
     x ^= x >> 30;
@@ -73,6 +82,7 @@ std::unique_ptr<locret_policy> locret_policy_make(llama_locret_policy id) {
         case LLAMA_LOCRET_POLICY_RANDOM:    return std::make_unique<locret_policy_random>();
         case LLAMA_LOCRET_POLICY_STREAMING: return std::make_unique<locret_policy_streaming>();
         case LLAMA_LOCRET_POLICY_LAGKV:     return std::make_unique<locret_policy_lagkv>();
+        case LLAMA_LOCRET_POLICY_SAGE:      return std::make_unique<locret_policy_sage>();
     }
     return nullptr;
 }

@@ -33,6 +33,10 @@ struct locret_policy {
     // that can be scored by then; the memory keeps the others like stabilizers
     virtual bool scores_from_cache() const { return false; }
 
+    // SAGE-KV (locret-sage.h): the whole prompt stays while it is read; the first eviction after a prompt's end scores
+    // it once by the attention of its last token, and later evictions keep that choice and slide the recent window
+    virtual bool selects_once() const { return false; }
+
     // fill args.score for the units about to be selected from (not asked of a policy that stores its scores)
     virtual void score(const locret_score_args & args) const = 0;
 };

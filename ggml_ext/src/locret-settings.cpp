@@ -22,6 +22,7 @@
 
 static const llama_locret_policy LOCRET_POLICIES[] = {
     LLAMA_LOCRET_POLICY_HEADS, LLAMA_LOCRET_POLICY_RANDOM, LLAMA_LOCRET_POLICY_STREAMING, LLAMA_LOCRET_POLICY_LAGKV,
+    LLAMA_LOCRET_POLICY_SAGE,
 };
 
 const char * llama_locret_policy_name(enum llama_locret_policy policy) {
@@ -30,6 +31,7 @@ const char * llama_locret_policy_name(enum llama_locret_policy policy) {
         case LLAMA_LOCRET_POLICY_RANDOM:    return "random";
         case LLAMA_LOCRET_POLICY_STREAMING: return "streaming";
         case LLAMA_LOCRET_POLICY_LAGKV:     return "lagkv";
+        case LLAMA_LOCRET_POLICY_SAGE:      return "sage";
     }
     return nullptr; // a value from outside the enum (C callers, ctypes)
 }
@@ -232,16 +234,35 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
         }
     }
 
+    // SAGE-KV splits the budget itself (b/4 sinks, b/4 recent units, the rest by score) and reads the whole prompt
+    // before it evicts: its cache holds n_ctx cells per sequence, and there is nothing for stabilizers or a local tail
+    // to protect during a prefill that never evicts
+    const bool sage = p.policy == LLAMA_LOCRET_POLICY_SAGE;
+    if (sage) {
+        if (p.stabilizers >= 0 || p.local >= 0) {
+            fail(format("SAGE-KV keeps its own recent window (b/%d units); --locret-stabilizers and --locret-local do not "
+                    "apply to it", LLAMA_LOCRET_SAGE_RECENT_DIV));
+        }
+        if (budget < 8) {
+            fail(format("with SAGE-KV the budget (%u) must be at least 8 units: b/4 sinks, b/4 recent units and the "
+                    "units chosen by attention", budget));
+        }
+        if (cparams.n_ctx_seq < budget + n_ubatch) {
+            fail(format("SAGE-KV keeps the whole prompt before it evicts: the context per sequence (%u) must be larger "
+                    "than the budget plus the ubatch (%u + %u); raise -c", cparams.n_ctx_seq, budget, n_ubatch));
+        }
+    }
+
     locret_config cfg;
     cfg.heads       = p.heads;
     cfg.policy      = p.policy;
     cfg.budget      = budget;
-    cfg.stabilizers = n_s;
-    cfg.local       = n_loc;
+    cfg.stabilizers = sage ? budget / LLAMA_LOCRET_SAGE_RECENT_DIV : n_s;
+    cfg.local       = sage ? 0 : n_loc;
     cfg.pool        = pool;
     cfg.lag         = lag;
     cfg.n_ubatch    = n_ubatch;
-    cfg.capacity    = budget + n_ubatch;
-    cfg.n_cells     = locret_kv_cells(budget, n_ubatch);
+    cfg.capacity    = sage ? cparams.n_ctx_seq : budget + n_ubatch;
+    cfg.n_cells     = GGML_PAD(cfg.capacity, 256);
     return cfg;
 }

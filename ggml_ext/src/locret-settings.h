@@ -17,12 +17,13 @@ struct locret_config {
     llama_locret_policy policy = LLAMA_LOCRET_POLICY_HEADS;
 
     uint32_t budget      = 0; // b: units kept per layer and KV head
-    uint32_t stabilizers = 0; // n_s
+    uint32_t stabilizers = 0; // n_s (SAGE-KV: its recent window, b/4)
     uint32_t local       = 0; // n_loc
     uint32_t pool        = 0; // score pooling window in tokens (odd; 0: none)
     uint32_t lag         = 0; // LagKV's partition in units (0: another policy)
     uint32_t n_ubatch    = 0; // B: the chunk
-    uint32_t capacity    = 0; // b + B: generation evicts back to b when the next ubatch would pass it
+    uint32_t capacity    = 0; // b + B: generation evicts back to b when the next ubatch would pass it (SAGE-KV: the
+                              // context per sequence, which a prompt must fit)
     uint32_t n_cells     = 0; // KV cells per sequence: capacity padded to 256
 };
 

@@ -173,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stabilizers", type=int, help="stabilizers n_s (default: the profile's, fitted to the chunk)")
     p.add_argument("--kv-type", help="KV cache type: f16, q8_0, q4_0, ...")
     p.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all'")
+    p.add_argument("--policy", help="eviction policy (default heads); sage (SAGE-KV) caches the whole context before "
+                   "it evicts, and the plan says so")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
 

@@ -11,7 +11,7 @@ from .heads import Heads, HeadsError, _lib, _last_error
 
 
 # enum llama_locret_policy, in value order
-POLICIES = ("heads", "random", "streaming", "lagkv")
+POLICIES = ("heads", "random", "streaming", "lagkv", "sage")
 
 
 class _Params(ctypes.Structure):
@@ -52,6 +52,8 @@ _SIGNATURES = {
     "llama_locret_debug_inject_fault": ([ctypes.c_void_p, ctypes.c_int], ctypes.c_int32),
     "llama_locret_debug_read_scores": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
                                         ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_debug_read_query": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
+                                       ctypes.c_int32, ctypes.POINTER(ctypes.c_float)], ctypes.c_int32),
     "llama_locret_pin_query": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_query_tokens": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_char_p,
                                    ctypes.c_int32], ctypes.c_int32),
@@ -98,7 +100,8 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
     llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
     to its default (`budget` None: no eviction; `policy` None: "heads"; `pool` None: no score pooling).
-    `policy` "random", "streaming" or "lagkv" evicts without heads (given heads are then not loaded). `pool` N
+    `policy` "random", "streaming", "lagkv" or "sage" evicts without heads (given heads are then not loaded);
+    "sage" (SAGE-KV) reads each prompt whole, in a cache sized for n_ctx, and chooses once at its end. `pool` N
     (odd): each unit is scored by the mean of the heads' scores over the N tokens around it. `lag` N: LagKV's
     partition (policy "lagkv"; None: 128, the paper's). Returns the heads loaded (keep them while the contexts
     live)."""
@@ -117,7 +120,7 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
 def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     """Sequence `seq_id`'s enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used,
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
-    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming" or "lagkv"), n_seq
+    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage"), n_seq
     (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling
     window, 0: none) and lag (LagKV's partition, 0: another policy)."""
     s = _api().llama_locret_get_seq_stats(ctx, seq_id)
@@ -175,6 +178,19 @@ def read_scores(ctx: int, layer: int, n_cells: int, *, n_head_kv: int, seq_id: i
     if got != n_head_kv:
         raise HeadsError(_last_error() or f"read_scores: {got} KV heads, expected {n_head_kv}")
     return out
+
+
+def read_query(ctx: int, layer: int, seq_id: int = 0) -> tuple[np.ndarray, float]:
+    """SAGE-KV: the post-RoPE query of the last token placed for sequence `seq_id` in `layer`, as its selection reads
+    it: (float32 [n_head, d_head_k], the layer's attention scale)."""
+    width = _api().llama_locret_debug_read_query(ctx, seq_id, layer, None, 0, None)
+    if width < 0:
+        raise HeadsError(_last_error())
+    out = np.zeros(width, dtype=np.float32)
+    scale = ctypes.c_float(0.0)
+    _api().llama_locret_debug_read_query(ctx, seq_id, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), width,
+                                         ctypes.byref(scale))
+    return out, float(scale.value)
 
 
 def window(ctx: int, seq_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

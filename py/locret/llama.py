@@ -11,7 +11,8 @@ Existing code changes one line::
 `n_ctx` is the logical limit on positions; the KV cache holds `locret_budget + n_ubatch` cells
 (padded to 256) whatever `n_ctx` is. The chunk of Algorithm 1 is `n_ubatch`. `locret_policy`
 chooses what scores the units: "heads" (default), "lagkv" (LagKV: each partition of `locret_lag` units
-scored against the next one's K/V ranges), or the ablations "random" and "streaming" (attention sinks, then
+scored against the next one's K/V ranges), "sage" (SAGE-KV: each prompt read whole, in a cache of `n_ctx`
+cells, then one choice by the attention of its last token), or the ablations "random" and "streaming" (attention sinks, then
 recency); all but "heads" need no heads. `locret_pool=N` (odd) scores each unit by the mean of
 the heads' scores over the N tokens around it, so that whole sentences and numbers survive eviction
 rather than scattered tokens of them (15 is what makes the main job's long log answerable).

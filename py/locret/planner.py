@@ -245,30 +245,38 @@ class Settings:
     kv_type: str
     gpu_layers: int              # -1: all
     overridden: tuple[str, ...]  # which ones the caller set
+    policy: str = "heads"        # eviction policy; "sage" (SAGE-KV) reads each prompt whole before it evicts
 
     @property
     def n_cells(self) -> int:
-        return -(-(self.budget + self.ubatch) // KV_PAD) * KV_PAD
+        # SAGE-KV's cache holds the whole context; every other policy's the budget and one chunk
+        held = self.context if self.policy == "sage" else self.budget + self.ubatch
+        return -(-held // KV_PAD) * KV_PAD
 
     def llama_args(self, heads: Path | None) -> list[str]:
         """The same settings as llama.cpp tool flags."""
-        args = [f"--locret-heads {heads}"] if heads is not None else []
+        args = [f"--locret-heads {heads}"] if heads is not None and self.policy == "heads" else []
         args += [f"--locret-budget {self.budget}", f"-ub {self.ubatch}"]
+        if self.policy != "heads":
+            args.append(f"--locret-policy {self.policy}")
         if self.ubatch > 2048:
             # llama.cpp caps the ubatch at the batch (-b, 2048 by default in the tools)
             args.append(f"-b {self.ubatch}")
-        return args + [f"--locret-stabilizers {self.stabilizers}", f"-ctk {self.kv_type}", f"-ctv {self.kv_type}",
+        if self.policy != "sage":   # SAGE-KV's recent window is its own (b/4)
+            args.append(f"--locret-stabilizers {self.stabilizers}")
+        return args + [f"-ctk {self.kv_type}", f"-ctv {self.kv_type}",
                        f"-ngl {'all' if self.gpu_layers < 0 else self.gpu_layers}", f"-c {self.context}"]
 
 
 def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=None, ubatch=None,
-                     stabilizers=None, kv_type=None, gpu_layers=None) -> Settings:
+                     stabilizers=None, kv_type=None, gpu_layers=None, policy=None) -> Settings:
     """The profile's defaults for the model's size class, with the given overrides; PlanError for
     settings that cannot work."""
     sc, covers = device.size_class_for(facts.n_params)
     given = dict(context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
                  gpu_layers=gpu_layers)
     overridden = tuple(k for k, v in given.items() if v is not None)
+    policy = "heads" if policy is None else str(policy)
     ctx = parse_context(context) if context is not None else DEFAULT_CONTEXT
     b = sc.budget if budget is None else int(budget)
     ub = sc.ubatch if ubatch is None else int(ubatch)
@@ -278,12 +286,25 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
         raise PlanError(f"the ubatch (chunk) must be at least 1 token (got {ub})")
     if b + ub > 0x7FFFFFFF:
         raise PlanError(f"the budget ({b}) plus the ubatch ({ub}) exceeds what llama.cpp can address (2^31 - 1 cells)")
-    if ub > b:
+    if ub > b and policy != "sage":   # SAGE-KV compresses no chunk: it reads the prompt whole
         raise PlanError(f"the ubatch ({ub}) is larger than the budget ({b}): each chunk is compressed into the "
                         "budget, so give a budget of at least one ubatch (or a smaller --ubatch)")
     if ub > ctx:
         raise PlanError(f"the ubatch ({ub}) is larger than the context ({ctx})")
-    if stabilizers is None:
+    from .eviction import POLICIES
+    if policy not in POLICIES:
+        raise PlanError(f"unknown eviction policy '{policy}': one of {', '.join(POLICIES)}")
+    if policy == "sage":
+        # SAGE-KV: b/4 sinks, b/2 chosen, b/4 recent (its own split); the whole prompt is cached before it evicts
+        if stabilizers is not None:
+            raise PlanError("SAGE-KV keeps its own recent window (b/4 units): --stabilizers does not apply to it")
+        if b < 8:
+            raise PlanError(f"with SAGE-KV the budget ({b}) must be at least 8 units")
+        if ctx < b + ub:
+            raise PlanError(f"SAGE-KV keeps the whole prompt before it evicts: the context ({ctx}) must be at least the "
+                            f"budget plus the ubatch ({b} + {ub})")
+        n_s = b // 4
+    elif stabilizers is None:
         # the profile's value, fitted to the chunk and half the budget as llama.cpp fits its defaults
         n_s = min(sc.stabilizers, ub, b // 2)
     else:
@@ -305,7 +326,7 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
     if device.build.backend == "cpu" and ngl != 0:
         raise PlanError(f"{device.name} has no GPU: GPU layers must be 0")
     return Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
-                    stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden)
+                    stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy)
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -362,7 +383,9 @@ def place(facts: ModelFacts, heads: tuple[tuple[str, int], ...], settings: Setti
     parts = [Part("weights", w_dev, w_host, how),
              Part("retaining heads", h_dev, sum(b for _, b in heads) - h_dev, "tensor bytes of the heads"),
              Part("KV cache", kv_dev, sum(kv_per_layer) - kv_dev,
-                  f"{settings.n_cells} cells = pad({settings.budget} + {settings.ubatch}, {KV_PAD}) x "
+                  f"{settings.n_cells} cells = pad("
+                  f"{settings.context if settings.policy == 'sage' else f'{settings.budget} + {settings.ubatch}'}, "
+                  f"{KV_PAD}) x "
                   f"{facts.n_layer} layers x (K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {settings.kv_type}")]
     if device.memory.kind != "discrete":
         # one memory: what llama.cpp puts in CUDA buffers is the same RAM
@@ -396,7 +419,7 @@ def measure(model: Path, heads: Path | None, settings: Settings, timeout: float 
     """Run llama.cpp (in a child process) on the model with the plan's settings, allocating nothing."""
     request = dict(model=str(model), heads=str(heads) if heads else None, context=settings.context,
                    budget=settings.budget, ubatch=settings.ubatch, stabilizers=settings.stabilizers,
-                   kv_type=settings.kv_type, gpu_layers=settings.gpu_layers)
+                   kv_type=settings.kv_type, gpu_layers=settings.gpu_layers, policy=settings.policy)
     # an abort inside llama.cpp would otherwise attach gdb to print a backtrace: the message is enough
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     try:
@@ -451,8 +474,10 @@ def _measure_main(request: dict) -> dict:
     if not model:
         return {"error": f"could not load the model: {errors()}"}
     try:
-        heads = eviction.configure(model, request["model"], heads=request["heads"], budget=request["budget"],
-                                   stabilizers=request["stabilizers"])
+        sage = request.get("policy") == "sage"
+        heads = eviction.configure(model, request["model"], heads=None if sage else request["heads"],
+                                   budget=request["budget"], stabilizers=None if sage else request["stabilizers"],
+                                   policy=request.get("policy"))
     except HeadsError as e:
         return {"error": str(e)}
     types = _type_sizes()[1]
@@ -547,7 +572,7 @@ def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: st
 
 
 def plan(device: str, model: str, *, heads: str | None = None, context=None, budget=None, ubatch=None,
-         stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True) -> Plan:
+         stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True, policy=None) -> Plan:
     """Resolve settings and predict the peak memory of a model on a device; see the module doc."""
     from . import models
 
@@ -555,20 +580,28 @@ def plan(device: str, model: str, *, heads: str | None = None, context=None, bud
     model_path = models.resolve(model, fetch=False)
     facts = read_model(model_path)
     settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
-                                stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers)
-    heads_path, heads_origin = resolve_heads(model, model_path, facts, heads)
-    head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
+                                stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, policy=policy)
+    if settings.policy == "heads":
+        heads_path, heads_origin = resolve_heads(model, model_path, facts, heads)
+        head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
+    else:
+        heads_path, heads_origin, head_tensors = None, f"none (policy {settings.policy} needs no heads)", ()
     kv_layers = kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type)
     parts = place(facts, head_tensors, settings, dev, kv_layers)
     out = Plan(device=dev, model=facts, heads_path=heads_path, head_tensors=head_tensors,
                settings=settings, parts=parts, measured=None)
     out.notes.append(f"retaining heads: {heads_origin}")
+    if settings.policy == "sage":
+        out.notes.append(f"SAGE-KV reads each prompt whole before it evicts: the KV cache holds the context "
+                         f"({settings.n_cells} cells), not the budget; the budget bounds what generation keeps after "
+                         "the prompt (lower --context to use less memory)")
     if not settings.size_class_covers:
         out.notes.append(f"{facts.n_params / 1e9:.1f}B parameters is above every size class of {dev.name}: "
                          f"using the largest class's settings ({settings.size_class})")
     if settings.n_cells > facts.n_ctx_train > 0:
         out.notes.append(f"the cache holds positions up to {settings.n_cells - 1}, beyond the model's training "
-                         f"window ({facts.n_ctx_train}): a smaller budget keeps RoPE within it")
+                         f"window ({facts.n_ctx_train}): a smaller "
+                         f"{'context' if settings.policy == 'sage' else 'budget'} keeps RoPE within it")
     if settings.context <= settings.budget:
         out.notes.append(f"the context ({settings.context}) fits in the budget: nothing will be evicted")
     if out.total() > out.limit or not measure_buffers:
@@ -631,8 +664,10 @@ def advice(p: Plan) -> list[str]:
         fixed = p.total() - step * (s.n_cells // KV_PAD)               # everything but the cache's pool share
         cells = (p.limit - fixed) // step * KV_PAD
         b = cells - s.ubatch                      # the top budget of that 256-cell step
-        if b >= s.ubatch and b > s.stabilizers and _variant_total(p, budget=b) <= p.limit:
+        if s.policy != "sage" and b >= s.ubatch and b > s.stabilizers and _variant_total(p, budget=b) <= p.limit:
             tips.append(f"a smaller budget (--budget {b})")
+    if s.policy == "sage":
+        tips.append("a shorter context (--context): SAGE-KV caches all of it before it evicts")
     if row_size("q8_0", 256) < row_size(s.kv_type, 256) and _variant_total(p, kv_type="q8_0") <= p.limit:
         tips.append("KV cache type q8_0 (--kv-type q8_0)")
     if p.pool == "device":
@@ -697,7 +732,8 @@ def run_cli(args) -> int:
     """`locret plan` (arguments from cli.py): print the plan; exit 0 if it fits, 3 if not, 1 on bad input."""
     try:
         p = plan(args.device, args.model, heads=args.heads, context=args.context, budget=args.budget,
-                 ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type, gpu_layers=args.gpu_layers)
+                 ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
+                 policy=getattr(args, "policy", None))
     except (DeviceError, PlanError, ModelFileError, RuntimeError) as e:
         print(f"locret: error: {e}", file=sys.stderr)
         return 1

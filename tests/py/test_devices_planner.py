@@ -282,6 +282,31 @@ def test_plan_prints_settings_and_breakdown(model_path):
     assert data["fits"] and data["limit_bytes"] == 20 << 30 and data["settings"]["budget"] == 2048
 
 
+def test_a_sage_plan_caches_the_whole_context_and_llama_cpp_agrees(model_path):
+    # SAGE-KV reads each prompt whole: the plan sizes the cache by the context, and llama.cpp's own context (measured
+    # in the plan) holds exactly that many cells; the budget does not change the memory
+    proc = locret_plan("--device", "cpu-2core", "--model", model_path, "--policy", "sage", "--budget", 1024,
+                       "--ubatch", 512, "--context", "8k")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "8192 cells = pad(8192, 256)" in out and "(llama.cpp: KV cache" in out
+    assert re.search(r"llama\.cpp: KV cache [0-9.]+ MiB in 8192 cells", out), out
+    assert "SAGE-KV reads each prompt whole" in out and "policy sage needs no heads" in out
+    assert "--locret-policy sage" in out and "--locret-stabilizers" not in out
+    small = planner.plan("cpu-2core", str(model_path), policy="sage", budget=256, ubatch=256, context="8k",
+                         measure_buffers=False)
+    large = planner.plan("cpu-2core", str(model_path), policy="sage", budget=4096, ubatch=256, context="8k",
+                         measure_buffers=False)
+    kv = [next(x for x in p.parts if x.what == "KV cache").host_bytes for p in (small, large)]
+    assert kv[0] == kv[1] > 0 and small.settings.stabilizers == 64
+    for kw, msg in ((dict(stabilizers=8), "does not apply"), (dict(context="1k", budget=1024, ubatch=256),
+                                                              "must be at least the budget plus the ubatch"),
+                    (dict(budget=4), "at least 8 units"), (dict(policy="sag"), "unknown eviction policy")):
+        args = dict(policy="sage", budget=1024, ubatch=256, context="8k") | kw
+        with pytest.raises(planner.PlanError, match=msg):
+            planner.plan("cpu-2core", str(model_path), measure_buffers=False, **args)
+
+
 # --- refusals -------------------------------------------------------------------------------------
 
 def test_an_absurd_budget_is_refused_naming_the_limit(model_path):

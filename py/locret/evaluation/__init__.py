@@ -18,5 +18,5 @@ Modules, one job each:
 """
 from __future__ import annotations
 
-METHODS = ("full", "locret", "locret-q", "random-heads", "lagkv", "random", "streaming")
+METHODS = ("full", "locret", "locret-q", "random-heads", "lagkv", "sage", "random", "streaming")
 HEADS_METHODS = ("locret", "locret-q", "random-heads")  # scored by retaining heads (score pooling applies)

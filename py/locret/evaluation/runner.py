@@ -172,7 +172,10 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                random_heads if method == "random-heads" else None,
                                pool=cfg.pool if method in HEADS_METHODS else None,
                                lag=cfg.lag if method == "lagkv" else None,
-                               stabilizers=cfg.stabilizers, local=cfg.local, n_ctx=_pad(longest + 16),
+                               # SAGE-KV splits its budget itself (b/4 sinks, b/4 recent) and reads the prompt
+                               # whole, in a context sized for it
+                               stabilizers=None if method == "sage" else cfg.stabilizers,
+                               local=None if method == "sage" else cfg.local, n_ctx=_pad(longest + 16),
                                ubatch=cfg.ubatch, threads=cfg.threads, kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers,
                                heatmap_ids=heat_ids_per_group[group] if method != "full" else (),
                                heatmap_dir=str(out_dir / "heatmaps"))
