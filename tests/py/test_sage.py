@@ -281,6 +281,13 @@ def test_tools_evict_with_sage(model_path):
                       "must be larger than the budget plus the ubatch")):
         proc = run(base + bad, timeout=120)
         assert proc.returncode == 1 and msg in proc.stderr, (bad, proc.stderr[-2000:])
+    # llama-bench: a prompt read whole, then generation that selects once and slides
+    bench = [tool("llama-bench"), "-m", model_path, "-p", "512", "-n", "96", "-r", "1", "-t", "1", "-ub", "64",
+             "-b", "512", "--locret-budget", "128", "--locret-policy", "sage", "-o", "json"]
+    proc = run(bench, timeout=300)
+    assert proc.returncode == 0 and '"avg_ts"' in proc.stdout, proc.stderr[-2000:]
+    proc = run(bench + ["--locret-stabilizers", "8"], timeout=120)
+    assert proc.returncode == 1 and "do not apply to it" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_sage_state_resumes_exactly(model_path, prompt_tokens):
