@@ -335,3 +335,44 @@ def test_sage_scoring_stays_within_the_buffers_reserved_at_creation(model_path, 
     decode(llm, prompt_tokens[1400:1401], n_past, True)
     assert llm.locret_stats()["n_evictions"] == 1
     assert eviction.compute_buffers(llm._ctx.ctx) == before
+
+
+def test_sequences_select_on_their_own_in_a_shared_context(model_path, prompt_tokens):
+    # two sequences in one context (the server's slots): prompts in mixed batches, then generation one token per
+    # sequence in one ubatch, which captures both sequences' queries at once. Each sequence must choose exactly what
+    # a context holding it alone chooses from the same tokens: its own query, its own cache.
+    from test_sequences import decode_batch
+
+    prompts = [prompt_tokens[:5 * UB + 17], prompt_tokens[300:300 + 7 * UB + 3]]
+    gen = [prompt_tokens[1000:1100], prompt_tokens[1200:1300]]
+    shared = make(model_path, n_seq_max=2, n_ctx=2 * 1024, n_batch=2 * UB)
+    used = [0, 0]
+    while any(used[s] < len(prompts[s]) for s in range(2)):
+        parts = []
+        for s in range(2):
+            take = min(UB, len(prompts[s]) - used[s])
+            if take > 0:
+                parts.append((s, prompts[s][used[s]:used[s] + take], used[s], used[s] + take == len(prompts[s])))
+                used[s] += take
+        decode_batch(shared, parts)
+    for g in range(100):
+        decode_batch(shared, [(s, [gen[s][g]], len(prompts[s]) + g, True) for s in range(2)])
+
+    n_layer, n_head_kv, _ = shape(shared)
+    for s in range(2):
+        alone = make(model_path, n_ctx=1024)
+        n_past = 0
+        for i in range(0, len(prompts[s]), UB):
+            chunk = prompts[s][i:i + UB]
+            n_past = decode(alone, chunk, n_past, i + len(chunk) == len(prompts[s]))
+        for g in range(100):
+            n_past = decode(alone, [gen[s][g]], n_past, True)
+        st_shared, st_alone = eviction.stats(shared._ctx.ctx, s), \
+            alone.locret_stats()
+        assert st_shared["n_evictions"] == st_alone["n_evictions"] >= 2
+        for il in range(n_layer):
+            for h in range(n_head_kv):
+                assert eviction.retained(shared._ctx.ctx, il, h, s).tolist() == \
+                    alone.locret_retained(il, h).tolist(), f"sequence {s} layer {il} head {h}"
+        alone.close()
+    shared.close()
