@@ -170,3 +170,33 @@ def test_gemma_shipped_heads_answer_a_passkey_past_32k_tokens(gemma):
         assert sample.score(answer) == 1.0, f"key {sample.answers[0]} not in {answer!r}"
     finally:
         llm.close()
+
+
+def test_sage_chooses_the_global_layers_of_an_iswa_model(gemma, tokens):
+    # SAGE-KV on Gemma 3: the hook in build_attn's iSWA variant captures the global layers' queries (with Gemma's own
+    # attention scale, 1.0: its queries are pre-scaled), the window layers keep llama.cpp's window cache, and the
+    # chosen set holds across slides while the window cache follows every compaction
+    from locret import eviction
+
+    llm = Llama(model_path=str(gemma), n_ctx=4096, n_batch=256, n_ubatch=256, locret_budget=B, locret_policy="sage",
+                n_threads=2, verbose=False)
+    n_past = 0
+    body = tokens[:1200]
+    for i in range(0, len(body) - 1, 256):
+        n_past = decode(llm, body[i:min(i + 256, len(body) - 1)], n_past, False)
+    n_past = decode(llm, body[-1:], n_past, True)
+    q, scale = eviction.read_query(llm._ctx.ctx, 5)   # layer 5: Gemma 3's first global layer
+    assert scale == 1.0 and np.abs(q).max() > 0
+    with pytest.raises(Exception, match="does not evict with the SAGE-KV policy|no evicting layer"):
+        eviction.read_query(llm._ctx.ctx, 0)           # a window layer: not evicted, nothing captured
+    n_past = decode(llm, tokens[1300:1301], n_past, True)
+    chosen = llm.locret_retained(5, 0)[:B - B // 4].tolist()   # the sinks and the chosen units
+    for t in tokens[1301:1301 + 300]:
+        n_past = decode(llm, [t], n_past, True)
+    stats = llm.locret_stats()
+    assert stats["policy"] == "sage" and stats["n_evictions"] >= 2
+    assert llm.locret_retained(5, 0)[:B - B // 4].tolist() == chosen   # the chosen set outlives the slides
+    assert llm.locret_retained(5, 0)[-1] == n_past - 1
+    pos, _ = eviction.window(llm._ctx.ctx)
+    assert pos.max() == n_past - 1 and len(pos) >= WINDOW   # a ring: cell order is not position order
+    llm.close()
