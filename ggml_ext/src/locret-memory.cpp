@@ -1148,6 +1148,11 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         s.prev_output  = true;
     }
     s.scored_to  = std::min(s.scored_to, s.n_used);
+    if (policy->selects_once() && s.sage_fresh && s.n_used <= cfg.budget) {
+        // SAGE-KV: what is left of the prompt fits the budget; kept whole, as a prompt within the budget is
+        s.sage_fresh = false;
+        s.scored_to  = s.n_used - std::min(cfg.stabilizers, s.n_used);
+    }
     s.undo.valid = false;
     return true;
 }

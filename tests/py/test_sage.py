@@ -376,3 +376,24 @@ def test_sequences_select_on_their_own_in_a_shared_context(model_path, prompt_to
                     alone.locret_retained(il, h).tolist(), f"sequence {s} layer {il} head {h}"
         alone.close()
     shared.close()
+
+
+def test_a_prompt_cut_back_within_the_budget_is_kept_whole(model_path, prompt_tokens):
+    # a prompt's end asks for a selection; the client then removes its tail (a server reusing part of a prompt)
+    # so that what is left fits the budget: no selection with the stale query, and what is left stays like a prompt
+    # within the budget (all but the recent window kept, generation sliding after it)
+    llm = make(model_path)
+    n_past = 0
+    for tokens, output in prompt_calls(prompt_tokens[:5 * UB + 1]):
+        n_past = decode(llm, tokens, n_past, output)
+    assert llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm._ctx.ctx), 0, 100, -1)
+    n_past = 100
+    for t in prompt_tokens[800:900]:
+        n_past = decode(llm, [t], n_past, True)
+    assert llm.locret_stats()["n_evictions"] == 1   # one slide, no selection
+    kept = list(range(100 - RECENT))
+    n_layer, n_head_kv, _ = shape(llm)
+    for il in range(n_layer):
+        for h in range(n_head_kv):
+            held = llm.locret_retained(il, h).tolist()
+            assert held[:len(kept)] == kept and held[len(kept):] == list(range(n_past - (len(held) - len(kept)), n_past))
