@@ -50,6 +50,8 @@ def make(model_path, heads_file, **kw):
 
 def decode(llm, tokens, n_past, output_last):
     """One llama_decode call with explicit output flags (the clients' view: logical positions)."""
+    # an empty list would set logits[-1], outside the batch's arrays (memory corruption, not a decode error)
+    assert len(tokens) > 0, "decode() needs at least one token"
     llm._batch.set_batch(batch=list(tokens), n_past=n_past, logits_all=False)
     llm._batch.batch.logits[len(tokens) - 1] = bool(output_last)
     rc = llama_cpp.llama_decode(llm._ctx.ctx, llm._batch.batch)
