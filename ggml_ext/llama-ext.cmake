@@ -18,6 +18,7 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-lagkv.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-sage.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-layer-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-select.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp

@@ -52,8 +52,11 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
     if args.gpu_layers:
         cmd += ["-ngl", str(99999 if args.gpu_layers < 0 else args.gpu_layers)]
     if locret:
+        policy, _, schedule = policy.partition(":")
         cmd += ["--locret-budget", str(args.budget)]
         cmd += ["--locret-heads", str(args.heads)] if policy == "heads" else ["--locret-policy", policy]
+        if schedule:
+            cmd += ["--locret-budget-schedule", schedule]
         if policy == "lagkv" and args.lag is not None:
             cmd += ["--locret-lag", str(args.lag)]
         if args.stabilizers is not None and policy != "sage":   # SAGE-KV's recent window is its own
@@ -111,7 +114,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--decode-depth", type=int, default=131072)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--policies", default="heads",
-                    help="eviction policies to measure, comma-separated (heads, lagkv, sage, streaming, random; default heads)")
+                    help="eviction policies to measure, comma-separated (heads, lagkv, sage, streaming, random; default "
+                         "heads); POLICY:SCHEDULE adds a budget schedule (heads:pyramid, streaming:FILE)")
     ap.add_argument("--lag", type=int, help="LagKV's partition for the lagkv policy (default: the engine's, 128)")
     ap.add_argument("--d-r", type=int, default=256,
                     help="hidden size of the random heads made without --heads (default 256: 5.5%% of SmolLM2's "
@@ -139,11 +143,11 @@ def main() -> int:
     from locret.eviction import POLICIES
 
     policies = [p for p in args.policies.split(",") if p]
-    unknown = [p for p in policies if p not in POLICIES]
+    unknown = [p for p in policies if p.partition(":")[0] not in POLICIES]
     if unknown or not policies:
         raise SystemExit(f"bench_eviction: error: unknown policy {','.join(unknown) or '(none)'}; "
                          f"valid: {', '.join(POLICIES)}")
-    if args.heads is None and "heads" in policies:
+    if args.heads is None and any(p.partition(":")[0] == "heads" for p in policies):
         from locret import heads
 
         args.heads = heads.make_random(args.model, Path(tempfile.mkdtemp(prefix="locret-bench-")) / "heads.gguf",
@@ -168,7 +172,9 @@ def main() -> int:
     ppp = {n: record(f"plain llama.cpp prefill {n}", locret=False, prompt=n, gen=0, depth=0) for n in plain_lengths}
     plain_tg = record("plain llama.cpp decode after 2560", locret=False, prompt=0, gen=64, depth=2560)
     def label(policy):
-        return "Locret" if policy == "heads" else policy
+        name, _, schedule = policy.partition(":")
+        name = "Locret" if name == "heads" else name
+        return f"{name} ({Path(schedule).name} schedule)" if schedule else name
 
     per_policy = {}
     for policy in policies:

@@ -23,7 +23,7 @@ fi
 
 TESTS=(tests/py/test_eviction.py tests/py/test_lagkv.py tests/py/test_policies.py tests/py/test_transactions.py
        tests/py/test_sequences.py tests/py/test_state_files.py tests/py/test_heads_runtime.py tests/py/test_cis_parity.py
-       tests/py/test_locret_q.py tests/py/test_iswa.py tests/py/test_sage.py)
+       tests/py/test_locret_q.py tests/py/test_iswa.py tests/py/test_sage.py tests/py/test_schedule.py)
 PYTEST_ARGS=()
 while [[ $# -gt 0 ]]; do
     case "$1" in

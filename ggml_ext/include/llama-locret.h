@@ -173,6 +173,26 @@ LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, con
                                                  int32_t local, enum llama_locret_policy policy, int32_t pool,
                                                  int32_t lag, struct llama_locret_heads ** out);
 
+// Budget schedules: how the units a context keeps are spread over the layers it evicts, for the contexts created from
+// `model` next. Call it after llama_locret_model_configure / llama_locret_configure_default (a new configuration
+// clears it). "uniform" (or NULL, or ""): every layer keeps b. "pyramid": PyramidKV's schedule (Cai et al., 2024), an
+// arithmetic sequence from the first layer down to the last, which keeps b/20 (at least the stabilizers and one unit
+// more). Anything else is a file of per-layer budgets (whole numbers separated by blanks, commas or line ends; '#'
+// starts a comment), one per evicting layer in layer order. The layers' budgets always sum to b times the number of
+// evicting layers (a file that does not is refused when the context is created). With the heads, random and streaming
+// policies only.
+// How it is kept: the cache is sized for the largest layer budget (b_max + n_ubatch cells per sequence, padded); the
+// evictions run when that cache would overflow, and each layer then keeps its own budget; the rows a smaller layer
+// leaves are masked out of its attention and hold nothing it reads. So the units attended per layer follow the
+// schedule and sum to the uniform total, while the allocated KV memory is that of b_max in every layer.
+// Returns 0, or -1 (llama_locret_last_error) for an unknown name, an unreadable or malformed file, no budget set, or a
+// policy without per-layer selection (lagkv, sage).
+LLAMA_API int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const char * schedule);
+
+// The budget layer il of a context keeps (its schedule's entry, or b), or -1 when the context does not evict that
+// layer.
+LLAMA_API int32_t llama_locret_layer_budget(const struct llama_context * ctx, int32_t il);
+
 struct llama_locret_stats {
     bool     enabled;          // the context evicts
     uint64_t n_evictions;      // evictions so far
@@ -243,6 +263,12 @@ LLAMA_API int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t
 // The same for sequence seq_id.
 LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, bool read_v,
                                                  float * out, int32_t n_cells);
+
+// Debug (tests of budget schedules): write k_value into every K element and v_value into every V element of the cells
+// that a budget schedule masks in each layer of sequence seq_id, so that a test can show attention never reads them.
+// F16 or F32 caches only. Returns the cells written summed over layers, or -1.
+LLAMA_API int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id seq_id, float k_value,
+                                                 float v_value);
 
 // Debug: the scores that eviction ranks layer il's units of sequence seq_id by, for cells [0, n_cells), as
 // [n_cells][n_head_kv] (the heads' scores, pooled when the context pools; LagKV's scores, meaningless for the units

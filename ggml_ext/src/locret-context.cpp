@@ -50,7 +50,21 @@ llama_memory_i * llama_locret_memory_create(const llama_model & model, const lla
         return nullptr;
     }
     try {
-        const locret_config cfg = locret_settings_resolve(model, p, cparams, n_ubatch_requested, params.type_k);
+        locret_config cfg = locret_settings_resolve(model, p, cparams, n_ubatch_requested, params.type_k);
+        const locret_schedule_spec schedule = locret_schedule_find(model);
+        if (schedule.kind != locret_schedule_spec::UNIFORM) {
+            // the layers the model's own cache will hold and the memory evicts: those with a KV cache, without the
+            // window layers of an iSWA model (the memory's constructor checks the count)
+            const auto & hp = model.hparams;
+            uint32_t n_evicting = 0;
+            for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+                n_evicting += hp.has_kv(il) && (hp.swa_type == LLAMA_SWA_TYPE_NONE || !hp.is_swa(il));
+            }
+            cfg.layer_budget = locret_schedule_resolve(schedule, n_evicting, cfg.budget, cfg.stabilizers);
+            cfg.budget       = *std::max_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
+            cfg.capacity     = cfg.budget + cfg.n_ubatch;
+            cfg.n_cells      = locret_kv_cells(cfg.budget, cfg.n_ubatch);
+        }
         // the model's own cache, made for the cells the budget needs, one stream per sequence
         llama_cparams cparams_mem = cparams;
         cparams_mem.n_ctx_seq  = cfg.n_cells;

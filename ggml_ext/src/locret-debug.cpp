@@ -35,7 +35,7 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.n_cells         = cfg.n_cells;
     st.pos_logical     = s->logical_next;
     st.kv_bytes        = mem->kv_bytes();
-    st.budget          = cfg.budget;
+    st.budget          = cfg.budget_mean; // a schedule's mean (its layers keep locret_layer_budget each)
     st.stabilizers     = cfg.stabilizers;
     st.local           = cfg.local;
     st.n_ubatch        = cfg.n_ubatch;
@@ -68,14 +68,27 @@ int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id
         locret_set_error(format("llama_locret_retained: no sequence %d / evicting layer %d / KV head %d", seq_id, il, ih));
         return -1;
     }
+    // the units the layer holds: its cells in use, without the ones a budget schedule masks in it
+    uint32_t m0 = 0;
+    uint32_t m1 = 0;
+    mem->masked_cells((size_t) i, (uint32_t) seq_id, &m0, &m1);
+    const uint32_t n_held = s->n_used - (m1 - m0);
     if (logical_pos != nullptr) {
-        if (n_max < (int32_t) s->n_used) {
-            locret_set_error(format("llama_locret_retained: %u units do not fit in %d", s->n_used, n_max));
+        if (n_max < (int32_t) n_held) {
+            locret_set_error(format("llama_locret_retained: %u units do not fit in %d", n_held, n_max));
             return -1;
         }
-        std::memcpy(logical_pos, s->pos[i].data() + (size_t) ih * mem->config().n_cells, sizeof(int32_t) * s->n_used);
+        const int32_t * pos = s->pos[i].data() + (size_t) ih * mem->config().n_cells;
+        std::memcpy(logical_pos, pos, sizeof(int32_t) * m0);
+        std::memcpy(logical_pos + m0, pos + m1, sizeof(int32_t) * (s->n_used - m1));
     }
-    return (int32_t) s->n_used;
+    return (int32_t) n_held;
+}
+
+int32_t llama_locret_layer_budget(const struct llama_context * ctx, int32_t il) {
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    const int32_t i = mem != nullptr && il >= 0 ? mem->layer_index((uint32_t) il) : -1;
+    return i < 0 ? -1 : (int32_t) mem->layer_budget((size_t) i);
 }
 
 int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih, int32_t * logical_pos, int32_t n_max) {
@@ -127,6 +140,54 @@ int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id 
         }
     }
     return (int32_t) width;
+}
+
+int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id seq_id, float k_value, float v_value) {
+    locret_set_error("");
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    if (mem == nullptr || mem->get_stream(seq_id) == nullptr) {
+        locret_set_error(format("llama_locret_debug_fill_masked: the context does not evict, or has no sequence %d", seq_id));
+        return -1;
+    }
+    llama_synchronize(ctx);
+    const int64_t kv_size = mem->config().n_cells;
+    int32_t n_written = 0;
+    for (size_t i = 0; i < mem->get_layers().size(); ++i) {
+        uint32_t m0 = 0;
+        uint32_t m1 = 0;
+        mem->masked_cells(i, (uint32_t) seq_id, &m0, &m1);
+        const locret_kv_layer & L = mem->get_layers()[i];
+        for (int pass = 0; pass < 2 && m1 > m0; ++pass) {
+            ggml_tensor * t = pass == 0 ? L.k : L.v;
+            if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_F32) {
+                locret_set_error("llama_locret_debug_fill_masked: only an F16 or F32 cache can be filled");
+                return -1;
+            }
+            const float value = pass == 0 ? k_value : v_value;
+            const int64_t width = t->ne[0];
+            const size_t  esize = ggml_type_size(t->type);
+            const size_t  stream_bytes = esize * width * kv_size;
+            std::vector<uint8_t> raw(stream_bytes);
+            ggml_backend_tensor_get(t, raw.data(), stream_bytes * seq_id, stream_bytes);
+            const ggml_fp16_t h = ggml_fp32_to_fp16(value);
+            auto put = [&](size_t elem) {
+                if (t->type == GGML_TYPE_F32) {
+                    std::memcpy(raw.data() + elem * esize, &value, esize);
+                } else {
+                    std::memcpy(raw.data() + elem * esize, &h, esize);
+                }
+            };
+            const bool transposed = pass == 1 && mem->get_v_trans(); // element (cell c, column r) at r*kv_size + c
+            for (uint32_t c = m0; c < m1; ++c) {
+                for (int64_t r = 0; r < width; ++r) {
+                    put(transposed ? (size_t) r * kv_size + c : (size_t) c * width + r);
+                }
+            }
+            ggml_backend_tensor_set(t, raw.data(), stream_bytes * seq_id, stream_bytes);
+        }
+        n_written += (int32_t) (m1 - m0);
+    }
+    return n_written;
 }
 
 int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,

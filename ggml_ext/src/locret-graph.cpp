@@ -58,8 +58,8 @@ static ggml_tensor * locret_build_cis(ggml_context * ctx, const llama_locret_hea
 uint32_t llama_locret_graph_n_nodes(uint32_t n_layer) {
     // per layer: up to 6 flattening nodes (view, or cont + reshape), 4 mul_mat, 4 add and the
     // activation, 7 for pooling (reshape, permute, cont, pool, permute, cont, reshape) and the store, with room to
-    // spare
-    return 32 * n_layer;
+    // spare; and a budget schedule's mask (a view and an add) per layer
+    return 36 * n_layer;
 }
 
 namespace {

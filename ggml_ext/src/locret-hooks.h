@@ -40,6 +40,12 @@ void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_grap
                                   const llama_memory_context_i * mctx, ggml_tensor * q, float kq_scale,
                                   const llama_ubatch & ubatch, int il);
 
+// llm_graph_context::build_attn with a KV cache (patches/0025): the attention mask of layer il. When mctx belongs to a
+// memory with a budget schedule, kq_mask with the cells this layer no longer reads blocked (one add per distinct layer
+// budget, shared by its layers); otherwise kq_mask itself. kq_mask: [n_kv, n_tokens/n_stream, 1, n_stream].
+ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result * res,
+                                            const llama_memory_context_i * mctx, ggml_tensor * kq_mask, int il);
+
 // llama_context::graph_max_nodes (patches/0004): graph nodes to reserve for Locret, whether or not heads are attached
 // yet (they may be attached after the context made its scheduler)
 uint32_t llama_locret_graph_n_nodes(uint32_t n_layer);

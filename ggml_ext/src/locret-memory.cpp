@@ -196,8 +196,14 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
         layers.push_back(std::move(L));
     }
 
+    if (!cfg.layer_budget.empty() && cfg.layer_budget.size() != layers.size()) {
+        throw std::runtime_error(format("the budget schedule was resolved for %zu layers, but the cache evicts %zu",
+                cfg.layer_budget.size(), layers.size()));
+    }
+
     streams.resize(n_seq);
     for (auto & s : streams) {
+        s.live_end.assign(layers.size(), 0);
         s.pos.resize(layers.size());
         for (size_t i = 0; i < layers.size(); ++i) {
             s.pos[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, -1);
@@ -205,6 +211,8 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
     }
     if (policy->stores_scores()) {
         make_score_store(n_seq);
+        // a schedule keeps a different count per layer and skips each layer's masked cells: the host selects
+        select_graph = select_graph && cfg.layer_budget.empty();
     }
     if (policy->selects_once()) {
         make_query_store(n_seq);
@@ -214,11 +222,24 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
                                 cfg.lag  > 0 ? format(", lag %u, %d sinks", cfg.lag, LLAMA_LOCRET_LAGKV_SINKS) :
                                 policy->selects_once() ? format(", %u sinks and %u recent units, the whole prompt kept until "
                                         "its end", locret_sage_sinks(cfg.budget), cfg.stabilizers) : std::string();
-    LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, budget %u, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
+    std::string budget = format("budget %u", cfg.budget);
+    if (!cfg.layer_budget.empty()) {
+        budget = format("budget %u per layer on average, scheduled from %u (layer %u) to %u (layer %u) units (the cache "
+                "is sized for the largest)", cfg.budget_mean, cfg.layer_budget.front(), layers.front().il,
+                cfg.layer_budget.back(), layers.back().il);
+    }
+    LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, %s, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
             "cells per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
             !policy->stores_scores() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
-            cfg.budget, cfg.stabilizers, cfg.local, pooling.c_str(), cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
+            budget.c_str(), cfg.stabilizers, cfg.local, pooling.c_str(), cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
             kv_swa ? ", window layers in their own cache" : "");
+    if (!cfg.layer_budget.empty()) {
+        std::string list;
+        for (size_t i = 0; i < layers.size(); ++i) {
+            list += format("%s%u:%u", i ? " " : "", layers[i].il, cfg.layer_budget[i]);
+        }
+        LLAMA_LOG_INFO("%s: Locret budget schedule (layer:units): %s\n", __func__, list.c_str());
+    }
 }
 
 void llama_locret_memory::make_score_store(uint32_t n_seq) {
@@ -801,6 +822,37 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
     }
 }
 
+void llama_locret_memory::select_layer_masked(size_t i, size_t row0, uint32_t n_used, uint32_t m0, uint32_t m1,
+        uint32_t n_live, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block, const locret_stream & s,
+        uint32_t * keep) const {
+    // Algorithm 1 over the cells the layer reads, [0, m0) and [m1, n_used), as if they were consecutive: the pinned
+    // ones first, its last n_stab, the best of the rest
+    const uint32_t n_head_kv = layers[i].n_head_kv;
+    const uint32_t gap       = m1 - m0;
+    const uint32_t n_held    = n_used - gap;
+    const uint32_t stab      = std::min(n_stab, n_held - n_pin);
+    std::vector<float>    row(n_used);
+    std::vector<float>    held(n_held);
+    std::vector<uint32_t> kept;
+    for (uint32_t h = 0; h < n_head_kv; ++h) {
+        if (policy->stores_scores()) {
+            for (uint32_t c = 0; c < n_used; ++c) {
+                row[c] = block[(size_t) c * n_head_kv + h];
+            }
+        } else {
+            policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+        }
+        for (uint32_t j = 0; j < n_held; ++j) {
+            held[j] = row[j < m0 ? j : j + gap];
+        }
+        locret_select(held.data(), n_held, n_live, n_pin, stab, kept);
+        uint32_t * out = keep + (row0 + h) * n_keep;
+        for (uint32_t k = 0; k < n_live; ++k) {
+            out[k] = kept[k] < m0 ? kept[k] : kept[k] + gap;
+        }
+    }
+}
+
 int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
     // the previous ubatch wrote the scores and reads the cells that move: wait for it
     ggml_backend_sched_synchronize(lctx->get_sched());
@@ -809,6 +861,8 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
 
     // the selections, into the pending positions: nothing changes until the compaction has run
     struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; bool sage_selected; };
+    // a budget schedule: per pending eviction, the units each layer keeps (its new live_end), and the units it evicts
+    live_next.resize(std::max(live_next.size(), plan.steps.size()));
     std::vector<pending_t> pending;
     locret_moves & moves = evict_moves;
     if (moves.layer.size() != layers.size()) {
@@ -900,11 +954,25 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         next.resize(layers.size());
         evict_keep.resize(row0.back() * st.n_keep);
         const int64_t base = (int64_t) st.strm * cfg.n_cells;
+        auto & live = live_next[pending.size()];
+        live.assign(layers.size(), st.n_keep);
         // threads only where the work outweighs starting them (a few hundred thousand units)
         const size_t n_work = row0.back() * (size_t) n_used;
         locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
-            select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
-                    evict_keep.data());
+            // the units layer i keeps: its budget (a schedule's), at most the ones it holds outside its masked cells
+            const uint32_t masked = s.dead_end - s.live_end[i];
+            const uint32_t n_live = std::min({ st.n_keep, layer_budget(i), n_used - masked });
+            // rows [0, live_end) moved with the last eviction sit at positions offset by the masked cells after them
+            const int32_t  old_shift = (int32_t) masked;
+            const int32_t  new_shift = (int32_t) (st.n_keep - n_live);
+            live[i] = n_live;
+            if (masked == 0 && n_live == st.n_keep) {
+                select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
+                        evict_keep.data());
+            } else {
+                select_layer_masked(i, row0[i], n_used, s.live_end[i], s.dead_end, n_live, st.n_keep, n_pin, n_stab,
+                        blocks[i], s, evict_keep.data());
+            }
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());
             // the layer's moves are written through local pointers and counted once at the end: the layers' headers
@@ -919,16 +987,20 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
                 const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
                 int32_t        * pos_new = next[i].data()  + (size_t) h * cfg.n_cells;
                 const uint32_t * kept    = evict_keep.data() + (row0[i] + h) * st.n_keep;
-                for (uint32_t k = 0; k < st.n_keep; ++k) {
+                for (uint32_t k = 0; k < n_live; ++k) {
                     const uint32_t c = kept[k]; // c >= k: compacting forward in place is safe
                     pos_new[k] = pos[c];
-                    if (c != k) {
+                    // its physical position: before, after, and the rotation between them
+                    const int32_t p_old = (int32_t) c + (c < s.live_end[i] ? old_shift : 0);
+                    const int32_t p_new = (int32_t) k + new_shift;
+                    if (c != k || p_new != p_old) {
                         p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
                         p_dst[n] = (base + k) * n_head_kv + h;
-                        p_dlt[n] = (int32_t) k - (int32_t) c;
+                        p_dlt[n] = p_new - p_old;
                         ++n;
                     }
                 }
+                std::fill(pos_new + n_live, pos_new + st.n_keep, -1); // masked in this layer until the next eviction
             }
             m.n += n;
         });
@@ -966,9 +1038,12 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         free_cells(pd.strm, pd.n_keep);
         s.pos.swap(pos_next[p]);
         uint64_t n_evicted = 0;
-        for (const auto & L : layers) {
-            n_evicted += (uint64_t) L.n_head_kv * (n_used - pd.n_keep);
+        for (size_t i = 0; i < layers.size(); ++i) {
+            const uint32_t held = n_used - (s.dead_end - s.live_end[i]);
+            n_evicted += (uint64_t) layers[i].n_head_kv * (held - live_next[p][i]);
         }
+        s.live_end         = live_next[p];
+        s.dead_end         = pd.n_keep;
         s.n_used           = pd.n_keep;
         s.uniform_from     = pd.n_keep;
         if (policy->scores_from_cache()) {
@@ -1024,7 +1099,19 @@ void llama_locret_memory::reset_stream(locret_stream & s) {
     s.n_pinned     = 0;
     s.scored_to    = 0;
     s.sage_fresh   = false;
+    s.dead_end     = 0;
+    std::fill(s.live_end.begin(), s.live_end.end(), 0);
     s.undo.valid   = false;
+}
+
+uint32_t llama_locret_memory::min_layer_budget() const {
+    return cfg.layer_budget.empty() ? cfg.budget : *std::min_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
+}
+
+void llama_locret_memory::masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const {
+    const locret_stream & s = streams[strm];
+    *c0 = std::min(s.live_end[i], s.dead_end);
+    *c1 = s.dead_end;
 }
 
 uint32_t llama_locret_memory::pinned_cells(const locret_stream & s) const {
@@ -1033,7 +1120,7 @@ uint32_t llama_locret_memory::pinned_cells(const locret_stream & s) const {
     }
     const int32_t * pos = s.pos[0].data();
     uint32_t n = 0;
-    while (n < s.n_used && pos[n] < (int32_t) s.n_pinned) {
+    while (n < s.n_used && pos[n] >= 0 && pos[n] < (int32_t) s.n_pinned) { // (-1: a cell a schedule masks)
         ++n;
     }
     return n;
@@ -1062,9 +1149,10 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget (with LagKV, its
     // sinks and the two partitions it keeps unscored too)
     const uint64_t lagkv_kept = locret_lagkv_unscored(cfg.lag);
-    if ((uint64_t) n_tokens + cfg.stabilizers + lagkv_kept >= cfg.budget) {
-        locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head, "
-                "%u stabilizers%s): shorten the query or raise the budget", n_tokens, cfg.budget, cfg.stabilizers,
+    if ((uint64_t) n_tokens + cfg.stabilizers + lagkv_kept >= min_layer_budget()) {
+        locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head%s, "
+                "%u stabilizers%s): shorten the query or raise the budget", n_tokens, min_layer_budget(),
+                has_schedule() ? " in the smallest layer budget of the schedule" : "", cfg.stabilizers,
                 lagkv_kept > 0 ? format(", LagKV's %d sinks and 2 partitions of %u", LLAMA_LOCRET_LAGKV_SINKS, cfg.lag).c_str() : ""));
         return false;
     }
@@ -1288,9 +1376,11 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
 //
 
 static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
-// 5: SAGE-KV's pending selection per sequence, and its captured query after the layers' units; 4: LagKV's scored_to
-// per sequence; 3: a sequence's pinned query (Locret-Q). 4, 3 and 2 (read as unpinned) load too.
-static const uint32_t LOCRET_STATE_VERSION = 5;
+// 6: the budget schedule after the header (its count of layers, 0 for none, then their budgets), and per sequence the
+// cells each layer masks (dead_end, then live_end per layer) after its fields; 5: SAGE-KV's pending selection per
+// sequence, and its captured query after the layers' units; 4: LagKV's scored_to per sequence; 3: a sequence's pinned
+// query (Locret-Q). 5, 4, 3 and 2 (read as unpinned) load too, into a context without a schedule.
+static const uint32_t LOCRET_STATE_VERSION = 6;
 
 // what a saved state must agree on with the context that loads it
 struct locret_state_header {
@@ -1329,6 +1419,9 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     h.window            = cfg.lag > 0 ? cfg.lag : cfg.pool;
     h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
     io.write(&h, sizeof(h));
+    const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
+    io.write(&n_sched, sizeof(n_sched));
+    io.write(cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
     for (uint32_t id : ids) {
         const locret_stream & s = streams[id];
         const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned, s.scored_to,
@@ -1338,6 +1431,8 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
         io.write(fields, sizeof(fields));
         io.write(&next, sizeof(next));
         io.write(stats, sizeof(stats));
+        io.write(&s.dead_end, sizeof(s.dead_end));
+        io.write(s.live_end.data(), sizeof(uint32_t) * s.live_end.size());
         std::vector<float> block; // layer i's scores [n_used][n_head_kv], or zeros for a policy without heads
         std::vector<float> row(s.n_used);
         for (size_t i = 0; i < layers.size(); ++i) {
@@ -1421,6 +1516,20 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             throw std::runtime_error(format("Locret: the saved state's scores were pooled over %u tokens, this context's "
                     "over %u (--locret-pool)", h.window, cfg.pool));
         }
+        std::vector<uint32_t> sched;
+        if (h.version >= 6) {
+            uint32_t n_sched = 0;
+            io.read(&n_sched, sizeof(n_sched));
+            if (n_sched != 0 && n_sched != layers.size()) {
+                throw std::runtime_error("Locret: the saved state is corrupt (bad budget schedule)");
+            }
+            sched.resize(n_sched);
+            io.read(sched.data(), sizeof(uint32_t) * n_sched);
+        }
+        if (sched != cfg.layer_budget) {
+            throw std::runtime_error(format("Locret: the saved state was made with %s budget schedule than this context's "
+                    "(--locret-budget-schedule)", sched.empty() || cfg.layer_budget.empty() ? "a different" : "another"));
+        }
         const uint32_t n_expected = seq_id < 0 ? (uint32_t) streams.size() : 1;
         if (h.n_streams != n_expected) {
             throw std::runtime_error(format("Locret: the saved state holds %u sequences, expected %u", h.n_streams, n_expected));
@@ -1432,11 +1541,27 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             io.read(fields, sizeof(uint32_t) * (h.version == 2 ? 4 : h.version == 3 ? 5 : h.version == 4 ? 6 : 7));
             io.read(&next, sizeof(next));
             io.read(stats, sizeof(stats));
+            uint32_t dead_end = 0;
+            std::vector<uint32_t> live_end(layers.size(), 0);
+            if (h.version >= 6) {
+                io.read(&dead_end, sizeof(dead_end));
+                io.read(live_end.data(), sizeof(uint32_t) * live_end.size());
+            } else {
+                // before schedules: every layer reads every cell
+                std::fill(live_end.begin(), live_end.end(), dead_end);
+            }
             const uint32_t id = seq_id < 0 ? fields[0] : (uint32_t) seq_id;
+            bool masks_ok = dead_end <= fields[1];
+            for (size_t i = 0; i < layers.size(); ++i) {
+                masks_ok = masks_ok && live_end[i] <= dead_end && (dead_end == live_end[i] || !cfg.layer_budget.empty());
+            }
+            if (!masks_ok) {
+                throw std::runtime_error("Locret: the saved state is corrupt (bad masked cells)");
+            }
             if (id >= streams.size() || fields[1] > cfg.n_cells || fields[2] > fields[1] || next < fields[1] ||
                     next > std::numeric_limits<llama_pos>::max() ||
                     (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers +
-                        locret_lagkv_unscored(cfg.lag) >= cfg.budget) ||
+                        locret_lagkv_unscored(cfg.lag) >= min_layer_budget()) ||
                     fields[5] > fields[1] || fields[6] > 1 || (fields[6] == 1 && fields[1] <= cfg.budget)) {
                 throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
             }
@@ -1450,6 +1575,8 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.sage_fresh      = fields[6] != 0; // versions before SAGE-KV: false, and their policies do not read it
             s.n_evictions     = stats[0];
             s.n_units_evicted = stats[1];
+            s.dead_end        = dead_end;
+            s.live_end        = live_end;
             std::vector<float> block;
             std::vector<float> row(s.n_used);
             for (size_t i = 0; i < layers.size(); ++i) {
@@ -1459,13 +1586,21 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                     int32_t * pos = s.pos[i].data() + (size_t) hd * cfg.n_cells;
                     io.read(pos, sizeof(int32_t) * s.n_used);
                     io.read(row.data(), sizeof(float) * s.n_used);
+                    int32_t prev = -1;
                     for (uint32_t c = 0; c < s.n_used; ++c) {
-                        if (pos[c] < 0 || pos[c] >= s.logical_next || (c > 0 && pos[c] <= pos[c - 1])) {
+                        if (c >= live_end[i] && c < dead_end) {
+                            if (pos[c] != -1) {
+                                throw std::runtime_error("Locret: the saved state is corrupt (a masked cell holds a unit)");
+                            }
+                            continue; // masked in this layer: no unit
+                        }
+                        if (pos[c] < 0 || pos[c] >= s.logical_next || pos[c] <= prev) {
                             throw std::runtime_error("Locret: the saved state is corrupt (positions out of order)");
                         }
+                        prev = pos[c];
                         // pinned units are never evicted: every head holds the same ones, in the first cells
                         const int32_t pos0 = s.pos[0][c]; // layer 0, KV head 0 (read first)
-                        if ((pos[c] < (int32_t) s.n_pinned || pos0 < (int32_t) s.n_pinned) && pos[c] != pos0) {
+                        if ((pos[c] < (int32_t) s.n_pinned || (pos0 >= 0 && pos0 < (int32_t) s.n_pinned)) && pos[c] != pos0) {
                             throw std::runtime_error("Locret: the saved state is corrupt (pinned units differ between heads)");
                         }
                         block[(size_t) c * n_head_kv + hd] = row[c];

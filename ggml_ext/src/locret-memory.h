@@ -76,6 +76,13 @@ struct locret_stream {
     bool      sage_fresh   = false; // SAGE-KV: a prompt ended and its one selection has not run yet (the query store
                                     // holds its last token's query)
 
+    // a budget schedule: after an eviction layer i holds its units in cells [0, live_end[i]) and cells
+    // [live_end[i], dead_end) hold nothing it reads (its attention masks them out); its units are rotated to physical
+    // positions [dead_end - live_end[i], dead_end), right before the next cell. Without a schedule, or before the first
+    // eviction, live_end[i] == dead_end (0 before the first eviction).
+    uint32_t              dead_end = 0;
+    std::vector<uint32_t> live_end; // per evicting layer
+
     uint64_t n_evictions     = 0;
     uint64_t n_units_evicted = 0;   // summed over layers and KV heads
 
@@ -172,6 +179,15 @@ public:
     // eviction and are never evicted)
     uint32_t pinned_cells(const locret_stream & s) const;
 
+    // a budget schedule's budget of layers[i] (config().budget without one)
+    uint32_t layer_budget(size_t i) const { return cfg.layer_budget.empty() ? cfg.budget : cfg.layer_budget[i]; }
+    bool     has_schedule() const { return !cfg.layer_budget.empty(); }
+    // the smallest layer budget (what a pinned query and the stabilizers must fit in)
+    uint32_t min_layer_budget() const;
+    // a budget schedule: the cells of layers[i] that its attention must not read in stream strm, [*c0, *c1) (empty when
+    // *c0 == *c1)
+    void masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const;
+
     const locret_config & config() const { return cfg; }
     const locret_policy & get_policy() const { return *policy; }
     const std::vector<locret_kv_layer> & get_layers() const { return layers; }
@@ -237,6 +253,12 @@ private:
     // by the host from `block` (the stream's scores of the layer, [n_used][n_head_kv]) or the policy's scores
     void select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab,
                       bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const;
+    // a budget schedule's selection for layer i: n_live of the cells it reads, [0, m0) and [m1, n_used) (its masked cells
+    // left out), into keep[(row0 + h)*n_keep] in cell order; the stabilizers are its last n_stab cells read
+    void select_layer_masked(size_t i, size_t row0, uint32_t n_used, uint32_t m0, uint32_t m1, uint32_t n_live,
+                             uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block,
+                             const locret_stream & s, uint32_t * keep) const;
+    std::vector<std::vector<uint32_t>> live_next; // per pending eviction: each layer's units after it
     // stream strm's scores of layer i in the store: [n_used][n_head_kv] from its byte offset
     size_t scores_offset(size_t i, uint32_t strm) const;
     void   scores_get(size_t i, uint32_t strm, uint32_t n_used, float * out) const;

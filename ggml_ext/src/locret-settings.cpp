@@ -11,6 +11,10 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -55,8 +59,9 @@ int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_polic
 // settings registered per model, consumed by the contexts created from it
 //
 
-static std::mutex                                         g_config_mutex;
-static std::map<const llama_model *, llama_locret_params> g_config;
+static std::mutex                                          g_config_mutex;
+static std::map<const llama_model *, llama_locret_params>  g_config;
+static std::map<const llama_model *, locret_schedule_spec> g_schedule; // only schedules other than uniform
 
 struct llama_locret_params llama_locret_params_default(void) {
     llama_locret_params p;
@@ -73,6 +78,7 @@ struct llama_locret_params llama_locret_params_default(void) {
 int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params) {
     locret_set_error("");
     std::lock_guard<std::mutex> lock(g_config_mutex);
+    g_schedule.erase(model); // a schedule belongs to the configuration it was set after
     if (params == nullptr || (params->budget == 0 && params->heads == nullptr)) {
         g_config.erase(model);
         return 0;
@@ -101,6 +107,164 @@ int32_t llama_locret_model_configure(struct llama_model * model, const struct ll
 void llama_locret_model_forget(const llama_model * model) {
     std::lock_guard<std::mutex> lock(g_config_mutex);
     g_config.erase(model);
+    g_schedule.erase(model);
+}
+
+//
+// budget schedules
+//
+
+// the per-layer budgets of a schedule file: integers separated by blanks, commas or line ends; '#' starts a comment
+static std::vector<uint32_t> locret_read_schedule_file(const char * path) {
+    FILE * f = fopen(path, "rb");
+    if (f == nullptr) {
+        throw std::runtime_error(format("budget schedule '%s' is neither uniform, pyramid nor a readable file", path));
+    }
+    std::string text;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0 && text.size() < (1u << 20)) {
+        text.append(buf, n);
+    }
+    fclose(f);
+    std::vector<uint32_t> out;
+    std::string word;
+    bool comment = false;
+    auto flush = [&]() {
+        if (word.empty()) {
+            return;
+        }
+        char * end = nullptr;
+        errno = 0;
+        const long long v = strtoll(word.c_str(), &end, 10);
+        if (*end != '\0' || errno != 0 || v < 1 || v > (1ll << 24)) {
+            throw std::runtime_error(format("budget schedule file '%s': '%s' is not a budget (a whole number of units, "
+                    "1 to %d)", path, word.c_str(), 1 << 24));
+        }
+        out.push_back((uint32_t) v);
+        word.clear();
+    };
+    for (char c : text) {
+        if (c == '\n') {
+            comment = false;
+        }
+        if (comment || c == '#') {
+            comment = true;
+            flush();
+            continue;
+        }
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == ',') {
+            flush();
+        } else {
+            word.push_back(c);
+        }
+    }
+    flush();
+    if (out.empty()) {
+        throw std::runtime_error(format("budget schedule file '%s' holds no budget (one whole number per evicting layer)", path));
+    }
+    return out;
+}
+
+int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const char * schedule) {
+    locret_set_error("");
+    locret_schedule_spec spec;
+    try {
+        if (schedule == nullptr || schedule[0] == '\0' || std::strcmp(schedule, "uniform") == 0) {
+            spec.kind = locret_schedule_spec::UNIFORM;
+        } else if (std::strcmp(schedule, "pyramid") == 0) {
+            spec.kind = locret_schedule_spec::PYRAMID;
+        } else {
+            spec.kind    = locret_schedule_spec::EXPLICIT;
+            spec.budgets = locret_read_schedule_file(schedule);
+            spec.source  = schedule;
+        }
+    } catch (const std::exception & e) {
+        locret_set_error(e.what());
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, e.what());
+        return -1;
+    }
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    auto it = g_config.find(model);
+    if (spec.kind != locret_schedule_spec::UNIFORM && (it == g_config.end() || it->second.budget <= 0)) {
+        locret_set_error("a budget schedule spreads the Locret budget over the layers: set a budget first "
+                "(--locret-budget, llama_locret_model_configure)");
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
+        return -1;
+    }
+    if (spec.kind != locret_schedule_spec::UNIFORM && it->second.policy != LLAMA_LOCRET_POLICY_HEADS &&
+            it->second.policy != LLAMA_LOCRET_POLICY_RANDOM && it->second.policy != LLAMA_LOCRET_POLICY_STREAMING) {
+        // LagKV's partitions and SAGE-KV's one selection are defined on cells every layer shares
+        locret_set_error(format("a budget schedule works with the heads, random and streaming policies, not %s",
+                llama_locret_policy_name(it->second.policy)));
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
+        return -1;
+    }
+    if (spec.kind == locret_schedule_spec::UNIFORM) {
+        g_schedule.erase(model);
+    } else {
+        g_schedule[model] = spec;
+    }
+    return 0;
+}
+
+locret_schedule_spec locret_schedule_find(const llama_model & model) {
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    auto it = g_schedule.find(&model);
+    return it == g_schedule.end() ? locret_schedule_spec() : it->second;
+}
+
+std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s) {
+    std::vector<uint32_t> out;
+    const uint64_t total = (uint64_t) n_layers * b;
+    if (spec.kind == locret_schedule_spec::UNIFORM || n_layers == 0) {
+        return out;
+    }
+    if (spec.kind == locret_schedule_spec::EXPLICIT) {
+        out = spec.budgets;
+        if (out.size() != n_layers) {
+            throw std::runtime_error(format("budget schedule '%s' gives %zu budgets; this model evicts %u layers (one "
+                    "budget each, in layer order)", spec.source.c_str(), out.size(), n_layers));
+        }
+        uint64_t sum = 0;
+        for (uint32_t v : out) {
+            sum += v;
+        }
+        if (sum != total) {
+            throw std::runtime_error(format("budget schedule '%s' sums to %llu units; with a budget of %u over %u layers "
+                    "it must sum to %llu (the same memory as the uniform budget)", spec.source.c_str(),
+                    (unsigned long long) sum, b, n_layers, (unsigned long long) total));
+        }
+    } else {
+        // PyramidKV: k_last = b/beta, k_first = 2b - k_last, linear between (its sum is n_layers * b before rounding)
+        const double k_last  = std::max((double) b / LOCRET_PYRAMID_BETA, (double) n_s + 1.0);
+        const double k_first = 2.0 * b - k_last;
+        if (k_first < k_last) {
+            throw std::runtime_error(format("a pyramid schedule needs a budget of at least %u (the last layer keeps the "
+                    "%u stabilizers and one unit more); got %u", n_s + 1, n_s, b));
+        }
+        uint64_t sum = 0;
+        for (uint32_t l = 0; l < n_layers; ++l) {
+            const double k = n_layers == 1 ? (double) b : k_first - (k_first - k_last) * l / (n_layers - 1);
+            out.push_back((uint32_t) std::floor(k + 1e-9));
+            sum += out.back();
+        }
+        for (uint32_t l = 0; sum < total; l = (l + 1) % n_layers) {
+            out[l] += 1;
+            sum += 1;
+        }
+        for (uint32_t l = 0; sum > total; l = (l + 1) % n_layers) { // rounding of the line itself, never more than a unit
+            out[l] -= 1;
+            sum -= 1;
+        }
+    }
+    for (size_t l = 0; l < out.size(); ++l) {
+        if (out[l] <= n_s) {
+            throw std::runtime_error(format("budget schedule: layer %zu's budget (%u) must be larger than the stabilizers "
+                    "(%u), which every layer keeps", l, out[l], n_s));
+        }
+    }
+    return out;
 }
 
 bool locret_settings_find(const llama_model & model, llama_locret_params & out) {
@@ -257,6 +421,7 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     cfg.heads       = p.heads;
     cfg.policy      = p.policy;
     cfg.budget      = budget;
+    cfg.budget_mean = budget;
     cfg.stabilizers = sage ? budget / LLAMA_LOCRET_SAGE_RECENT_DIV : n_s;
     cfg.local       = sage ? 0 : n_loc;
     cfg.pool        = pool;

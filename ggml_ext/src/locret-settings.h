@@ -7,6 +7,8 @@
 #include "ggml.h"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 struct llama_cparams;
 struct llama_model;
@@ -25,7 +27,33 @@ struct locret_config {
     uint32_t capacity    = 0; // b + B: generation evicts back to b when the next ubatch would pass it (SAGE-KV: the
                               // context per sequence, which a prompt must fit)
     uint32_t n_cells     = 0; // KV cells per sequence: capacity padded to 256
+
+    // a budget schedule (--locret-budget-schedule): the units each evicting layer keeps (index into the memory's layer
+    // list), summing to budget_mean times their count; `budget` is then their largest, which sizes the cache and sets
+    // when evictions run. Empty: every layer keeps `budget`.
+    std::vector<uint32_t> layer_budget;
+    uint32_t budget_mean = 0; // b as asked for (== budget without a schedule)
 };
+
+// a budget schedule as registered for a model: a name, or the per-layer budgets read from a file
+struct locret_schedule_spec {
+    enum kind_t { UNIFORM, PYRAMID, EXPLICIT } kind = UNIFORM;
+    std::vector<uint32_t> budgets; // EXPLICIT: one per evicting layer
+    std::string           source;  // the file it came from (EXPLICIT), for messages
+};
+
+// the schedule registered for `model` (UNIFORM when none)
+locret_schedule_spec locret_schedule_find(const llama_model & model);
+
+// The per-layer budgets of a schedule for n_layers evicting layers with mean budget b and n_s stabilizers: sum
+// n_layers * b. PYRAMID is PyramidKV's arithmetic sequence (Cai et al., 2024): the last layer keeps b / 20 (raised to
+// n_s + 1, the fewest a layer can choose from), the first 2b minus that, the layers between on the line joining them,
+// rounded down with the remainder given one unit each to the first layers. Throws std::runtime_error (message
+// without prefix) for a schedule that cannot work.
+std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s);
+
+// PyramidKV's beta: the last layer's budget is b / beta
+#define LOCRET_PYRAMID_BETA 20
 
 // the settings registered for `model`; false when there are none
 bool locret_settings_find(const llama_model & model, llama_locret_params & out);

@@ -175,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all'")
     p.add_argument("--policy", help="eviction policy (default heads); sage (SAGE-KV) caches the whole context before "
                    "it evicts, and the plan says so")
+    p.add_argument("--budget-schedule", help="uniform (default), pyramid (PyramidKV) or a file of per-layer budgets: "
+                   "the cache is sized for the largest layer budget")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
 

@@ -58,6 +58,10 @@ _SIGNATURES = {
     "llama_locret_query_tokens": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_char_p,
                                    ctypes.c_int32], ctypes.c_int32),
     "llama_locret_kv_cells_per_seq": ([ctypes.c_int32, ctypes.c_int32], ctypes.c_uint32),
+    "llama_locret_model_set_budget_schedule": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int32),
+    "llama_locret_layer_budget": ([ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_debug_fill_masked": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_float],
+                                       ctypes.c_int32),
     "llama_locret_debug_compute_buffers": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                             ctypes.POINTER(ctypes.c_size_t)], None),
     "llama_locret_debug_window": ([ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
@@ -96,15 +100,17 @@ def policy_value(name: str) -> int:
 
 def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None,
               budget: int | None = None, stabilizers: int | None = None, local: int | None = None,
-              policy: str | None = None, pool: int | None = None, lag: int | None = None) -> Heads | None:
+              policy: str | None = None, pool: int | None = None, lag: int | None = None,
+              budget_schedule: str | os.PathLike | None = None) -> Heads | None:
     """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
     llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
     to its default (`budget` None: no eviction; `policy` None: "heads"; `pool` None: no score pooling).
     `policy` "random", "streaming", "lagkv" or "sage" evicts without heads (given heads are then not loaded);
     "sage" (SAGE-KV) reads each prompt whole, in a cache sized for n_ctx, and chooses once at its end. `pool` N
     (odd): each unit is scored by the mean of the heads' scores over the N tokens around it. `lag` N: LagKV's
-    partition (policy "lagkv"; None: 128, the paper's). Returns the heads loaded (keep them while the contexts
-    live)."""
+    partition (policy "lagkv"; None: 128, the paper's). `budget_schedule`: "uniform" (None), "pyramid"
+    (PyramidKV's per-layer budgets) or a file of per-layer budgets, summing to `budget` times the evicting
+    layers (see `set_budget_schedule`). Returns the heads loaded (keep them while the contexts live)."""
     out = ctypes.c_void_p()
     heads_path = os.fsencode(heads) if heads is not None else b""
     policy_id = policy_value("heads" if policy is None else policy)
@@ -112,9 +118,34 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
                                              _arg(stabilizers), _arg(local), policy_id, _arg(pool), _arg(lag),
                                              ctypes.byref(out)) != 0:
         raise HeadsError(_last_error())
-    if not out.value:
-        return None
-    return Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path))
+    result = Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path)) if out.value else None
+    if budget_schedule is not None:
+        set_budget_schedule(model, budget_schedule)
+    return result
+
+
+def set_budget_schedule(model: int, schedule: str | os.PathLike) -> None:
+    """Per-layer budgets for the contexts created next from `model`, after `configure`: "uniform", "pyramid"
+    (PyramidKV: the first evicting layer keeps about 2b, the last b/20 raised to the stabilizers + 1, linear
+    between) or a file of whole numbers, one per evicting layer. The layers' budgets sum to b times their
+    count; the cache is sized for the largest (the cells a smaller layer does not keep are masked out of its
+    attention). HeadsError with the reason (unknown name, unreadable file, no budget, policy lagkv or sage)."""
+    if _api().llama_locret_model_set_budget_schedule(model, os.fsencode(schedule)) != 0:
+        raise HeadsError(_last_error())
+
+
+def layer_budget(ctx: int, layer: int) -> int:
+    """The units `layer` keeps in this context (its schedule's budget, or b); -1 for a layer it does not evict."""
+    return int(_api().llama_locret_layer_budget(ctx, layer))
+
+
+def fill_masked(ctx: int, k_value: float, v_value: float, seq_id: int = 0) -> int:
+    """Test only: write k_value / v_value into every K / V element of the cells a budget schedule masks in each
+    layer of sequence `seq_id` (what attention must not read). Returns the cells written, summed over layers."""
+    n = _api().llama_locret_debug_fill_masked(ctx, seq_id, k_value, v_value)
+    if n < 0:
+        raise HeadsError(_last_error())
+    return n
 
 
 def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:

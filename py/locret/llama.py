@@ -16,6 +16,8 @@ cells, then one choice by the attention of its last token), or the ablations "ra
 recency); all but "heads" need no heads. `locret_pool=N` (odd) scores each unit by the mean of
 the heads' scores over the N tokens around it, so that whole sentences and numbers survive eviction
 rather than scattered tokens of them (15 is what makes the main job's long log answerable).
+`locret_budget_schedule` spreads the budget over the layers: "pyramid" (PyramidKV) or a file of per-layer
+budgets summing to `locret_budget` times the evicting layers; the cache is sized for the largest layer's.
 
 Locret-Q (`locret_query="..."`, or per call `create_completion(..., locret_query=...)` and
 `create_chat_completion(..., locret_query=...)`): the query goes at the start of the prompt (of the
@@ -47,9 +49,10 @@ class Llama(llama_cpp.Llama):
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
                  locret_query: str | None = None, locret_pool: int | None = None, locret_lag: int | None = None,
-                 **kwargs: Any):
+                 locret_budget_schedule: str | os.PathLike | None = None, **kwargs: Any):
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
-                        local=locret_local, policy=locret_policy, pool=locret_pool, lag=locret_lag)
+                        local=locret_local, policy=locret_policy, pool=locret_pool, lag=locret_lag,
+                        budget_schedule=locret_budget_schedule)
         self._locret_heads: Heads | None = None
         self.locret_query = locret_query or None  # the default query of every call (Locret-Q)
         self._locret_active_query: str | None = None  # the query of the call being served
@@ -104,6 +107,10 @@ class Llama(llama_cpp.Llama):
         """Locret-Q for token-level callers (`eval`): pin positions [0, n_tokens) when the next `eval` starts the
         sequence (n_tokens == 0: it empties the sequence first, which would drop a pin set before). None: no pin."""
         self._locret_pending_pin = n_tokens
+
+    def locret_layer_budget(self, layer: int) -> int:
+        """The units `layer` keeps (its budget schedule's entry, or the budget); -1 for a layer not evicted."""
+        return eviction.layer_budget(self._ctx.ctx, layer)
 
     def locret_retained(self, layer: int, head: int, seq_id: int = 0):
         """Logical positions of the units that (layer, KV head) holds in sequence `seq_id`, in cell order."""

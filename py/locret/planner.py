@@ -246,11 +246,13 @@ class Settings:
     gpu_layers: int              # -1: all
     overridden: tuple[str, ...]  # which ones the caller set
     policy: str = "heads"        # eviction policy; "sage" (SAGE-KV) reads each prompt whole before it evicts
+    schedule: str = "uniform"    # budget schedule: uniform, pyramid, or a file of per-layer budgets
+    largest_budget: int = 0      # the largest layer budget of the schedule (0: uniform, the budget)
 
     @property
     def n_cells(self) -> int:
-        # SAGE-KV's cache holds the whole context; every other policy's the budget and one chunk
-        held = self.context if self.policy == "sage" else self.budget + self.ubatch
+        # SAGE-KV's cache holds the whole context; every other policy's the (largest layer) budget and one chunk
+        held = self.context if self.policy == "sage" else max(self.budget, self.largest_budget) + self.ubatch
         return -(-held // KV_PAD) * KV_PAD
 
     def llama_args(self, heads: Path | None) -> list[str]:
@@ -264,12 +266,29 @@ class Settings:
             args.append(f"-b {self.ubatch}")
         if self.policy != "sage":   # SAGE-KV's recent window is its own (b/4)
             args.append(f"--locret-stabilizers {self.stabilizers}")
+        if self.schedule != "uniform":
+            args.append(f"--locret-budget-schedule {self.schedule}")
         return args + [f"-ctk {self.kv_type}", f"-ctv {self.kv_type}",
                        f"-ngl {'all' if self.gpu_layers < 0 else self.gpu_layers}", f"-c {self.context}"]
 
 
+def largest_layer_budget(schedule: str, budget: int, stabilizers: int) -> int:
+    """The largest layer budget of a schedule (what the engine sizes the cache for): PyramidKV's first layer,
+    2b minus the last layer's max(b/20, n_s + 1) (one unit more for rounding), or a file's largest entry."""
+    if schedule == "uniform":
+        return budget
+    if schedule == "pyramid":
+        return int(2 * budget - max(budget / 20, stabilizers + 1)) + 1
+    try:
+        words = [w for line in Path(schedule).read_text().splitlines() for w in line.split("#")[0].replace(",", " ").split()]
+        return max(int(w) for w in words)
+    except (OSError, ValueError) as e:
+        raise PlanError(f"budget schedule '{schedule}' is neither uniform, pyramid nor a readable file of whole "
+                        f"numbers ({e})") from None
+
+
 def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=None, ubatch=None,
-                     stabilizers=None, kv_type=None, gpu_layers=None, policy=None) -> Settings:
+                     stabilizers=None, kv_type=None, gpu_layers=None, policy=None, schedule=None) -> Settings:
     """The profile's defaults for the model's size class, with the given overrides; PlanError for
     settings that cannot work."""
     sc, covers = device.size_class_for(facts.n_params)
@@ -325,8 +344,12 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
     ngl = sc.gpu_layers if gpu_layers is None else parse_gpu_layers(gpu_layers)
     if device.build.backend == "cpu" and ngl != 0:
         raise PlanError(f"{device.name} has no GPU: GPU layers must be 0")
+    schedule = "uniform" if schedule is None else str(schedule)
+    if schedule != "uniform" and policy not in ("heads", "random", "streaming"):
+        raise PlanError(f"a budget schedule works with the heads, random and streaming policies, not {policy}")
     return Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
-                    stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy)
+                    stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy,
+                    schedule=schedule, largest_budget=largest_layer_budget(schedule, b, n_s))
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -384,7 +407,7 @@ def place(facts: ModelFacts, heads: tuple[tuple[str, int], ...], settings: Setti
              Part("retaining heads", h_dev, sum(b for _, b in heads) - h_dev, "tensor bytes of the heads"),
              Part("KV cache", kv_dev, sum(kv_per_layer) - kv_dev,
                   f"{settings.n_cells} cells = pad("
-                  f"{settings.context if settings.policy == 'sage' else f'{settings.budget} + {settings.ubatch}'}, "
+                  f"{settings.context if settings.policy == 'sage' else f'{max(settings.budget, settings.largest_budget)} + {settings.ubatch}'}, "
                   f"{KV_PAD}) x "
                   f"{facts.n_layer} layers x (K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {settings.kv_type}")]
     if device.memory.kind != "discrete":
@@ -419,7 +442,8 @@ def measure(model: Path, heads: Path | None, settings: Settings, timeout: float 
     """Run llama.cpp (in a child process) on the model with the plan's settings, allocating nothing."""
     request = dict(model=str(model), heads=str(heads) if heads else None, context=settings.context,
                    budget=settings.budget, ubatch=settings.ubatch, stabilizers=settings.stabilizers,
-                   kv_type=settings.kv_type, gpu_layers=settings.gpu_layers, policy=settings.policy)
+                   kv_type=settings.kv_type, gpu_layers=settings.gpu_layers, policy=settings.policy,
+                   schedule=settings.schedule)
     # an abort inside llama.cpp would otherwise attach gdb to print a backtrace: the message is enough
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     try:
@@ -477,7 +501,9 @@ def _measure_main(request: dict) -> dict:
         sage = request.get("policy") == "sage"
         heads = eviction.configure(model, request["model"], heads=None if sage else request["heads"],
                                    budget=request["budget"], stabilizers=None if sage else request["stabilizers"],
-                                   policy=request.get("policy"))
+                                   policy=request.get("policy"),
+                                   budget_schedule=None if request.get("schedule", "uniform") == "uniform"
+                                   else request["schedule"])
     except HeadsError as e:
         return {"error": str(e)}
     types = _type_sizes()[1]
@@ -572,7 +598,8 @@ def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: st
 
 
 def plan(device: str, model: str, *, heads: str | None = None, context=None, budget=None, ubatch=None,
-         stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True, policy=None) -> Plan:
+         stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True, policy=None,
+         schedule=None) -> Plan:
     """Resolve settings and predict the peak memory of a model on a device; see the module doc."""
     from . import models
 
@@ -580,7 +607,8 @@ def plan(device: str, model: str, *, heads: str | None = None, context=None, bud
     model_path = models.resolve(model, fetch=False)
     facts = read_model(model_path)
     settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
-                                stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, policy=policy)
+                                stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, policy=policy,
+                                schedule=schedule)
     if settings.policy == "heads":
         heads_path, heads_origin = resolve_heads(model, model_path, facts, heads)
         head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
@@ -595,6 +623,10 @@ def plan(device: str, model: str, *, heads: str | None = None, context=None, bud
         out.notes.append(f"SAGE-KV reads each prompt whole before it evicts: the KV cache holds the context "
                          f"({settings.n_cells} cells), not the budget; the budget bounds what generation keeps after "
                          "the prompt (lower --context to use less memory)")
+    if settings.schedule != "uniform":
+        out.notes.append(f"budget schedule {settings.schedule}: the layers keep {settings.budget} units on average, "
+                         f"the largest {settings.largest_budget}; the KV cache is sized for the largest in every layer "
+                         f"({settings.n_cells} cells), the cells a smaller layer does not keep are masked out")
     if not settings.size_class_covers:
         out.notes.append(f"{facts.n_params / 1e9:.1f}B parameters is above every size class of {dev.name}: "
                          f"using the largest class's settings ({settings.size_class})")
@@ -733,7 +765,7 @@ def run_cli(args) -> int:
     try:
         p = plan(args.device, args.model, heads=args.heads, context=args.context, budget=args.budget,
                  ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
-                 policy=getattr(args, "policy", None))
+                 policy=getattr(args, "policy", None), schedule=getattr(args, "budget_schedule", None))
     except (DeviceError, PlanError, ModelFileError, RuntimeError) as e:
         print(f"locret: error: {e}", file=sys.stderr)
         return 1

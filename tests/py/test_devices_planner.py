@@ -307,6 +307,27 @@ def test_a_sage_plan_caches_the_whole_context_and_llama_cpp_agrees(model_path):
             planner.plan("cpu-2core", str(model_path), measure_buffers=False, **args)
 
 
+def test_a_budget_schedule_plan_sizes_the_cache_for_the_largest_layer_and_llama_cpp_agrees(model_path, tmp_path):
+    # pyramid at b = 2048, n_s = 128: the first layer keeps 2 * 2048 - max(2048 / 20, 129) = 3967 (+1 for rounding);
+    # llama.cpp's own context (measured in the plan) holds pad(3968 + 512, 256) = 4608 cells
+    proc = locret_plan("--device", "cpu-2core", "--model", model_path, "--budget", 2048, "--ubatch", 512,
+                       "--stabilizers", 128, "--budget-schedule", "pyramid")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "4608 cells = pad(3968 + 512, 256)" in out, out
+    assert re.search(r"llama\.cpp: KV cache [0-9.]+ MiB in 4608 cells", out), out
+    assert "--locret-budget-schedule pyramid" in out and "the largest 3968" in out
+    schedule = tmp_path / "layers.txt"
+    schedule.write_text("# 30 layers\n" + " ".join(["2000"] * 29 + [str(2048 * 30 - 2000 * 29)]) + "\n")
+    p = planner.plan("cpu-2core", str(model_path), budget=2048, ubatch=512, schedule=str(schedule),
+                     measure_buffers=False)
+    assert p.settings.largest_budget == 2048 * 30 - 2000 * 29 == 3440 and p.settings.n_cells == 4096  # pad(3952)
+    for kw, msg in ((dict(schedule=str(tmp_path / "none.txt")), "neither uniform, pyramid nor a readable file"),
+                    (dict(schedule="pyramid", policy="lagkv"), "heads, random and streaming policies")):
+        with pytest.raises(planner.PlanError, match=msg):
+            planner.plan("cpu-2core", str(model_path), budget=2048, ubatch=512, measure_buffers=False, **kw)
+
+
 # --- refusals -------------------------------------------------------------------------------------
 
 def test_an_absurd_budget_is_refused_naming_the_limit(model_path):

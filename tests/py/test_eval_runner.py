@@ -244,6 +244,20 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
         vocab.close()
 
 
+def test_locret_pyramid_gives_each_layer_pyramidkvs_budget(tmp_path, model_path):
+    out = tmp_path / "pyr"
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", "1200", "--depths", "0.5",
+                          "--methods", "locret,locret-pyramid", *COMMON, "-o", out, "--no-plots"), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
+    flat, pyr = by_method["locret"]["layer_budgets"], by_method["locret-pyramid"]["layer_budgets"]
+    assert len(flat) == len(pyr) == 30 and sum(pyr) == sum(flat) and len(set(flat)) == 1
+    assert pyr[0] > flat[0] > pyr[-1] and pyr == sorted(pyr, reverse=True)
+    # the cache holds the largest layer's budget plus a chunk (here both pad to 512 cells)
+    assert by_method["locret-pyramid"]["evictions"] >= 1
+    assert by_method["locret-pyramid"]["cells_used_max"] == pyr[0] + UBATCH > by_method["locret"]["cells_used_max"]
+
+
 def test_haystack_families_get_rows_of_their_own(tmp_path, model_path):
     out = tmp_path / "families"
     proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", "1200", "--depths", "0.5",

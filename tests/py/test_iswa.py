@@ -122,6 +122,47 @@ def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows
     llm.close()
 
 
+def test_gemma_pyramid_schedules_the_global_layers_only(gemma, gemma_heads, tokens):
+    # a budget schedule on an iSWA model: the three global layers get PyramidKV's budgets (the window layers keep
+    # llama.cpp's window cache and no budget), keep exactly what the numpy model with per-layer budgets keeps, and the
+    # window cache still follows every compaction
+    from test_schedule import ScheduledAlgorithm1, pyramid
+
+    llm = make(gemma, gemma_heads, locret_budget_schedule="pyramid")
+    heads_api.record_scores(llm)
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    layers = evicting_layers(llm, n_layer)
+    want = pyramid(len(layers), B, NS)
+    assert layers == [5, 11, 17] and [llm.locret_layer_budget(il) for il in layers] == want
+    assert [llm.locret_layer_budget(il) for il in range(n_layer) if il not in layers] == [-1] * (n_layer - 3)
+    layer_b = [want[layers.index(il)] if il in layers else max(want) for il in range(n_layer)]
+    ref = ScheduledAlgorithm1(n_layer, n_head_kv, layer_b, UB, NS, NLOC)
+
+    calls = [(tokens[i:i + UB], i + UB >= 1400) for i in range(0, 1400, UB)]
+    calls += [([t], True) for t in tokens[1400:1500]]
+    n_past, token_at = 0, {}
+    for toks, out in calls:
+        token_at.update((n_past + j, t) for j, t in enumerate(toks))
+        n_past = decode(llm, toks, n_past, out)
+        scores, positions = heads_api.recorded_scores(llm)
+        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
+        first, offset = n_past - len(toks), 0
+        for size in ref.split(len(toks), out):
+            ref.place(list(range(first + offset, first + offset + size)), scores_of, out and offset + size == len(toks))
+            offset += size
+        for il in layers:
+            for h in range(n_head_kv):
+                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], (il, h, n_past)
+        pos, tok = eviction.window(llm._ctx.ctx)
+        assert all(token_at[int(p)] == int(t) for p, t in zip(pos, tok)), n_past
+        assert set(range(max(0, n_past - WINDOW), n_past)) <= set(pos.tolist()), n_past
+    assert llm.locret_stats()["n_evictions"] >= 5 and ref.post_counts and \
+        [ref.post_counts[il] for il in layers] == want
+    assert np.all(np.isfinite(last_logits(llm)))
+    llm.close()
+
+
 def test_gemma_state_round_trip(gemma, gemma_heads, tokens):
     llm = make(gemma, gemma_heads)
     n_past = 0

@@ -18,5 +18,7 @@ Modules, one job each:
 """
 from __future__ import annotations
 
-METHODS = ("full", "locret", "locret-q", "random-heads", "lagkv", "sage", "random", "streaming")
-HEADS_METHODS = ("locret", "locret-q", "random-heads")  # scored by retaining heads (score pooling applies)
+METHODS = ("full", "locret", "locret-q", "locret-pyramid", "random-heads", "lagkv", "sage", "random", "streaming")
+# scored by retaining heads (score pooling applies); locret-pyramid: the trained heads with PyramidKV's per-layer budgets
+HEADS_METHODS = ("locret", "locret-q", "locret-pyramid", "random-heads")
+TRAINED_HEADS_METHODS = ("locret", "locret-q", "locret-pyramid")

@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .. import devices, models, planner
-from . import HEADS_METHODS, METHODS, items as items_module, report
+from . import HEADS_METHODS, METHODS, TRAINED_HEADS_METHODS, items as items_module, report
 from .items import Item, ItemError
 from .worker import RunSpec
 
@@ -134,7 +134,7 @@ def validate(cfg: EvalConfig) -> None:
 
 def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> tuple[str | None, str | None]:
     heads = random_heads = None
-    if "locret" in cfg.methods or "locret-q" in cfg.methods:
+    if any(m in cfg.methods for m in TRAINED_HEADS_METHODS):
         try:
             found, _ = planner.resolve_heads(cfg.model, model_path, facts, cfg.heads)
         except planner.PlanError as e:
@@ -168,7 +168,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                     continue
                 longest = max(len(it.tokens) + it.max_new_tokens for it in chosen)
                 spec = RunSpec(model_path=str(model_path), method=method, budget=budget,
-                               heads=heads if method in ("locret", "locret-q") else
+                               heads=heads if method in TRAINED_HEADS_METHODS else
                                random_heads if method == "random-heads" else None,
                                pool=cfg.pool if method in HEADS_METHODS else None,
                                lag=cfg.lag if method == "lagkv" else None,

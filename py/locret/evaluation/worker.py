@@ -26,7 +26,7 @@ class RunSpec:
     model_path: str
     method: str                  # one of METHODS
     budget: int | None           # None for full attention
-    heads: str | None            # heads file for "locret", "locret-q" / "random-heads"
+    heads: str | None            # heads file for "locret", "locret-q", "locret-pyramid" / "random-heads"
     stabilizers: int | None
     local: int | None
     n_ctx: int
@@ -58,7 +58,9 @@ def make_llm(spec: RunSpec):
         return Llama(spec.model_path, **kwargs)
     kwargs.update(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
     if spec.method in HEADS_METHODS:
-        return Llama(spec.model_path, locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool, **kwargs)
+        schedule = "pyramid" if spec.method == "locret-pyramid" else None
+        return Llama(spec.model_path, locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool,
+                     locret_budget_schedule=schedule, **kwargs)
     if spec.method == "lagkv":
         return Llama(spec.model_path, locret_policy="lagkv", locret_lag=spec.lag, **kwargs)
     return Llama(spec.model_path, locret_policy=spec.method, **kwargs)
@@ -162,6 +164,9 @@ def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
                evictions=int(stats["n_evictions"]) if evicting else 0,
                pinned=int(stats["n_pinned"]) if evicting else 0, pool=int(stats["pool"]) if evicting else 0,
                kv_bytes=int(stats["kv_bytes"]) if evicting else None, extra=item.extra)
+    if evicting:
+        # what each evicting layer keeps (a budget schedule's per-layer budgets; the budget everywhere otherwise)
+        out["layer_budgets"] = [b for b in (llm.locret_layer_budget(il) for il in range(kv_heads(llm)[0])) if b >= 0]
     if heat:
         safe = item.id.replace("/", "_")
         path = Path(spec.heatmap_dir) / f"{spec.name}__{safe}.npz"

@@ -1,0 +1,265 @@
+"""Budget schedules (--locret-budget-schedule, locret_budget_schedule=): a budget per evicting layer, the same
+total as the uniform budget (PyramidKV's pyramid, or a file).
+
+Small settings as in test_eviction.py (b = 96, ubatch 32, n_s = 16, n_loc = 8) so that a few hundred tokens go
+through a dozen evictions. The random policy gives each unit a fixed, known score (test_policies.random_scores), so
+the engine's kept sets can be compared with an independent numpy model of Algorithm 1 with per-layer budgets.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import locret  # noqa: F401  (points llama_cpp at our library)
+import llama_cpp
+from locret import eviction
+from locret.heads import HeadsError
+from locret.llama import Llama
+
+from conftest import run, tool
+from test_eviction import Algorithm1, decode, heads_file, last_logits, prompt_tokens  # noqa: F401 (shared fixtures)
+from test_policies import random_scores
+
+B, UB, NS, NLOC = 96, 32, 16, 8
+BETA = 20  # PyramidKV's
+
+
+def pyramid(n_layer: int, b: int, n_s: int) -> list[int]:
+    """PyramidKV's schedule, written from its paper: the last layer keeps b/beta (here at least n_s + 1), the first
+    2b minus that, linear in between; whole units, the remainder of rounding down to the first layers."""
+    last = max(b / BETA, n_s + 1)
+    first = 2 * b - last
+    exact = [first - (first - last) * l / (n_layer - 1) for l in range(n_layer)]
+    out = [int(np.floor(v + 1e-9)) for v in exact]
+    for l in range(n_layer * b - sum(out)):
+        out[l % n_layer] += 1
+    return out
+
+
+def varied(n_layer: int, b: int) -> list[int]:
+    """A schedule unlike a pyramid: budgets that go up and down, summing to n_layer * b."""
+    out = [b + (37 if l % 3 == 0 else -23 if l % 3 == 1 else -14) for l in range(n_layer)]
+    out[-1] += n_layer * b - sum(out)
+    return out
+
+
+class ScheduledAlgorithm1(Algorithm1):
+    """Algorithm 1 with a budget per layer: evictions run when the cache (sized for the largest budget) would
+    overflow, as in the uniform case; each layer then keeps its own budget of the units it holds, its last n_stab
+    as stabilizers and the best of the rest by score (ties to the earlier unit)."""
+
+    def __init__(self, n_layer, n_head_kv, layer_b, ub, n_s, n_loc):
+        super().__init__(n_layer, n_head_kv, max(layer_b), ub, n_s, n_loc)
+        self.layer_b = layer_b
+        self.rows = 0  # cells in use: the largest layer's view (what the engine's n_cells_used counts)
+        self.post_counts: list[int] = []
+        self.n_evictions = 0
+
+    def evict(self, n_keep, n_stab):
+        if n_keep >= self.rows:
+            return
+        for il, layer in enumerate(self.units):
+            for h, units in enumerate(layer):
+                n = len(units)
+                n_live = min(n_keep, self.layer_b[il], n)
+                stab = min(n_stab, n)
+                cand = np.arange(n - stab)
+                scores = np.array([units[i][1] for i in cand], dtype=np.float32)
+                order = cand[np.lexsort((cand, -scores))]
+                keep = sorted(order[:n_live - stab].tolist()) + list(range(n - stab, n))
+                layer[h] = [units[i] for i in keep]
+        self.rows = n_keep
+        self.post_counts = [len(layer[0]) for layer in self.units]  # what each layer keeps after this eviction
+        self.n_evictions += 1
+
+    def place(self, positions, scores_of, is_output):
+        if not self.prev_output and self.rows > self.b:
+            self.evict(self.b, 0 if is_output else min(self.n_s, self.rows))
+        elif self.rows + len(positions) > self.capacity:
+            self.evict(min(self.b, self.rows), 0)
+        for il, layer in enumerate(self.units):
+            for h, units in enumerate(layer):
+                units.extend((int(p), float(scores_of[p][il, h])) for p in positions)
+        self.rows += len(positions)
+        self.prev_output = is_output
+
+
+def make(model_path, schedule, policy="random", **kw):
+    args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_budget=B, locret_stabilizers=NS, locret_local=NLOC,
+                locret_policy=policy, locret_budget_schedule=schedule, verbose=False, seed=1, n_threads=1,
+                n_threads_batch=1)
+    args.update(kw)
+    return Llama(model_path=str(model_path), **args)
+
+
+def shape(llm):
+    model = llm._model.model
+    return llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_head_kv(model)
+
+
+def schedule_file(tmp_path, budgets, name="schedule.txt"):
+    path = tmp_path / name
+    path.write_text("# per-layer budgets\n" + "\n".join(f"{v}, " if i % 2 else str(v) for i, v in enumerate(budgets)) + "\n")
+    return path
+
+
+def test_pyramid_is_pyramidkv_and_sums_to_the_uniform_total(model_path):
+    llm = make(model_path, "pyramid")
+    n_layer, _ = shape(llm)
+    got = [llm.locret_layer_budget(il) for il in range(n_layer)]
+    want = pyramid(n_layer, B, NS)
+    assert got == want
+    assert sum(got) == n_layer * B and got[0] > got[-1] == NS + 1  # b/20 < n_s + 1 here: raised to n_s + 1
+    assert all(a >= b for a, b in zip(got, got[1:]))
+    st = llm.locret_stats()
+    assert st["budget"] == B and st["n_cells"] == locret.eviction._api().llama_locret_kv_cells_per_seq(max(got), UB)
+    assert llm.locret_layer_budget(n_layer) == -1
+
+
+@pytest.mark.parametrize("kind", ["file", "pyramid"])
+def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp_path, kind):
+    probe = make(model_path, None)
+    n_layer, n_head_kv = shape(probe)
+    del probe
+    layer_b = varied(n_layer, B) if kind == "file" else pyramid(n_layer, B, NS)
+    llm = make(model_path, schedule_file(tmp_path, layer_b) if kind == "file" else "pyramid")
+    assert [llm.locret_layer_budget(il) for il in range(n_layer)] == layer_b
+    ref = ScheduledAlgorithm1(n_layer, n_head_kv, layer_b, UB, NS, NLOC)
+
+    # a prompt in ubatches, generation one token at a time, a second prompt: prefill and decode evictions
+    prompt = prompt_tokens[:520]
+    calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
+    calls += [([t], True) for t in prompt_tokens[600:760]]
+    second = prompt_tokens[800:880]
+    calls += [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
+    n_positions = len(prompt) + 160 + len(second)
+    table = np.stack([np.stack([random_scores(il, h, np.arange(n_positions)) for h in range(n_head_kv)], axis=-1)
+                      for il in range(n_layer)], axis=1)  # [position, layer, head]
+
+    n_past, checked_full = 0, 0
+    for tokens, output_last in calls:
+        evictions_before = ref.n_evictions
+        n_past = decode(llm, tokens, n_past, output_last)
+        first, offset = n_past - len(tokens), 0
+        for size in ref.split(len(tokens), output_last):
+            ref.place(list(range(first + offset, first + offset + size)), table,
+                      output_last and offset + size == len(tokens))
+            offset += size
+        for il in range(n_layer):
+            for h in range(n_head_kv):
+                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], \
+                    f"layer {il} head {h} after position {n_past}"
+        assert llm.locret_stats()["n_cells_used"] == ref.rows
+        if ref.n_evictions > evictions_before and ref.post_counts[0] == layer_b[0]:
+            # an eviction to the full budget: each layer kept exactly its own budget (the total of the uniform
+            # budget), and holds the tokens placed after it besides
+            assert ref.post_counts == layer_b and sum(ref.post_counts) == n_layer * B
+            after = ref.rows - ref.b
+            counts = [len(llm.locret_retained(il, h)) - after for il in range(n_layer) for h in range(n_head_kv)]
+            assert counts == [b for b in layer_b for _ in range(n_head_kv)]
+            checked_full += 1
+    st = llm.locret_stats()
+    assert st["n_evictions"] >= 10 and checked_full >= 3 and st["pos_logical"] == n_positions
+
+
+def test_masked_cells_are_not_attended(model_path, prompt_tokens, tmp_path, heads_file):
+    """After evictions, overwrite the cells each layer masks with keys of 0 and values of 100: if attention read
+    them, the next logits would move far; they must stay what they were."""
+    n_layer = shape(make(model_path, None))[0]
+    layer_b = varied(n_layer, B)
+    path = schedule_file(tmp_path, layer_b)
+    logits = []
+    for poison in (False, True):
+        llm = make(model_path, path, policy=None, locret_heads=heads_file)
+        n_past = 0
+        for i in range(0, 400, UB):
+            n_past = decode(llm, prompt_tokens[i:min(400, i + UB)], n_past, i + UB >= 400)
+        for t in prompt_tokens[400:420]:
+            n_past = decode(llm, [t], n_past, True)
+        if poison:
+            assert eviction.fill_masked(llm._ctx.ctx, 0.0, 100.0) > 0
+        n_past = decode(llm, prompt_tokens[420:421], n_past, True)
+        logits.append(last_logits(llm))
+    assert np.all(np.isfinite(logits[0]))
+    np.testing.assert_array_equal(logits[1], logits[0])
+
+
+def test_uniform_file_equals_no_schedule(model_path, prompt_tokens, tmp_path):
+    n_layer = shape(make(model_path, None))[0]
+    runs = []
+    for schedule in (None, schedule_file(tmp_path, [B] * n_layer)):
+        llm = make(model_path, schedule)
+        n_past = 0
+        for i in range(0, 300, UB):
+            n_past = decode(llm, prompt_tokens[i:min(300, i + UB)], n_past, i + UB >= 300)
+        runs.append((last_logits(llm), [llm.locret_retained(il, 0).tolist() for il in range(n_layer)]))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
+
+
+def test_state_round_trip_and_another_schedule_refused(model_path, prompt_tokens, tmp_path):
+    n_layer = shape(make(model_path, None))[0]
+    path = schedule_file(tmp_path, varied(n_layer, B))
+    llm = make(model_path, path)
+    n_past = 0
+    for i in range(0, 300, UB):
+        n_past = decode(llm, prompt_tokens[i:min(300, i + UB)], n_past, i + UB >= 300)
+    state = llm.save_state()
+    want = [llm.locret_retained(il, 0).tolist() for il in range(n_layer)]
+    n_past = decode(llm, prompt_tokens[300:301], n_past, True)
+    want_logits = last_logits(llm)
+
+    again = make(model_path, path)
+    again.load_state(state)
+    assert [again.locret_retained(il, 0).tolist() for il in range(n_layer)] == want
+    decode(again, prompt_tokens[300:301], n_past - 1, True)
+    np.testing.assert_array_equal(last_logits(again), want_logits)
+
+    for other in ("pyramid", None):
+        ctx = make(model_path, other)
+        with pytest.raises(Exception):
+            ctx.load_state(state)
+        assert "budget schedule" in locret.heads._last_error() or ctx.locret_stats()["n_cells_used"] == 0
+
+
+def test_refusals(model_path, tmp_path):
+    n_layer = shape(make(model_path, None))[0]
+    cases = {
+        "missing": (tmp_path / "nope.txt", "neither uniform, pyramid nor a readable file"),
+        "word": (schedule_file(tmp_path, ["96"] * (n_layer - 1) + ["lots"], "word.txt"), "'lots' is not a budget"),
+        "count": (schedule_file(tmp_path, [B] * (n_layer - 1), "count.txt"), f"this model evicts {n_layer} layers"),
+        "sum": (schedule_file(tmp_path, [B] * (n_layer - 1) + [B + 1], "sum.txt"),
+                f"sums to {n_layer * B + 1} units"),
+        "small": (schedule_file(tmp_path, [NS] + [B] * (n_layer - 2) + [2 * B - NS], "small.txt"),
+                  "layer 0's budget (16) must be larger than the stabilizers"),
+    }
+    for name, (path, message) in cases.items():
+        with pytest.raises(Exception) as err:
+            make(model_path, path)
+        assert message in str(err.value) or message in locret.heads._last_error(), (name, str(err.value))
+
+    # schedules are for the policies that select per layer
+    for policy in ("lagkv", "sage"):
+        with pytest.raises(HeadsError, match="heads, random and streaming policies"):
+            make(model_path, "pyramid", policy=policy, locret_stabilizers=None, locret_local=None, n_ctx=4096)
+
+    # the tools: an unknown name, and a schedule without a budget
+    proc = run([tool("llama-completion"), "-m", model_path, "--locret-policy", "random", "--locret-budget", "64",
+                "--locret-budget-schedule", "steep", "-p", "hi", "-n", "1", "-no-cnv"], timeout=120)
+    assert proc.returncode != 0 and "budget schedule 'steep' is neither uniform, pyramid nor a readable file" in \
+        proc.stderr, proc.stderr[-2000:]
+    proc = run([tool("llama-completion"), "-m", model_path, "--locret-budget-schedule", "pyramid", "-p", "hi",
+                "-n", "1", "-no-cnv"], timeout=120)
+    assert proc.returncode != 0 and "set a budget first" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_tools_run_a_pyramid(model_path, prompt_tokens):
+    from conftest import natural_text
+    prompt = natural_text()[:6000]
+    for exe, extra in (("llama-completion", ["-p", prompt, "-n", "4", "-no-cnv", "--temp", "0"]),
+                       ("llama-bench", ["-p", "512", "-n", "0", "-r", "1"])):
+        proc = run([tool(exe), "-m", model_path, "--locret-policy", "streaming", "--locret-budget", "128",
+                    "-ub", "64", "-b", "64", "--locret-budget-schedule", "pyramid", "-t", "1", "-v", *extra], timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        if exe == "llama-completion":
+            assert "Locret budget schedule (layer:units): 0:" in proc.stderr, proc.stderr[-3000:]
