@@ -861,7 +861,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
 
     // the selections, into the pending positions: nothing changes until the compaction has run
     struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; bool sage_selected; };
-    // a budget schedule: per pending eviction, the units each layer keeps (its new live_end), and the units it evicts
+    // a budget schedule: per pending eviction, the units each layer keeps (its live_end after the eviction)
     live_next.resize(std::max(live_next.size(), plan.steps.size()));
     std::vector<pending_t> pending;
     locret_moves & moves = evict_moves;

@@ -247,7 +247,7 @@ class Settings:
     overridden: tuple[str, ...]  # which ones the caller set
     policy: str = "heads"        # eviction policy; "sage" (SAGE-KV) reads each prompt whole before it evicts
     schedule: str = "uniform"    # budget schedule: uniform, pyramid, or a file of per-layer budgets
-    largest_budget: int = 0      # the largest layer budget of the schedule (0: uniform, the budget)
+    largest_budget: int = 0      # the largest layer budget of a schedule (0: uniform, the budget itself)
 
     @property
     def n_cells(self) -> int:
@@ -349,7 +349,7 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
         raise PlanError(f"a budget schedule works with the heads, random and streaming policies, not {policy}")
     return Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
                     stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy,
-                    schedule=schedule, largest_budget=largest_layer_budget(schedule, b, n_s))
+                    schedule=schedule, largest_budget=0 if schedule == "uniform" else largest_layer_budget(schedule, b, n_s))
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -677,6 +677,8 @@ def _variant_total(p: Plan, **changes) -> int:
     """The checked pool's total with other settings, keeping the measured buffers (they shrink with the
     cache, so this is on the safe side)."""
     s = replace(p.settings, **changes)
+    if "budget" in changes and s.schedule == "pyramid":
+        s = replace(s, largest_budget=largest_layer_budget(s.schedule, s.budget, s.stabilizers))
     parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s.n_cells, s.kv_type))
     buffers = [x for x in p.parts if x.what in ("compute buffers", "output buffer")]
     return sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
