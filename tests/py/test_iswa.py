@@ -72,6 +72,30 @@ def evicting_layers(llm, n_layer):
     return out
 
 
+def run_and_compare(llm, ref, calls, layers, n_head_kv):
+    """Decode `calls` ((tokens, output_last) each), placing the same ubatches with the recorded heads' scores in the
+    numpy model `ref`; after every call, every evicting layer's and KV head's kept set must equal the model's, and the
+    window cache must hold, in every cell, the token at the position it reports, and all of the last WINDOW positions.
+    Returns the next position."""
+    n_past, token_at = 0, {}
+    for toks, out in calls:
+        token_at.update((n_past + j, t) for j, t in enumerate(toks))
+        n_past = decode(llm, toks, n_past, out)
+        scores, positions = heads_api.recorded_scores(llm)
+        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
+        first, offset = n_past - len(toks), 0
+        for size in ref.split(len(toks), out):
+            ref.place(list(range(first + offset, first + offset + size)), scores_of, out and offset + size == len(toks))
+            offset += size
+        for il in layers:
+            for h in range(n_head_kv):
+                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], (il, h, n_past)
+        pos, tok = eviction.window(llm._ctx.ctx)
+        assert all(token_at[int(p)] == int(t) for p, t in zip(pos, tok)), n_past
+        assert set(range(max(0, n_past - WINDOW), n_past)) <= set(pos.tolist()), n_past
+    return n_past
+
+
 def test_gemma_budget_above_the_input_gives_plain_logits(gemma, gemma_heads, tokens):
     toks = tokens[:600]
     plain = llama_cpp.Llama(model_path=str(gemma), n_ctx=2048, n_batch=256, n_ubatch=64, n_threads=2, verbose=False)
@@ -98,25 +122,7 @@ def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows
     calls = [(tokens[i:i + UB], i + UB >= 1400) for i in range(0, 1400, UB)]
     calls += [([t], True) for t in tokens[1400:1440]]
     calls += [(tokens[1500:1564], False), (tokens[1564:1600], True)]  # a second prompt
-    n_past, token_at = 0, {}
-    for toks, out in calls:
-        token_at.update((n_past + j, t) for j, t in enumerate(toks))
-        n_past = decode(llm, toks, n_past, out)
-        scores, positions = heads_api.recorded_scores(llm)
-        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
-        first, offset = n_past - len(toks), 0
-        for size in ref.split(len(toks), out):
-            pos = list(range(first + offset, first + offset + size))
-            ref.place(pos, scores_of, out and offset + size == len(toks))
-            offset += size
-        for il in layers:
-            for h in range(n_head_kv):
-                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], (il, h, n_past)
-        # the window cache: every cell's token is the token at the position the cache reports for it, and the last
-        # WINDOW positions are all there
-        pos, tok = eviction.window(llm._ctx.ctx)
-        assert all(token_at[int(p)] == int(t) for p, t in zip(pos, tok)), n_past
-        assert set(range(max(0, n_past - WINDOW), n_past)) <= set(pos.tolist()), n_past
+    n_past = run_and_compare(llm, ref, calls, layers, n_head_kv)
     st = llm.locret_stats()
     assert st["n_evictions"] >= 15 and st["pos_logical"] == n_past
     llm.close()
@@ -141,22 +147,7 @@ def test_gemma_pyramid_schedules_the_global_layers_only(gemma, gemma_heads, toke
 
     calls = [(tokens[i:i + UB], i + UB >= 1400) for i in range(0, 1400, UB)]
     calls += [([t], True) for t in tokens[1400:1500]]
-    n_past, token_at = 0, {}
-    for toks, out in calls:
-        token_at.update((n_past + j, t) for j, t in enumerate(toks))
-        n_past = decode(llm, toks, n_past, out)
-        scores, positions = heads_api.recorded_scores(llm)
-        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
-        first, offset = n_past - len(toks), 0
-        for size in ref.split(len(toks), out):
-            ref.place(list(range(first + offset, first + offset + size)), scores_of, out and offset + size == len(toks))
-            offset += size
-        for il in layers:
-            for h in range(n_head_kv):
-                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], (il, h, n_past)
-        pos, tok = eviction.window(llm._ctx.ctx)
-        assert all(token_at[int(p)] == int(t) for p, t in zip(pos, tok)), n_past
-        assert set(range(max(0, n_past - WINDOW), n_past)) <= set(pos.tolist()), n_past
+    run_and_compare(llm, ref, calls, layers, n_head_kv)
     assert llm.locret_stats()["n_evictions"] >= 5 and ref.post_counts and \
         [ref.post_counts[il] for il in layers] == want
     assert np.all(np.isfinite(last_logits(llm)))

@@ -43,6 +43,12 @@ def random_scores(il: int, ih: int, positions) -> np.ndarray:
     return (x >> np.uint64(40)).astype(np.float32) / np.float32(1 << 24)
 
 
+def random_table(n_layer: int, n_head_kv: int, n_positions: int) -> np.ndarray:
+    """The random policy's scores of every unit: float32 [position, layer, head]."""
+    return np.stack([np.stack([random_scores(il, h, np.arange(n_positions)) for h in range(n_head_kv)], axis=-1)
+                     for il in range(n_layer)], axis=1)
+
+
 def streaming_after_prompt(n_prompt: int) -> list[int]:
     """What every (layer, head) holds after a prompt of n_prompt tokens (n_prompt % UB > NLOC), by the rules:
     the chunk before the local tail is evicted without stabilizers to the 4 sinks plus the b - 4 most recent
@@ -138,8 +144,7 @@ def test_random_policy_is_algorithm_1_with_hashed_scores(model_path, prompt_toke
     second = prompt_tokens[700:780]
     calls += [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
     n_positions = len(prompt) + 60 + len(second)
-    table = np.stack([np.stack([random_scores(il, h, np.arange(n_positions)) for h in range(n_head_kv)], axis=-1)
-                      for il in range(n_layer)], axis=1)  # [position, layer, head]
+    table = random_table(n_layer, n_head_kv, n_positions)
 
     n_past = 0
     for tokens, output_last in calls:

@@ -18,7 +18,7 @@ from locret.llama import Llama
 
 from conftest import run, tool
 from test_eviction import Algorithm1, decode, heads_file, last_logits, prompt_tokens  # noqa: F401 (shared fixtures)
-from test_policies import random_scores
+from test_policies import random_table, shape
 
 B, UB, NS, NLOC = 96, 32, 16, 8
 BETA = 20  # PyramidKV's
@@ -92,11 +92,6 @@ def make(model_path, schedule, policy="random", **kw):
     return Llama(model_path=str(model_path), **args)
 
 
-def shape(llm):
-    model = llm._model.model
-    return llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_head_kv(model)
-
-
 def schedule_file(tmp_path, budgets, name="schedule.txt"):
     path = tmp_path / name
     path.write_text("# per-layer budgets\n" + "\n".join(f"{v}, " if i % 2 else str(v) for i, v in enumerate(budgets)) + "\n")
@@ -133,8 +128,7 @@ def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp
     second = prompt_tokens[800:880]
     calls += [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
     n_positions = len(prompt) + 160 + len(second)
-    table = np.stack([np.stack([random_scores(il, h, np.arange(n_positions)) for h in range(n_head_kv)], axis=-1)
-                      for il in range(n_layer)], axis=1)  # [position, layer, head]
+    table = random_table(n_layer, n_head_kv, n_positions)
 
     n_past, checked_full = 0, 0
     for tokens, output_last in calls:
