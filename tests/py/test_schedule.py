@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
-import llama_cpp
 from locret import eviction
 from locret.heads import HeadsError
 from locret.llama import Llama
