@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "it evicts, and the plan says so")
     p.add_argument("--budget-schedule", help="uniform (default), pyramid (PyramidKV) or a file of per-layer budgets: "
                    "the cache is sized for the largest layer budget")
+    p.add_argument("--slots", help="sequences served at once (llama-server -np N), each with its own cache of budget "
+                   "+ chunk cells and the whole --context; 'max': the most that fit the device's memory")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
 

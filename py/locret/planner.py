@@ -35,6 +35,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 # K cache types that an evicting context refuses (ggml_ext/src/locret-settings.cpp): 4 bits compound under re-rotation
 FOUR_BIT_KV_TYPES = ("q4_0", "q4_1", "iq4_nl")
+MAX_SLOTS = 256              # LLAMA_MAX_SEQ: the most sequences (server slots) a llama.cpp context takes
 KV_PAD = 256                 # llama.cpp pads the KV cache to 256 cells; Locret sizes it pad(b + B, 256)
 DEFAULT_CONTEXT = 131072     # logical context when none is given ("128k"); memory does not depend on it
 EXIT_DOES_NOT_FIT = 3        # 1 is a bad input, 3 a valid plan that does not fit the device
@@ -248,12 +249,20 @@ class Settings:
     policy: str = "heads"        # eviction policy; "sage" (SAGE-KV) reads each prompt whole before it evicts
     schedule: str = "uniform"    # budget schedule: uniform, pyramid, or a file of per-layer budgets
     largest_budget: int = 0      # the largest layer budget of a schedule (0: uniform, the budget itself)
+    slots: int = 1               # sequences served at once (llama-server -np): one stream of n_cells each
+
 
     @property
     def n_cells(self) -> int:
+        """Cells of one sequence's stream."""
         # SAGE-KV's cache holds the whole context; every other policy's the (largest layer) budget and one chunk
         held = self.context if self.policy == "sage" else max(self.budget, self.largest_budget) + self.ubatch
         return -(-held // KV_PAD) * KV_PAD
+
+    @property
+    def n_ctx(self) -> int:
+        """llama.cpp's -c: with several slots it is split between them (non-unified KV), so each gets `context`."""
+        return self.context * self.slots
 
     def llama_args(self, heads: Path | None) -> list[str]:
         """The same settings as llama.cpp tool flags."""
@@ -261,15 +270,18 @@ class Settings:
         args += [f"--locret-budget {self.budget}", f"-ub {self.ubatch}"]
         if self.policy != "heads":
             args.append(f"--locret-policy {self.policy}")
-        if self.ubatch > 2048:
-            # llama.cpp caps the ubatch at the batch (-b, 2048 by default in the tools)
-            args.append(f"-b {self.ubatch}")
+        if max(self.ubatch, self.slots) > 2048:
+            # llama.cpp caps the ubatch at the batch (-b, 2048 by default in the tools) and asserts when the
+            # context has more sequences than the batch has tokens
+            args.append(f"-b {max(self.ubatch, self.slots)}")
         if self.policy != "sage":   # SAGE-KV's recent window is its own (b/4)
             args.append(f"--locret-stabilizers {self.stabilizers}")
         if self.schedule != "uniform":
             args.append(f"--locret-budget-schedule {self.schedule}")
+        if self.slots > 1:
+            args.append(f"-np {self.slots}")
         return args + [f"-ctk {self.kv_type}", f"-ctv {self.kv_type}",
-                       f"-ngl {'all' if self.gpu_layers < 0 else self.gpu_layers}", f"-c {self.context}"]
+                       f"-ngl {'all' if self.gpu_layers < 0 else self.gpu_layers}", f"-c {self.n_ctx}"]
 
 
 def largest_layer_budget(schedule: str, budget: int, stabilizers: int) -> int:
@@ -288,7 +300,8 @@ def largest_layer_budget(schedule: str, budget: int, stabilizers: int) -> int:
 
 
 def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=None, ubatch=None,
-                     stabilizers=None, kv_type=None, gpu_layers=None, policy=None, schedule=None) -> Settings:
+                     stabilizers=None, kv_type=None, gpu_layers=None, policy=None, schedule=None,
+                     slots: int = 1) -> Settings:
     """The profile's defaults for the model's size class, with the given overrides; PlanError for
     settings that cannot work."""
     sc, covers = device.size_class_for(facts.n_params)
@@ -347,22 +360,29 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
     schedule = "uniform" if schedule is None else str(schedule)
     if schedule != "uniform" and policy not in ("heads", "random", "streaming"):
         raise PlanError(f"a budget schedule works with the heads, random and streaming policies, not {policy}")
+    slots = int(slots)
+    if not 1 <= slots <= MAX_SLOTS:
+        raise PlanError(f"slots must be between 1 and {MAX_SLOTS} (llama.cpp's limit on sequences), got {slots}")
+    if ctx * slots > 0xFFFFFFFF:
+        raise PlanError(f"{slots} slots of {ctx} tokens exceed llama.cpp's context size (2^32 - 1 in all)")
     return Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
                     stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy,
-                    schedule=schedule, largest_budget=0 if schedule == "uniform" else largest_layer_budget(schedule, b, n_s))
+                    schedule=schedule, largest_budget=0 if schedule == "uniform" else largest_layer_budget(schedule, b, n_s),
+                    slots=slots)
 
 
 # --- memory ---------------------------------------------------------------------------------------
 
-def kv_bytes_per_layer(facts: ModelFacts, n_cells: int, kv_type: str) -> list[int]:
-    """Per layer, what llama_kv_cache allocates: a K tensor [n_embd_k_gqa, cells] and a V tensor
-    [n_embd_v_gqa, cells] of the cache type (one stream: Locret keeps one sequence)."""
-    return [n_cells * (row_size(kv_type, k) + row_size(kv_type, v))
+def kv_bytes_per_layer(facts: ModelFacts, n_cells: int, kv_type: str, slots: int = 1) -> list[int]:
+    """Per layer, what llama_kv_cache allocates: a K tensor [n_embd_k_gqa, cells, streams] and a V tensor
+    [n_embd_v_gqa, cells, streams] of the cache type, one stream per slot (Locret refuses unified KV with several
+    sequences)."""
+    return [slots * n_cells * (row_size(kv_type, k) + row_size(kv_type, v))
             for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
 
 
 def predict_kv_bytes(facts: ModelFacts, settings: Settings) -> int:
-    return sum(kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type))
+    return sum(kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type, settings.slots))
 
 
 def _on_gpu(n_layer: int, gpu_layers: int, backend: str) -> tuple[set[int], bool]:
@@ -409,7 +429,8 @@ def place(facts: ModelFacts, heads: tuple[tuple[str, int], ...], settings: Setti
                   f"{settings.n_cells} cells = pad("
                   f"{settings.context if settings.policy == 'sage' else f'{max(settings.budget, settings.largest_budget)} + {settings.ubatch}'}, "
                   f"{KV_PAD}) x "
-                  f"{facts.n_layer} layers x (K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {settings.kv_type}")]
+                  + (f"{settings.slots} slots x " if settings.slots > 1 else "")
+                  + f"{facts.n_layer} layers x (K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {settings.kv_type}")]
     if device.memory.kind != "discrete":
         # one memory: what llama.cpp puts in CUDA buffers is the same RAM
         for p in parts:
@@ -443,7 +464,7 @@ def measure(model: Path, heads: Path | None, settings: Settings, timeout: float 
     request = dict(model=str(model), heads=str(heads) if heads else None, context=settings.context,
                    budget=settings.budget, ubatch=settings.ubatch, stabilizers=settings.stabilizers,
                    kv_type=settings.kv_type, gpu_layers=settings.gpu_layers, policy=settings.policy,
-                   schedule=settings.schedule)
+                   schedule=settings.schedule, slots=settings.slots)
     # an abort inside llama.cpp would otherwise attach gdb to print a backtrace: the message is enough
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     try:
@@ -508,9 +529,12 @@ def _measure_main(request: dict) -> dict:
         return {"error": str(e)}
     types = _type_sizes()[1]
     cp = L.llama_context_default_params()
-    cp.n_ctx = int(request["context"])
+    slots = int(request.get("slots", 1))
+    cp.n_ctx = int(request["context"]) * slots      # split between the slots, as llama-server -np does
     cp.n_batch = cp.n_ubatch = int(request["ubatch"])
-    cp.n_seq_max = 1
+    cp.n_batch = max(cp.n_batch, slots)             # llama.cpp asserts when a context has more sequences than -b
+    cp.n_seq_max = slots
+    cp.kv_unified = False                           # one stream per slot: what Locret takes with several sequences
     cp.n_threads = cp.n_threads_batch = 1
     cp.type_k = cp.type_v = int(types[request["kv_type"].upper()])
     ctx = L.llama_init_from_model(model, cp)
@@ -597,10 +621,57 @@ def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: st
                     "with them; `locret convert` makes them)")
 
 
+def parse_slots(text: str | int | None) -> int | str:
+    """--slots: a count, or 'max' (the most that fit the device's memory)."""
+    if text is None:
+        return 1
+    if str(text).strip().lower() == "max":
+        return "max"
+    try:
+        return int(text)
+    except ValueError:
+        raise PlanError(f"slots must be a whole number or 'max', got '{text}'") from None
+
+
 def plan(device: str, model: str, *, heads: str | None = None, context=None, budget=None, ubatch=None,
          stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True, policy=None,
-         schedule=None) -> Plan:
-    """Resolve settings and predict the peak memory of a model on a device; see the module doc."""
+         schedule=None, slots: int | str = 1) -> Plan:
+    """Resolve settings and predict the peak memory of a model on a device; see the module doc. slots='max'
+    plans the most slots (sequences served at once) whose memory fits the device, up to llama.cpp's 256."""
+    kw = dict(heads=heads, context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
+              gpu_layers=gpu_layers, measure_buffers=measure_buffers, policy=policy, schedule=schedule)
+    slots = parse_slots(slots)
+    if slots != "max":
+        return _plan(device, model, slots=slots, **kw)
+    one = _plan(device, model, slots=1, **kw)
+    if not one.fits:
+        return one     # not even one slot: the refusal says what to change
+    n = _slots_that_fit(one)
+    while True:
+        # measured again at n: llama.cpp's compute buffers may grow with the number of sequences
+        p = _plan(device, model, slots=n, **kw)
+        if p.fits or n == 1:
+            break
+        step = _variant_total(p, slots=n + 1) - p.total()
+        n = max(1, min(n - 1, n - -(-(p.total() - p.limit) // max(step, 1))))
+    why = (f"llama.cpp's limit of {MAX_SLOTS} sequences" if n == MAX_SLOTS
+           else f"one more slot adds {_fmt(_variant_total(p, slots=n + 1) - p.total())} and would exceed the limit")
+    p.notes.append(f"slots: {n}, the most that fit ({why})")
+    return p
+
+
+def _slots_that_fit(p: Plan) -> int:
+    """The largest slot count whose pool total stays under the limit, solved from the per-slot cost (KV cache,
+    one stream each) with the measured buffers kept."""
+    per_slot = _variant_total(p, slots=p.settings.slots + 1) - p.total()
+    if per_slot <= 0:     # the KV cache is not in the limited pool (e.g. all layers on the CPU of a discrete GPU)
+        return MAX_SLOTS
+    fixed = p.total() - per_slot * p.settings.slots
+    return max(1, min(MAX_SLOTS, (p.limit - fixed) // per_slot))
+
+
+def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizers, kv_type, gpu_layers,
+          measure_buffers, policy, schedule, slots: int) -> Plan:
     from . import models
 
     dev = devices.load(device)
@@ -608,13 +679,13 @@ def plan(device: str, model: str, *, heads: str | None = None, context=None, bud
     facts = read_model(model_path)
     settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
                                 stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, policy=policy,
-                                schedule=schedule)
+                                schedule=schedule, slots=slots)
     if settings.policy == "heads":
         heads_path, heads_origin = resolve_heads(model, model_path, facts, heads)
         head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
     else:
         heads_path, heads_origin, head_tensors = None, f"none (policy {settings.policy} needs no heads)", ()
-    kv_layers = kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type)
+    kv_layers = kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type, settings.slots)
     parts = place(facts, head_tensors, settings, dev, kv_layers)
     out = Plan(device=dev, model=facts, heads_path=heads_path, head_tensors=head_tensors,
                settings=settings, parts=parts, measured=None)
@@ -679,7 +750,7 @@ def _variant_total(p: Plan, **changes) -> int:
     s = replace(p.settings, **changes)
     if "budget" in changes and s.schedule == "pyramid":
         s = replace(s, largest_budget=largest_layer_budget(s.schedule, s.budget, s.stabilizers))
-    parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s.n_cells, s.kv_type))
+    parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s.n_cells, s.kv_type, s.slots))
     buffers = [x for x in p.parts if x.what in ("compute buffers", "output buffer")]
     return sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
 
@@ -738,7 +809,8 @@ def format_plan(p: Plan) -> str:
              f"trained window {m.n_ctx_train} -> size class {s.size_class}",
              f"heads     {p.heads_path if p.heads_path else 'embedded in the model'}",
              f"settings  budget {s.budget}, chunk (ubatch) {s.ubatch}, stabilizers {s.stabilizers}, KV cache "
-             f"{s.kv_type}, GPU layers {'all' if s.gpu_layers < 0 else s.gpu_layers}, context {s.context}",
+             f"{s.kv_type}, GPU layers {'all' if s.gpu_layers < 0 else s.gpu_layers}, context {s.context}"
+             + (f" per slot, {s.slots} slots" if s.slots > 1 else ""),
              f"          from {d.name}'s {s.size_class} defaults"
              + (f"; given: {', '.join(s.overridden)}" if s.overridden else ""),
              f"llama.cpp {' '.join(s.llama_args(p.heads_path))}",
@@ -767,7 +839,8 @@ def run_cli(args) -> int:
     try:
         p = plan(args.device, args.model, heads=args.heads, context=args.context, budget=args.budget,
                  ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
-                 policy=getattr(args, "policy", None), schedule=getattr(args, "budget_schedule", None))
+                 policy=getattr(args, "policy", None), schedule=getattr(args, "budget_schedule", None),
+                 slots=getattr(args, "slots", None) or 1)
     except (DeviceError, PlanError, ModelFileError, RuntimeError) as e:
         print(f"locret: error: {e}", file=sys.stderr)
         return 1

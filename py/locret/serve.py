@@ -24,21 +24,36 @@ def command(args: argparse.Namespace) -> list[str]:
     server = tool_path("llama-server")
     model_path = models.resolve(args.model)
     facts = planner.read_model(model_path)
+    slots = planner.parse_slots(getattr(args, "slots", None))
     if args.device is not None:
-        s = planner.resolve_settings(devices.load(args.device), facts, context=args.context, budget=args.budget,
-                                     ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type,
-                                     gpu_layers=args.gpu_layers)
-        budget, ubatch, stabilizers, kv_type, gpu_layers, context = (s.budget, s.ubatch, s.stabilizers, s.kv_type,
-                                                                     s.gpu_layers, s.context)
+        if slots == "max":
+            # the planner measures llama.cpp's buffers for the slot count it settles on
+            p = planner.plan(args.device, str(model_path), heads=args.heads, context=args.context, budget=args.budget,
+                             ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type,
+                             gpu_layers=args.gpu_layers, policy=args.policy, slots="max")
+            if not p.fits:
+                raise planner.PlanError(planner.refusal(p))
+            s = p.settings
+        else:
+            s = planner.resolve_settings(devices.load(args.device), facts, context=args.context, budget=args.budget,
+                                         ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type,
+                                         gpu_layers=args.gpu_layers, slots=slots)
+        budget, ubatch, stabilizers, kv_type, gpu_layers, context, slots = (
+            s.budget, s.ubatch, s.stabilizers, s.kv_type, s.gpu_layers, s.context, s.slots)
     else:
+        if slots == "max":
+            raise planner.PlanError("--slots max needs --device: the most slots that fit depends on its memory")
+        if not 1 <= slots <= planner.MAX_SLOTS:
+            raise planner.PlanError(f"slots must be between 1 and {planner.MAX_SLOTS}, got {slots}")
         budget = DEFAULT_BUDGET if args.budget is None else args.budget
         ubatch = DEFAULT_UBATCH if args.ubatch is None else args.ubatch
         stabilizers, kv_type = args.stabilizers, args.kv_type
         gpu_layers = planner.parse_gpu_layers(args.gpu_layers)
         context = planner.parse_context(args.context or DEFAULT_CONTEXT)
-    cmd = [str(server), "-m", str(model_path), "-c", str(context), "-ub", str(ubatch), "-b", str(max(ubatch, 2048)),
-           "-np", "1", "--host", args.host, "--port", str(args.port), "--locret-budget", str(budget),
-           "--locret-policy", args.policy]
+    # -c is split between the slots (one KV stream each): every slot gets the whole logical context
+    cmd = [str(server), "-m", str(model_path), "-c", str(context * slots), "-ub", str(ubatch),
+           "-b", str(max(ubatch, 2048)), "-np", str(slots), "--host", args.host, "--port", str(args.port),
+           "--locret-budget", str(budget), "--locret-policy", args.policy]
     if args.policy == "heads":
         heads, _ = planner.resolve_heads(args.model, model_path, facts, args.heads)
         if heads is not None:
@@ -84,6 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", help="KV cache type for K and V: f16, q8_0, ...")
     p.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all'")
     p.add_argument("--device", help="device profile (devices/): its settings for the model")
+    p.add_argument("--slots", help="requests served at once (llama-server -np), each in its own cache of budget + "
+                   "chunk cells; 'max' (with --device): the most that fit the device's memory (default 1)")
     p.add_argument("--threads", type=int, help="CPU threads (default: llama-server's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)

@@ -328,6 +328,52 @@ def test_a_budget_schedule_plan_sizes_the_cache_for_the_largest_layer_and_llama_
             planner.plan("cpu-2core", str(model_path), budget=2048, ubatch=512, measure_buffers=False, **kw)
 
 
+def test_slots_multiply_the_cache_and_llama_cpp_agrees(model_path):
+    # llama-server -np 3: one stream of pad(1024 + 128, 256) = 1280 cells per slot, -c split between the slots
+    one = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128, context=8192)
+    three = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128, context=8192, slots=3)
+    kv = [next(x for x in p.parts if x.what == "KV cache").host_bytes for p in (one, three)]
+    assert kv[1] == 3 * kv[0] == 3 * 1280 * 30 * (192 + 192) * 2
+    assert three.measured.kv_bytes == kv[1]            # llama.cpp's own context with n_seq_max 3, non-unified
+    assert "-np 3" in " ".join(three.settings.llama_args(HEADS)) and "-c 24576" in " ".join(three.settings.llama_args(HEADS))
+    assert "1280 cells = pad(1024 + 128, 256) x 3 slots" in planner.format_plan(three)
+
+
+def test_max_slots_is_the_most_that_fit(tmp_path, model_path):
+    one = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128)
+    per_slot = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128, slots=2).total() \
+        - one.total()
+    # a board with room for the fixed parts and 4.5 slots' worth: 4 slots fit, 5 do not
+    gib = (one.total() + 3.5 * per_slot) / (1 << 30)
+    board = profile_copy(tmp_path, "cpu-2core", "slot-board",
+                         lambda t: re.sub(r"available_gib = [0-9.]+", f"available_gib = {gib:.6f}", t))
+    best = planner.plan(str(board), str(model_path), heads=str(HEADS), budget=1024, ubatch=128, slots="max")
+    assert best.settings.slots == 4 and best.fits, planner.format_plan(best)
+    assert any(n.startswith("slots: 4, the most that fit (one more slot adds") for n in best.notes), best.notes
+    assert not planner.plan(str(board), str(model_path), heads=str(HEADS), budget=1024, ubatch=128, slots=5).fits
+    # on this machine's profile memory is not the limit for SmolLM2: llama.cpp's 256 sequences are
+    roomy = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128, slots="max")
+    assert roomy.settings.slots == planner.MAX_SLOTS and roomy.fits
+    assert any("llama.cpp's limit of 256 sequences" in n for n in roomy.notes)
+    for slots, msg in ((0, "slots must be between 1 and 256"), (257, "slots must be between 1 and 256"),
+                       ("lots", "slots must be a whole number or 'max'")):
+        with pytest.raises(planner.PlanError, match=msg):
+            planner.plan("cpu-2core", str(model_path), heads=str(HEADS), slots=slots, measure_buffers=False)
+
+
+def test_serve_passes_the_slots_to_llama_server(tmp_path, model_path):
+    def command(*args):
+        proc = run([sys.executable, "-m", "locret", "serve", "--model", model_path, "--heads", HEADS, *args,
+                    "--print-command"], timeout=120)
+        return proc.returncode, proc.stdout.split(), proc.stderr
+    rc, cmd, _ = command("--slots", "3", "--context", "8k")
+    assert rc == 0 and cmd[cmd.index("-np") + 1] == "3" and cmd[cmd.index("-c") + 1] == str(3 * 8192)
+    rc, cmd, _ = command("--slots", "max", "--device", "cpu-2core", "--budget", "1024", "--ubatch", "128")
+    assert rc == 0 and cmd[cmd.index("-np") + 1] == "256", cmd
+    rc, _, err = command("--slots", "max")
+    assert rc == 1 and "--slots max needs --device" in err
+
+
 # --- refusals -------------------------------------------------------------------------------------
 
 def test_an_absurd_budget_is_refused_naming_the_limit(model_path):
