@@ -137,6 +137,7 @@ def main() -> int:
     vocab = llama_cpp.Llama(model_path=model, vocab_only=True, verbose=False)
     task = tasks.get("passkey")
     deadline = time.monotonic() + 60 * args.max_minutes
+    wait = 60 * args.max_minutes   # one request may take a whole round: every slot's prompt shares the CPU
 
     port = free_port()
     log_path = args.log or Path(os.environ.get("TMPDIR", "/tmp")) / f"server-faults-{port}.log"
@@ -177,7 +178,7 @@ def main() -> int:
                     question = f"{passkey.INTRO}\n\n{samples[k].context}\n\n{passkey.QUESTION}"
                     replies[k] = request(port, "/v1/chat/completions", {
                         "messages": [{"role": "user", "content": question}], "max_tokens": 12, "temperature": 0},
-                        timeout=600)
+                        timeout=wait)
 
                 long_prompt = f"{passkey.INTRO}\n\n{samples[0].context}"
                 faults = [
@@ -200,7 +201,7 @@ def main() -> int:
                        ({"prompt": "hi", "n_predict": 2, "id_slot": 10 ** 6}, "a slot id that does not exist", "serve"),
                        ({"prompt": "hi", "n_predict": 2, "n_probs": 10 ** 12}, "an absurd n_probs", "serve")]
                 for body, what, expect in bad:
-                    status, reply = request(port, "/completion", body, timeout=900)  # may queue for a busy slot
+                    status, reply = request(port, "/completion", body, timeout=wait)  # may queue for a busy slot
                     counts["requests"] += 1
                     if status == 0:
                         failures.append(f"round {rnd}: {what}: connection dropped ({reply})")
@@ -214,7 +215,7 @@ def main() -> int:
                                         f"{'an HTTP error' if expect == 'refuse' else 'a bounded answer'}: "
                                         f"{str(reply)[:200]}")
                 for t in faults + asks:
-                    t.join(timeout=900)
+                    t.join(timeout=wait)
                 counts["disconnects"] += len(faults)
                 for k, got in enumerate(replies):
                     counts["requests"] += 1

@@ -78,6 +78,8 @@ def main() -> int:
     ap.add_argument("--heads", default=None, help="heads GGUF (default: the shipped heads for the model)")
     ap.add_argument("--generate", type=int, default=8, help="tokens generated after every turn (default 8)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-layers", type=int, default=0,
+                    help="layers on the GPU (a CUDA build; -1: all): on a GPU the 10M tokens take minutes, not hours")
     ap.add_argument("--max-minutes", type=float, default=None)
     ap.add_argument("--out", default=str(REPO / "results" / "soak"))
     ap.add_argument("--resume", action="store_true", help="go on from OUT/state.bin and OUT/soak.json")
@@ -105,6 +107,8 @@ def main() -> int:
         heads = str(shipped) if shipped else None
     settings = dict(model=str(model_path), budget=args.budget, ubatch=args.ubatch, policy=args.policy, heads=heads,
                     generate=args.generate)
+    if args.gpu_layers:
+        settings["gpu_layers"] = args.gpu_layers
 
     progress = {"settings": settings, "tokens": 0, "n_past": 0, "turn": 0, "checks": [], "non_finite": 0,
                 "seconds": 0.0}
@@ -120,7 +124,7 @@ def main() -> int:
     try:
         llm = Llama(str(model_path), n_ctx=1 << 25, n_batch=args.ubatch, n_ubatch=args.ubatch, locret_budget=args.budget,
                     locret_policy=args.policy, locret_heads=heads, n_threads=args.threads,
-                    n_threads_batch=args.threads, verbose=False)
+                    n_threads_batch=args.threads, n_gpu_layers=args.gpu_layers, verbose=False)
     except (HeadsError, ValueError) as e:
         print(f"soak: error: {e}", file=sys.stderr)
         return 2

@@ -644,13 +644,13 @@ def plan(device: str, model: str, *, heads: str | None = None, context=None, bud
     if slots != "max":
         return _plan(device, model, slots=slots, **kw)
     one = _plan(device, model, slots=1, **kw)
-    if not one.fits:
+    if one.total() > one.limit or (measure_buffers and not one.fits):
         return one     # not even one slot: the refusal says what to change
     n = _slots_that_fit(one)
     while True:
         # measured again at n: llama.cpp's compute buffers may grow with the number of sequences
         p = _plan(device, model, slots=n, **kw)
-        if p.fits or n == 1:
+        if p.total() <= p.limit or n == 1:
             break
         step = _variant_total(p, slots=n + 1) - p.total()
         n = max(1, min(n - 1, n - -(-(p.total() - p.limit) // max(step, 1))))

@@ -9,6 +9,7 @@
 // removed from the header. Each input must load (a mutation of tensor data gives other valid heads) or be refused
 // with a message; a crash fails the run, a hang fails it through ctest's timeout. The run prints how many inputs
 // were loaded and refused, and the most frequent refusals.
+#include "fuzz-mutate.h"
 #include "llama-locret.h"
 
 #include "ggml.h"
@@ -92,48 +93,6 @@ static std::vector<uint8_t> seed_heads(const llama_model * model, const std::str
     return bytes;
 }
 
-// one mutation of `in`; positions favour the header (`meta` bytes), where the loader's decisions are
-static void mutate(std::vector<uint8_t> & in, size_t meta, std::mt19937_64 & rng) {
-    auto pick = [&](size_t n) { return n == 0 ? (size_t) 0 : (size_t) (rng() % n); };
-    auto where = [&]() { return rng() % 4 != 0 ? pick(std::min(meta, in.size())) : pick(in.size()); };
-    static const uint64_t boundary[] = { 0, 1, 2, 0x7f, 0xff, 0x7fff, 0xffff, 0x7fffffffull, 0x80000000ull,
-                                         0xffffffffull, 0x100000000ull, 0x7fffffffffffffffull, 0xffffffffffffffffull };
-    switch (rng() % 5) {
-        case 0: { // truncation
-            in.resize(rng() % 2 ? where() : pick(in.size() + 1));
-        } break;
-        case 1: { // flipped bits
-            const int n = 1 + (int) (rng() % 8);
-            for (int i = 0; i < n && !in.empty(); ++i) {
-                in[where()] ^= (uint8_t) (1u << (rng() % 8));
-            }
-        } break;
-        case 2: { // an integer field (u32 or u64) set to a boundary value
-            const size_t width = rng() % 2 ? 4 : 8;
-            if (in.size() >= width) {
-                size_t at = where();
-                at = std::min(at - at % 4, in.size() - width);
-                const uint64_t v = boundary[rng() % (sizeof(boundary) / sizeof(boundary[0]))];
-                std::memcpy(in.data() + at, &v, width);
-            }
-        } break;
-        case 3: { // bytes inserted into the header
-            const size_t at = where();
-            const size_t n  = 1 + pick(16);
-            std::vector<uint8_t> extra(n);
-            for (auto & b : extra) {
-                b = (uint8_t) rng();
-            }
-            in.insert(in.begin() + (ptrdiff_t) std::min(at, in.size()), extra.begin(), extra.end());
-        } break;
-        default: { // bytes removed from the header
-            const size_t at = where();
-            const size_t n  = std::min(1 + pick(16), in.size() - std::min(at, in.size()));
-            in.erase(in.begin() + (ptrdiff_t) std::min(at, in.size()), in.begin() + (ptrdiff_t) (std::min(at, in.size()) + n));
-        } break;
-    }
-}
-
 static bool write_file(const std::string & path, const std::vector<uint8_t> & bytes) {
     FILE * f = std::fopen(path.c_str(), "wb");
     if (f == nullptr) {
@@ -201,7 +160,7 @@ int main(int argc, char ** argv) {
         std::vector<uint8_t> in = base;
         const int n_mut = 1 + (int) (rng() % 3);
         for (int m = 0; m < n_mut; ++m) {
-            mutate(in, meta, rng);
+            fuzz_mutate(in, 0, meta, rng);
         }
         if (!write_file(path_input, in)) {
             std::fprintf(stderr, "FAIL: cannot write %s\n", path_input.c_str());
