@@ -89,6 +89,8 @@ def disconnect_after(port: int, body: dict, seconds: float, stream_first_chunk: 
             s.recv(64)
         else:
             time.sleep(seconds)
+    except TimeoutError:
+        pass    # no first bytes within a minute (the request waits for a free slot): it disconnects while queued
     finally:
         s.close()
 
@@ -175,9 +177,10 @@ def main() -> int:
                 replies: list[tuple[int, dict | str] | None] = [None] * len(samples)
 
                 def ask(k: int) -> None:
+                    # 24 tokens: the model often opens with "The five-digit passkey hidden in the text is" (11)
                     question = f"{passkey.INTRO}\n\n{samples[k].context}\n\n{passkey.QUESTION}"
                     replies[k] = request(port, "/v1/chat/completions", {
-                        "messages": [{"role": "user", "content": question}], "max_tokens": 12, "temperature": 0},
+                        "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0},
                         timeout=wait)
 
                 long_prompt = f"{passkey.INTRO}\n\n{samples[0].context}"

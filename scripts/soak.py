@@ -76,6 +76,10 @@ def main() -> int:
     ap.add_argument("--ubatch", type=int, default=512)
     ap.add_argument("--policy", default="heads", help="eviction policy (default heads, the shipped heads)")
     ap.add_argument("--heads", default=None, help="heads GGUF (default: the shipped heads for the model)")
+    ap.add_argument("--pool", type=int, default=15,
+                    help="score pooling window (odd; 0: none, the paper's Locret), default 15 as in the main job: whole "
+                         "spans such as a delivery number stay together (without it a 20K-token soak answered 9-3-3-8 "
+                         "for 9-3-3-3)")
     ap.add_argument("--generate", type=int, default=8, help="tokens generated after every turn (default 8)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0,
@@ -109,6 +113,8 @@ def main() -> int:
                     generate=args.generate)
     if args.gpu_layers:
         settings["gpu_layers"] = args.gpu_layers
+    if args.pool:
+        settings["pool"] = args.pool
 
     progress = {"settings": settings, "tokens": 0, "n_past": 0, "turn": 0, "checks": [], "non_finite": 0,
                 "seconds": 0.0}
@@ -123,7 +129,8 @@ def main() -> int:
 
     try:
         llm = Llama(str(model_path), n_ctx=1 << 25, n_batch=args.ubatch, n_ubatch=args.ubatch, locret_budget=args.budget,
-                    locret_policy=args.policy, locret_heads=heads, n_threads=args.threads,
+                    locret_policy=args.policy, locret_heads=heads,
+                    locret_pool=args.pool or None, n_threads=args.threads,
                     n_threads_batch=args.threads, n_gpu_layers=args.gpu_layers, verbose=False)
     except (HeadsError, ValueError) as e:
         print(f"soak: error: {e}", file=sys.stderr)

@@ -453,6 +453,7 @@ class Measured:
     local: int
     model_size: int               # llama_model_size(): bytes of the model's tensors
     n_params: int
+    locret: dict[str, int] = field(default_factory=dict)  # Locret's own buffers: eviction graphs, move tables, score store
 
 
 def _is_host_buffer(name: str) -> bool:
@@ -549,10 +550,15 @@ def _measure_main(request: dict) -> dict:
     for name, mib in re.findall(r"(\S+) +output buffer size = +([0-9.]+) MiB", text):
         output[name] = output.get(name, 0) + round(float(mib) * MIB)
     kv_log = re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", text)
+    # Locret's own buffers beside the cache, as its creation log states them
+    evict = re.findall(r"Locret eviction graphs: compute buffers ([0-9.]+) MiB, move tables ([0-9.]+) MiB, "
+                       r"score store ([0-9.]+) MiB", text)
     result = dict(compute=compute, output=output, kv_bytes=int(stats["kv_bytes"]),
                   kv_log_bytes=round(float(kv_log[-1]) * MIB) if kv_log else 0, n_cells=int(stats["n_cells"]),
                   stabilizers=int(stats["stabilizers"]), local=int(stats["local"]),
-                  model_size=int(L.llama_model_size(model)), n_params=int(L.llama_model_n_params(model)))
+                  model_size=int(L.llama_model_size(model)), n_params=int(L.llama_model_n_params(model)),
+                  locret=dict(zip(("eviction graphs", "move tables", "score store"),
+                                  (round(float(x) * MIB) for x in evict[-1]))) if evict else {})
     L.llama_free(ctx)
     del heads
     L.llama_model_free(model)
@@ -715,6 +721,7 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
     m = measure(model_path, heads_path, settings)
     out.measured = m
     _add_buffers(out, m)
+    _add_locret_buffers(out, m)
     predicted_kv = sum(kv_layers)
     if m.kv_bytes and abs(m.kv_bytes - predicted_kv) > 0.05 * m.kv_bytes:
         out.notes.append(f"llama.cpp sized the KV cache at {_fmt(m.kv_bytes)}, not the predicted {_fmt(predicted_kv)}")
@@ -738,6 +745,30 @@ def _add_buffers(out: Plan, m: Measured) -> None:
     out.parts.append(Part("output buffer", 0, sum(m.output.values()), "llama.cpp's estimate (logits)"))
 
 
+LOCRET_PART = "Locret eviction"
+
+
+def _add_locret_buffers(out: Plan, m: Measured) -> None:
+    """Locret's own memory beside the cache, from its creation log: the eviction graphs' compute buffers, the move
+    tables, the score store (a float per cell, KV head and evicting layer), and on the host the units' logical
+    positions (an int32 per cell, KV head and layer: the score store's shape). All grow with cells x slots."""
+    if not m.locret:
+        return
+    graphs, moves, scores = (m.locret.get(k, 0) for k in ("eviction graphs", "move tables", "score store"))
+    positions = scores
+    kv = next(x for x in out.parts if x.what == "KV cache")
+    cuda = out.device.build.backend == "cuda"
+    if out.device.memory.kind == "discrete" and kv.device_bytes > 0:
+        # beside the cache on the GPU; the host fills the move tables in pinned memory and uploads them
+        dev, host = graphs + moves + scores, positions + moves
+    else:
+        dev, host = 0, graphs + moves + scores + positions + (moves if cuda else 0)
+    out.parts.append(Part(LOCRET_PART, dev, host,
+                          f"eviction graphs {_fmt(graphs)}, move tables {_fmt(moves)}"
+                          + (" (+ host staging)" if cuda else "") + f", score store {_fmt(scores)} (Locret's log), "
+                          f"positions {_fmt(positions)} (host)"))
+
+
 def _fmt(n: int) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.2f} MiB"
 
@@ -752,7 +783,13 @@ def _variant_total(p: Plan, **changes) -> int:
         s = replace(s, largest_budget=largest_layer_budget(s.schedule, s.budget, s.stabilizers))
     parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s.n_cells, s.kv_type, s.slots))
     buffers = [x for x in p.parts if x.what in ("compute buffers", "output buffer")]
-    return sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
+    total = sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
+    # Locret's own buffers grow with the cells of all streams
+    scale = (s.n_cells * s.slots) / (p.settings.n_cells * p.settings.slots)
+    for x in p.parts:
+        if x.what == LOCRET_PART:
+            total += round(scale * (x.device_bytes if p.pool == "device" else x.host_bytes))
+    return total
 
 
 def _pool_weights(p: Plan) -> int:
