@@ -251,7 +251,6 @@ class Settings:
     largest_budget: int = 0      # the largest layer budget of a schedule (0: uniform, the budget itself)
     slots: int = 1               # sequences served at once (llama-server -np): one stream of n_cells each
 
-
     @property
     def n_cells(self) -> int:
         """Cells of one sequence's stream."""
