@@ -9,7 +9,7 @@
 // removed from the header. Each input must load (a mutation of tensor data gives other valid heads) or be refused
 // with a message; a crash fails the run, a hang fails it through ctest's timeout. The run prints how many inputs
 // were loaded and refused, and the most frequent refusals.
-#include "fuzz-mutate.h"
+#include "fuzz-common.h"
 #include "llama-locret.h"
 
 #include "ggml.h"
@@ -191,14 +191,7 @@ int main(int argc, char ** argv) {
 
     std::printf("fuzz-locret-heads: %ld inputs (seed %llu, %zu-byte seed file) in %.1f s: %ld loaded, %ld refused with a message, %ld without\n",
             n_loaded + n_refused, (unsigned long long) seed, base.size(), secs, n_loaded, n_refused, n_silent);
-    std::vector<std::pair<long, std::string>> top;
-    for (const auto & [k, n] : kinds) {
-        top.push_back({ n, k });
-    }
-    std::sort(top.rbegin(), top.rend());
-    for (size_t i = 0; i < top.size() && i < 12; ++i) {
-        std::printf("  %8ld  %s\n", top[i].first, top[i].second.c_str());
-    }
+    fuzz_print_kinds(kinds);
     llama_model_free(model);
     llama_backend_free();
     return status;

@@ -15,7 +15,7 @@
 // after every 20th input that loaded, the context decodes again: after a refusal from an empty cache, after a load
 // from where the state left off (a mutated state that loaded may hold any values: the decode may fail, but must
 // not crash), then the cache is cleared and a clean prompt must give finite logits.
-#include "fuzz-mutate.h"
+#include "fuzz-common.h"
 #include "llama-locret.h"
 #include "llama.h"
 
@@ -232,14 +232,7 @@ int main(int argc, char ** argv) {
             n_loaded + n_refused, (unsigned long long) seed, seeds[0].size(), seeds[1].size(),
             seeds[0].size() - sections[0], seeds[1].size() - sections[1], secs, n_loaded, n_refused, n_silent,
             n_left_cells, n_decoded_after, n_decode_refused);
-    std::vector<std::pair<long, std::string>> top;
-    for (const auto & [kind, n] : kinds) {
-        top.push_back({ n, kind });
-    }
-    std::sort(top.rbegin(), top.rend());
-    for (size_t i = 0; i < top.size() && i < 12; ++i) {
-        std::printf("  %8ld  %s\n", top[i].first, top[i].second.c_str());
-    }
+    fuzz_print_kinds(kinds);
     llama_free(ctx);
     llama_locret_heads_free(heads);
     llama_model_free(model);

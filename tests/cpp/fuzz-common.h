@@ -1,14 +1,17 @@
-// The mutations the seeded fuzzers (fuzz-locret-heads, fuzz-locret-state) apply to a valid input: a truncation,
+// What the seeded fuzzers (fuzz-locret-heads, fuzz-locret-state) share: the mutations they apply to a valid input: a truncation,
 // flipped bits, a 4- or 8-byte field set to a boundary value (or its negation), bytes inserted or removed. Three in
 // four positions fall in the input's region of interest [lo, hi) (where the reader under test makes its decisions:
-// a GGUF header, a state's Locret section), the rest anywhere.
+// a GGUF header, a state's Locret section), the rest anywhere; and the report of the most frequent refusals.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 static void fuzz_mutate(std::vector<uint8_t> & in, size_t lo, size_t hi, std::mt19937_64 & rng) {
@@ -55,5 +58,17 @@ static void fuzz_mutate(std::vector<uint8_t> & in, size_t lo, size_t hi, std::mt
             const size_t n  = std::min(1 + pick(16), in.size() - at);
             in.erase(in.begin() + (ptrdiff_t) at, in.begin() + (ptrdiff_t) (at + n));
         } break;
+    }
+}
+
+// the `n_top` most frequent kinds of refusal, most frequent first
+static void fuzz_print_kinds(const std::map<std::string, long> & kinds, size_t n_top = 12) {
+    std::vector<std::pair<long, std::string>> top;
+    for (const auto & [kind, n] : kinds) {
+        top.push_back({ n, kind });
+    }
+    std::sort(top.rbegin(), top.rend());
+    for (size_t i = 0; i < top.size() && i < n_top; ++i) {
+        std::printf("  %8ld  %s\n", top[i].first, top[i].second.c_str());
     }
 }
