@@ -4,7 +4,8 @@
     .venv/bin/python scripts/fuzz_checkpoints.py [--inputs 100000] [--seed 0] [--kinds safetensors,torch,index]
 
 Seeds: small retaining-head checkpoints made here (a trainer-style .safetensors with __metadata__, a torch.save
-.pt, and a sharded Hugging Face directory with its index). Each input is a seed with one or more mutations:
+.pt, a sharded Hugging Face directory with its index, and a heads GGUF as the converter writes it, read back by
+`locret train --init-heads heads.gguf`). Each input is a seed with one or more mutations:
 truncation, flipped bits, boundary values written over integers of the header (safetensors' header length, JSON
 numbers: shapes, offsets), inserted and removed bytes, and for the index file damaged JSON. Each input is read with
 read_checkpoint and every head tensor loaded; the outcome must be a checkpoint or a ConversionError (the converter's
@@ -27,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
-KINDS = ("safetensors", "torch", "index")
+KINDS = ("safetensors", "torch", "index", "gguf")
 BOUNDARY_U64 = (0, 1, 7, 8, 0xFF, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF)
 BOUNDARY_NUMBERS = (b"0", b"-1", b"1", b"4294967295", b"18446744073709551615", b"99999999999999999999999", b"1e308")
 
@@ -71,7 +72,36 @@ def make_seeds(work: Path) -> dict[str, tuple[Path, bytes]]:
         weight_map.update({n: shard for n in part})
     index = shard_dir / "model.safetensors.index.json"
     index.write_text(json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}))
-    return {"safetensors": (st, st.read_bytes()), "torch": (pt, pt.read_bytes()), "index": (index, index.read_bytes())}
+    gguf = write_gguf_seed(tensors, work / "seed.gguf")
+    return {"safetensors": (st, st.read_bytes()), "torch": (pt, pt.read_bytes()), "index": (index, index.read_bytes()),
+            "gguf": (gguf, gguf.read_bytes())}
+
+
+def write_gguf_seed(tensors, out: Path) -> Path:
+    """The seed tensors written as the converter writes heads, for a llama-shaped base whose sizes fit them
+    (2 layers, 2 query and 2 KV heads of size 2: d_in 12; W1's Q/K columns permuted; F16 weights, F32 biases)."""
+    from locret.convert.architectures import architecture
+    from locret.convert.base_model import BaseModel
+    from locret.convert.gguf_output import Recommended, encode_layer, heads_key_values, write_standalone
+    from locret.convert.heads import HeadsLayout, LayerHead
+    from locret.convert.permutation import llama_cpp_input_order
+    from gguf import GGMLQuantizationType
+
+    base = BaseModel(path=out, architecture="llama", name="fuzz", n_layer=2, n_head=2, n_head_kv=2, head_dim_k=2,
+                     head_dim_v=2)
+    order = llama_cpp_input_order(base.n_head, base.n_head_kv, base.head_dim_k, base.head_dim_v)
+    f16 = {"fc1": GGMLQuantizationType.F16, "fc2": GGMLQuantizationType.F16}
+    encoded = []
+    for layer in range(base.n_layer):
+        get = lambda fc, kind: tensors[f"model.layers.{layer}.self_attn.{fc}.{kind}"].float().numpy()
+        head = LayerHead(fc1_weight=get("fc1", "weight")[:, order], fc2_weight=get("fc2", "weight"),
+                         fc1_bias=get("fc1", "bias"), fc2_bias=None)
+        encoded += encode_layer(layer, head, f16)
+    layout = HeadsLayout(d_r=8, has_fc1_bias=True, has_fc2_bias=False)
+    kvs = heads_key_values(base, architecture("llama"), layout, True, Recommended(64, 32, 8, 4),
+                           {"locret.training.seed": 3, "locret.training.notes": "fuzz seed"})
+    write_standalone(out, base, "fuzz seed heads", kvs, encoded)
+    return out
 
 
 def mutate(data: bytes, kind: str, rng: random.Random) -> tuple[bytes, list[str]]:

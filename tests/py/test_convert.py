@@ -415,6 +415,57 @@ def test_trainer_metadata_is_copied(tiny_base, tmp_path, cli):
     }
 
 
+# ---------------------------------------------------------------- reading a heads GGUF back
+
+@pytest.mark.parametrize("weight_type", ["f32", "q8_0"])
+def test_a_heads_gguf_reads_back_in_hugging_face_order(weight_type, tiny_base, tmp_path, cli):
+    """The GGUF reader undoes the Q/K permutation: the tensors come back as the checkpoint had them (exactly
+    for f32, within Q8_0's rounding), and converting the read-back GGUF again writes the same tensor data."""
+    from locret.convert.checkpoint import read_checkpoint
+
+    heads = random_heads(TINY, d_r=32, seed=4, biases=True)
+    source = save_safetensors(heads, tmp_path / "heads.safetensors")
+    first = tmp_path / "first.gguf"
+    assert cli("--base", tiny_base, "--heads", source, "-o", first, "--type", weight_type).returncode == 0
+    checkpoint = read_checkpoint(first)
+    assert set(checkpoint.shapes) == set(heads)
+    for name, values in heads.items():
+        back = checkpoint.load(name)
+        assert back.shape == values.shape, name
+        if weight_type == "f32" or name.endswith("bias"):
+            np.testing.assert_array_equal(back, values, err_msg=name)
+        else:  # Q8_0: one scale per 32 values (blocks in llama.cpp's column order): at most half a step of the
+            # row's largest value (plus the f16 scale's rounding), far less than a wrong column order would move them
+            step = np.abs(values).max(axis=1, keepdims=True) / 127
+            assert np.all(np.abs(back - values) <= 0.6 * step + 1e-7), name  # half a step, and the f16 scale
+            assert np.abs(back - values).max() < 0.05 * np.abs(values).max(), name
+    second = tmp_path / "second.gguf"
+    assert cli("--base", tiny_base, "--heads", first, "-o", second, "--type", weight_type).returncode == 0
+    a, b = GGUFReader(first), GGUFReader(second)
+    assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+    for x, y in zip(a.tensors, b.tensors):
+        assert x.tensor_type == y.tensor_type and np.array_equal(x.data, y.data), x.name
+    assert gguf_kvs(b)["locret.training.source"][1] == "first.gguf"
+
+
+def test_a_gguf_without_heads_or_with_foreign_keys_is_refused(tiny_base, tmp_path, cli):
+    out = tmp_path / "out.gguf"
+    assert_refused(cli("--base", tiny_base, "--heads", tiny_base, "-o", out), f"checkpoint {tiny_base}",
+                   "a GGUF without retaining heads", output=out)
+    good = tmp_path / "good.gguf"
+    assert cli("--base", tiny_base, "--heads", save_safetensors(random_heads(TINY, d_r=8, seed=0),
+                                                                  tmp_path / "h.safetensors"), "-o", good).returncode == 0
+    data = good.read_bytes()
+    bad = tmp_path / "bad-layout.gguf"
+    bad.write_bytes(data.replace(b"llama.cpp", b"llama.hf!"))  # locret.qk_layout's value, same length
+    assert_refused(cli("--base", tiny_base, "--heads", bad, "-o", out), f"checkpoint {bad}",
+                   "locret.qk_layout is 'llama.hf!'", output=out)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:-64])
+    assert_refused(cli("--base", tiny_base, "--heads", cut, "-o", out), f"checkpoint {cut}",
+                   "corrupt or truncated GGUF file", output=out)
+
+
 # ---------------------------------------------------------------- merging into a model
 
 def test_merge_into_model_keeps_everything_and_adds_the_heads(smollm2, smollm2_random, smollm2_converted,

@@ -6,6 +6,7 @@ own numpy code, builds the full attention-score matrix and takes the maxima with
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -285,6 +286,12 @@ def test_fine_tuning_starts_from_the_given_heads(tiny, tmp_path):
              for run in "bc"}
     assert first["b"] < 0.7 * first["c"], first
     assert "--init-heads" in json.loads((tmp_path / "b.run" / "train-log.json").read_text())["command"]
+    # the heads GGUF the first run wrote (f16, W1's Q/K columns in llama.cpp order) starts a run just as well:
+    # the same heads within f16's rounding, so a shipped heads file can be fine-tuned
+    _train(*common, "-o", tmp_path / "e.gguf", "--steps", 2, "--lr", 1e-30, "--init-heads", tmp_path / "a.gguf")
+    e = load_file(tmp_path / "e.run" / "heads.safetensors")
+    for name in a:
+        np.testing.assert_allclose(e[name], a[name], rtol=2e-3, atol=1e-6, err_msg=name)
 
     # a checkpoint of another width, a file that is not safetensors, a missing file
     not_safetensors = tmp_path / "heads.safetensors"
@@ -496,6 +503,53 @@ def test_synthetic_examples_are_seeded_and_hold_their_answer():
         assert count(ex.prompt) <= 600 + 5
     assert seen == set(TASKS)
     assert [data.example(i) for i in range(10)] != [other.example(i) for i in range(10)]
+    assert {data.example(i).context for i in range(80)} == {"pydoc"}
     # the default mix is the shipped heads' recipe: fixed, without the opt-in task
     assert SyntheticData(count, seed=7, min_tokens=300, max_tokens=600).tasks == DEFAULT_TASKS
     assert "repeats" not in DEFAULT_TASKS
+
+
+def test_synthetic_contexts_draw_the_haystack_families():
+    """--contexts: each example's text is one kind, drawn per example; the needles and the answer are in it
+    as with the Python reference; a family's text is its generator's (code lines, log lines, clauses); the
+    quote task, which asks about a section, keeps the reference; an unknown kind is refused."""
+    from locret.tasks.haystacks import FAMILIES
+    from locret.train.synthetic import CONTEXTS, DEFAULT_TASKS, SyntheticData
+
+    def count(text):
+        return len(text.split())
+
+    data = SyntheticData(count, seed=5, min_tokens=300, max_tokens=600, contexts=CONTEXTS)
+    kinds = {}
+    for i in range(120):
+        ex = data.example(i)
+        assert ex == SyntheticData(count, seed=5, min_tokens=300, max_tokens=600, contexts=CONTEXTS).example(i)
+        kinds.setdefault(ex.context, []).append(ex)
+        context = ex.prompt.rsplit("\n\n", 1)[0]
+        if ex.task in ("passkey", "lookup", "tracking", "quote"):
+            assert ex.answer in context, (ex.task, ex.context, ex.answer)
+        if ex.task == "frequent":
+            assert context.count(f"The {ex.answer} was seen again.") >= 6
+        if ex.task == "quote":
+            assert ex.context == "pydoc" and "Section: " in context
+        elif ex.context != "pydoc":
+            assert "Section: " not in context, ex.context
+        assert count(ex.prompt) <= 600 + 5
+    assert set(kinds) == set(CONTEXTS), {k: len(v) for k, v in kinds.items()}
+    assert CONTEXTS == ("pydoc",) + FAMILIES
+    code = "\n\n".join(ex.prompt for ex in kinds["code"])
+    logs = "\n\n".join(ex.prompt for ex in kinds["logs"])
+    assert code.count("def ") + code.count("import ") >= 10 and "\n    " in code  # indented code lines
+    assert logs.count("] ") >= 20 and "Section: " not in logs
+    # the default is the Python reference alone, drawing exactly the examples it drew before the option
+    # existed (the digest was taken with the generator as it was before, so the shipped heads' data is kept)
+    plain = SyntheticData(count, seed=5, min_tokens=300, max_tokens=600)
+    assert plain.contexts == ("pydoc",) and plain.tasks == DEFAULT_TASKS
+    # The text is pydoc_data.topics of the running Python, which differs between releases; the digest is of
+    # 3.11.7's (this project's machines), elsewhere only the rest of this test applies.
+    if sys.version_info[:3] == (3, 11, 7):
+        text = "".join(plain.example(i).prompt + plain.example(i).answer for i in range(12))
+        assert hashlib.sha256(text.encode()).hexdigest() == \
+            "eb817a4ca555c9d6f028f9339907a5ec27599925b7d9bd9da4ac7afbd3dfe30b"
+    with pytest.raises(ValueError, match="unknown context kind"):
+        SyntheticData(count, seed=5, min_tokens=300, max_tokens=600, contexts=("pydoc", "poetry"))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gguf import GGUFReader, GGUFValueType
+from locret.gguf_check import ModelFileError, check_gguf
 
 from .errors import ConversionError, first_line
 
@@ -50,6 +51,13 @@ def open_gguf(path: Path, role: str) -> GGUFReader:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ConversionError(f"{role} {path}: not a GGUF file (starts with {magic!r})")
+    # gguf-py trusts the header's counts (an array of 2^60 items is read item by item past the end of the map),
+    # so the header is first walked with bounds against the file size: a corrupt count is refused at once
+    try:
+        check_gguf(path)
+    except ModelFileError as e:
+        reason = str(e).removeprefix(f"{path}: ")
+        raise ConversionError(f"{role} {path}: corrupt or truncated GGUF file ({reason})") from None
     try:
         reader = GGUFReader(path, "r")
     except (ValueError, IndexError, OSError) as e:

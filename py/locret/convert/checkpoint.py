@@ -7,7 +7,11 @@ Accepted inputs (published Locret checkpoints and this project's trainer output)
   is in PyTorch's zip format, so a full model shard is not read into RAM);
 - a Hugging Face model directory: ``model.safetensors.index.json`` or ``pytorch_model.bin.index.json``
   (only the shards that hold heads are opened), else every ``*.safetensors`` file, else every
-  ``*.bin`` file in it.
+  ``*.bin`` file in it;
+- a ``.gguf`` file with heads (this converter's output, standalone or merged into a model): read back
+  into the checkpoint layout, W1's Q/K columns returned to Hugging Face order when the file records
+  that they were permuted, values dequantized to float32. This is how trained heads that exist only as
+  GGUF (the shipped ones) are fine-tuned (``locret train --init-heads heads.gguf``) or re-typed.
 
 Only tensors named ``model.layers.{i}.self_attn.{fc1,fc2}.{weight,bias}`` are taken.
 
@@ -98,9 +102,12 @@ def read_checkpoint(path: Path) -> Checkpoint:
     elif path.suffix in TORCH_SUFFIXES:
         _read_torch(checkpoint, path)
         checkpoint.provenance = _file_provenance(path)
+    elif path.suffix == ".gguf":
+        from .gguf_heads import read_gguf_heads  # gguf-py is needed only here
+        checkpoint.provenance = read_gguf_heads(checkpoint, path)
     else:
         raise ConversionError(f"checkpoint {path}: unknown file type (expected .safetensors, "
-                              f"{', '.join(TORCH_SUFFIXES)} or a model directory)")
+                              f"{', '.join(TORCH_SUFFIXES)}, .gguf or a model directory)")
     if not any(HEAD_TENSOR.fullmatch(name) for name in checkpoint.shapes):
         raise ConversionError(f"checkpoint {path} has no retaining-head tensors "
                               "(model.layers.{i}.self_attn.fc1.weight, .fc2.weight)")

@@ -16,7 +16,7 @@ from pathlib import Path
 from locret.train.backbone import TRAINABLE_MODEL_TYPES
 from locret.convert.errors import ConversionError, RefusingParser
 from locret.convert.gguf_output import WEIGHT_TYPES
-from locret.train.synthetic import DEFAULT_TASKS, TASKS
+from locret.train.synthetic import CONTEXTS, DEFAULT_TASKS, TASKS
 from locret.train.trainer import TrainConfig, train
 
 PROGRAM = "train_heads"
@@ -55,6 +55,10 @@ def parser() -> RefusingParser:
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help=f"built-in generator's task mix, comma separated; a task named twice is drawn twice as "
                         f"often (known: {','.join(TASKS)}; default {','.join(DEFAULT_TASKS)})")
+    p.add_argument("--contexts", default="pydoc",
+                   help=f"built-in generator's text around the needles, comma separated, one drawn per example "
+                        f"(known: {','.join(CONTEXTS)}; pydoc: the Python reference, the others the evaluation's "
+                        f"generated haystack families; default pydoc)")
     p.add_argument("--d-r", type=int, default=DEFAULTS.d_r, help=f"head hidden width (default {DEFAULTS.d_r})")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps,
                    help=f"optimizer steps, one sequence each (default {DEFAULTS.steps})")
@@ -69,7 +73,8 @@ def parser() -> RefusingParser:
                    help=f"longest sequence; longer prompts lose their middle (default {DEFAULTS.max_tokens})")
     p.add_argument("--init-heads", metavar="CKPT",
                    help="start from these heads instead of a random init (fine-tuning): a run folder's "
-                        "heads.safetensors or a published Locret checkpoint (file or directory) of the same d_R")
+                        "heads.safetensors, a heads GGUF (such as the shipped ones) or a published Locret checkpoint "
+                        "(file or directory) of the same d_R")
     p.add_argument("--freeze-layers", metavar="LAYERS", default="",
                    help="with --init-heads: layers whose heads stay as given, e.g. 0-5 or 0,2,4-6 (they still "
                         "count in the loss and the log)")
@@ -123,7 +128,8 @@ def main(argv: list[str]) -> int:
                              checkpoint_every=args.checkpoint_every, weight_type=args.type, budget=args.budget,
                              chunk=args.chunk, stabilizers=args.stabilizers, local=args.local,
                              init_heads=args.init_heads or "", freeze_layers=_layers(args.freeze_layers),
-                             rank_weight=args.rank_weight, query_tokens=args.query_tokens)
+                             rank_weight=args.rank_weight, query_tokens=args.query_tokens,
+                             contexts=[c for c in args.contexts.split(",") if c])
         summary = train(config, resume=not args.no_resume, max_minutes=args.max_minutes, threads=args.threads,
                         device=_device(args.device), stop_after_steps=args.stop_after_steps,
                         command="train_heads.py " + shlex.join(argv))

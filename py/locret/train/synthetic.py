@@ -20,6 +20,13 @@ between paragraphs:
              mix: it teaches heads that a fact stated once must outrank every repeat of the text
              around it, which pointwise scores otherwise rank alike (heads/README.md).
 
+The text around the needles is, by default, the Python reference (``pydoc``). ``contexts`` adds the
+evaluation's generated haystack families (``prose``, ``code``, ``legal``, ``logs``: locret.tasks.haystacks),
+one drawn per example, so that heads see needles inside source code, licence clauses and server logs too,
+where the structure of the text repeats and a fact stated once must still outrank it. The families' units
+are generated from templates with a seed of the example's own, so training and evaluation share the kind of
+text, never the same stream.
+
 Everything is drawn from `random.Random(f"{seed}:{index}")`, so example `index` of a seed is the
 same in every run and on every machine, whatever was generated before it (resuming a run is
 just continuing the index). Lengths are in tokens of the model's tokenizer, reached by measuring
@@ -29,9 +36,12 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
+from locret.tasks.haystacks import FAMILIES, units
+
+CONTEXTS = ("pydoc",) + FAMILIES
 TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats")
 # the mix when none is chosen: the shipped heads' recipe, kept fixed so that it reproduces them
 DEFAULT_TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent")
@@ -53,6 +63,7 @@ class SyntheticExample:
     prompt: str    # the context followed by the question
     answer: str
     question: str  # the question alone, the text the prompt ends with (Locret-Q puts it in front too)
+    context: str = "pydoc"  # the kind of text around the needles (CONTEXTS)
 
 
 def _paragraphs() -> list[tuple[str, list[str]]]:
@@ -72,10 +83,15 @@ class SyntheticData:
     """Example `index` of the built-in task mix for one seed."""
 
     def __init__(self, count_tokens: Callable[[str], int], seed: int, min_tokens: int, max_tokens: int,
-                 tasks: tuple[str, ...] = DEFAULT_TASKS) -> None:
+                 tasks: tuple[str, ...] = DEFAULT_TASKS, contexts: tuple[str, ...] = ("pydoc",)) -> None:
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise ValueError(f"unknown synthetic task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
+        unknown = [c for c in contexts if c not in CONTEXTS]
+        if unknown or not contexts:
+            raise ValueError(f"unknown context kind(s) {', '.join(unknown) or '(none given)'}; known: "
+                             f"{', '.join(CONTEXTS)}")
+        self.contexts = contexts
         if not 0 < min_tokens <= max_tokens:
             raise ValueError(f"synthetic context lengths must satisfy 0 < min <= max (got {min_tokens}, {max_tokens})")
         self.count_tokens = count_tokens
@@ -92,12 +108,23 @@ class SyntheticData:
         rng = random.Random(f"{self.seed}:{index}")
         task = self.tasks[rng.randrange(len(self.tasks))]
         target = rng.randint(self.min_tokens, self.max_tokens)
-        return getattr(self, f"_{task}")(rng, target)
+        self._kind = "pydoc"  # _context records the kind it drew
+        example = getattr(self, f"_{task}")(rng, target)
+        return replace(example, context=self._kind)
 
     # --- context building ------------------------------------------------------------------------------
 
-    def _context(self, rng: random.Random, target_tokens: int, reserve_tokens: int) -> list[str]:
-        """Paragraph blocks of whole sections, about target - reserve tokens long."""
+    def _context(self, rng: random.Random, target_tokens: int, reserve_tokens: int,
+                 sections_only: bool = False) -> list[str]:
+        """Blocks of text about target - reserve tokens long: whole sections of the Python reference, or
+        paragraphs of a generated haystack family. The default (pydoc only) draws nothing extra from `rng`,
+        so the shipped heads' examples stay what they were. `sections_only`: a task that asks about a
+        section (quote) always gets the Python reference."""
+        if self.contexts != ("pydoc",) and not sections_only:
+            kind = self.contexts[rng.randrange(len(self.contexts))]
+            if kind != "pydoc":
+                self._kind = kind
+                return self._family_context(kind, rng, target_tokens, reserve_tokens)
         budget = max(50, target_tokens - reserve_tokens)
         blocks: list[str] = []
         chars = 0
@@ -110,6 +137,23 @@ class SyntheticData:
                 if chars >= budget * self.chars_per_token:
                     break
         # trim to the token budget by whole blocks (measured, not estimated)
+        while len(blocks) > 1 and self.count_tokens("\n\n".join(blocks)) > budget:
+            blocks.pop()
+        return blocks
+
+    def _family_context(self, family: str, rng: random.Random, target_tokens: int,
+                        reserve_tokens: int) -> list[str]:
+        """Paragraphs of 2-8 units of a haystack family (whole units: code and log lines keep their
+        newlines), about target - reserve tokens long, trimmed by measuring."""
+        budget = max(50, target_tokens - reserve_tokens)
+        stream = units(family, random.Random(rng.getrandbits(64)))
+        blocks: list[str] = []
+        chars = 0
+        while chars < budget * self.chars_per_token:
+            parts = [next(stream) for _ in range(rng.randint(2, 8))]
+            block = "".join(u if u.endswith("\n") else u + " " for u in parts).strip()
+            blocks.append(block)
+            chars += len(block) + 2
         while len(blocks) > 1 and self.count_tokens("\n\n".join(blocks)) > budget:
             blocks.pop()
         return blocks
@@ -200,7 +244,7 @@ class SyntheticData:
                              "Follow the variable assignments in the text.", value)
 
     def _quote(self, rng: random.Random, target: int) -> SyntheticExample:
-        blocks = self._context(rng, target, 120)
+        blocks = self._context(rng, target, 120, sections_only=True)
         headers = [i for i, b in enumerate(blocks) if b.startswith("Section: ") and i + 1 < len(blocks)
                    and not blocks[i + 1].startswith("Section: ")]
         i = rng.choice(headers)

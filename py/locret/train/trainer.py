@@ -35,7 +35,7 @@ from ..convert.errors import ConversionError
 from ..convert.gguf_output import Recommended
 from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
-from .synthetic import DEFAULT_TASKS, TASKS, SyntheticData
+from .synthetic import CONTEXTS, DEFAULT_TASKS, TASKS, SyntheticData
 from .training_data import Example, TokenizedExample, read_examples, tokenize, with_query
 
 BETAS = (0.9, 0.95)
@@ -69,6 +69,7 @@ class TrainConfig:
     freeze_layers: list[int] = field(default_factory=list)  # layers kept as init_heads gave them
     rank_weight: float = 0.0     # weight of heads_model.attention_kl in the loss; 0: the paper's loss alone
     query_tokens: int = 0        # Locret-Q: the query's length limit L_Q, placed in front of the prompt; 0: off
+    contexts: list[str] = field(default_factory=lambda: ["pydoc"])  # built-in generator's text kinds
 
     def fingerprint(self) -> str:
         """What must not change between a run and its resumption."""
@@ -81,6 +82,8 @@ class TrainConfig:
             settings["rank_weight"] = self.rank_weight
         if self.query_tokens:  # likewise
             settings["query_tokens"] = self.query_tokens
+        if self.contexts != ["pydoc"]:  # likewise
+            settings["contexts"] = list(self.contexts)
         text = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -101,6 +104,10 @@ def check_config(config: TrainConfig) -> None:
         raise ConversionError(f"--checkpoint-every must be positive, got {config.checkpoint_every}")
     if config.query_tokens < 0:
         raise ConversionError(f"--query-tokens must be >= 0 (0: no Locret-Q query), got {config.query_tokens}")
+    unknown = [c for c in config.contexts if c not in CONTEXTS]
+    if unknown or not config.contexts:
+        raise ConversionError(f"unknown --contexts kind(s) {', '.join(unknown) or '(none given)'}; known: "
+                              f"{', '.join(CONTEXTS)}")
     unknown = [t for t in config.tasks if t not in TASKS]
     if unknown or not config.tasks:
         raise ConversionError(f"unknown synthetic task(s) {', '.join(unknown) or '(none given)'}; known: "
@@ -146,12 +153,15 @@ class ExampleSource:
         self.synthetic = None
         if not self.records:
             self.synthetic = SyntheticData(lambda text: len(self.tokenizer.encode(text, add_special_tokens=False)),
-                                           config.seed, config.min_tokens, config.max_tokens, tuple(config.tasks))
+                                           config.seed, config.min_tokens, config.max_tokens, tuple(config.tasks),
+                                           tuple(config.contexts))
         self.order: list[int] = []
 
     def describe(self) -> str:
         if self.synthetic is not None:
-            text = (f"built-in generator (pydoc_data.topics text; tasks {', '.join(self.config.tasks)}; "
+            kinds = ("pydoc_data.topics text" if self.config.contexts == ["pydoc"] else
+                     f"text drawn from {', '.join(self.config.contexts)}")
+            text = (f"built-in generator ({kinds}; tasks {', '.join(self.config.tasks)}; "
                     f"{self.config.min_tokens}-{self.config.max_tokens} tokens; seed {self.config.seed})")
         else:
             text = f"{len(self.records)} records from {', '.join(Path(p).name for p in self.config.data)}"
