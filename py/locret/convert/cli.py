@@ -48,8 +48,9 @@ def convert_parser() -> RefusingParser:
     model.add_argument("--merge-into", type=Path, metavar="MODEL.gguf",
                        help="write a copy of this model (all key/values and tensors unchanged) with the heads added")
     parser.add_argument("--heads", type=Path, required=True, metavar="CKPT",
-                        help=".safetensors or .bin/.pt/.pth checkpoint, or a Hugging Face model directory (one or many "
-                             "shards); only model.layers.{i}.self_attn.fc1/fc2 tensors are read")
+                        help=".safetensors or .bin/.pt/.pth checkpoint, a Hugging Face model directory (one or many "
+                             "shards), or a heads GGUF (re-typed, or merged into a model); only "
+                             "model.layers.{i}.self_attn.fc1/fc2 (or a GGUF's locret.blk.*) tensors are read")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.gguf")
     parser.add_argument("--type", default="f16", choices=list(WEIGHT_TYPES),
                         help="type of fc1/fc2 weights (default f16; bf16 keeps bf16 checkpoints exactly; biases "
