@@ -5,6 +5,7 @@
 #
 #   bash scripts/sanitize_check.sh            the C++ tests and the Python eviction/heads/policy tests
 #   bash scripts/sanitize_check.sh --quick    the C++ tests and test_lagkv.py / test_transactions.py only
+#   bash scripts/sanitize_check.sh --only tests/py/test_a.py,tests/py/test_b.py    the C++ tests and these files
 #   extra arguments after -- go to pytest
 #
 # Python itself is not instrumented: the sanitizer runtimes are preloaded so that the instrumented libllama can load
@@ -28,6 +29,8 @@ PYTEST_ARGS=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --quick) TESTS=(tests/py/test_lagkv.py tests/py/test_transactions.py); shift ;;
+        --only) [[ $# -ge 2 && -n "$2" ]] || { echo "sanitize_check.sh: --only needs a comma-separated list of test files" >&2; exit 2; }
+                IFS=, read -r -a TESTS <<< "$2"; shift 2 ;;
         --) shift; PYTEST_ARGS=("$@"); break ;;
         *) echo "sanitize_check.sh: unknown option '$1'" >&2; exit 2 ;;
     esac

@@ -1375,6 +1375,21 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
 // state save/load: the bookkeeping follows llama.cpp's own cells and K/V data
 //
 
+// Variable-length parts of the state (a schedule, a sequence's rows) may be empty; an empty std::vector's data()
+// may be null, and llama.cpp's buffer readers and writers memcpy it, which is undefined for a null pointer even
+// at size 0 (UBSan reports it). These skip empty spans.
+static void locret_write_span(llama_io_write_i & io, const void * src, size_t size) {
+    if (size > 0) {
+        io.write(src, size);
+    }
+}
+
+static void locret_read_span(llama_io_read_i & io, void * dst, size_t size) {
+    if (size > 0) {
+        io.read(dst, size);
+    }
+}
+
 static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
 // 6: the budget schedule after the header (its count of layers, 0 for none, then their budgets), and per sequence the
 // cells each layer masks (dead_end, then live_end per layer) after its fields; 5: SAGE-KV's pending selection per
@@ -1421,7 +1436,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     io.write(&h, sizeof(h));
     const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
     io.write(&n_sched, sizeof(n_sched));
-    io.write(cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
+    locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
     for (uint32_t id : ids) {
         const locret_stream & s = streams[id];
         const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned, s.scored_to,
@@ -1432,7 +1447,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
         io.write(&next, sizeof(next));
         io.write(stats, sizeof(stats));
         io.write(&s.dead_end, sizeof(s.dead_end));
-        io.write(s.live_end.data(), sizeof(uint32_t) * s.live_end.size());
+        locret_write_span(io, s.live_end.data(), sizeof(uint32_t) * s.live_end.size());
         std::vector<float> block; // layer i's scores [n_used][n_head_kv], or zeros for a policy without heads
         std::vector<float> row(s.n_used);
         for (size_t i = 0; i < layers.size(); ++i) {
@@ -1445,8 +1460,8 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
                 for (uint32_t c = 0; c < s.n_used; ++c) {
                     row[c] = block[(size_t) c * n_head_kv + hd];
                 }
-                io.write(s.pos[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
-                io.write(row.data(), sizeof(float) * s.n_used);
+                locret_write_span(io, s.pos[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
+                locret_write_span(io, row.data(), sizeof(float) * s.n_used);
             }
         }
         // SAGE-KV: the query its next selection reads
@@ -1454,7 +1469,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
         for (ggml_tensor * q : queries_of_layer) {
             qrow.resize(q->nb[1]);
             ggml_backend_tensor_get(q, qrow.data(), (size_t) id * q->nb[1], qrow.size());
-            io.write(qrow.data(), qrow.size());
+            locret_write_span(io, qrow.data(), qrow.size());
         }
     }
 }
@@ -1524,7 +1539,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                 throw std::runtime_error("Locret: the saved state is corrupt (bad budget schedule)");
             }
             sched.resize(n_sched);
-            io.read(sched.data(), sizeof(uint32_t) * n_sched);
+            locret_read_span(io, sched.data(), sizeof(uint32_t) * n_sched);
         }
         if (sched != cfg.layer_budget) {
             throw std::runtime_error(format("Locret: the saved state was made with %s budget schedule than this context's "
@@ -1545,7 +1560,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             std::vector<uint32_t> live_end(layers.size(), 0);
             if (h.version >= 6) {
                 io.read(&dead_end, sizeof(dead_end));
-                io.read(live_end.data(), sizeof(uint32_t) * live_end.size());
+                locret_read_span(io, live_end.data(), sizeof(uint32_t) * live_end.size());
             } else {
                 // before schedules: every layer reads every cell
                 std::fill(live_end.begin(), live_end.end(), dead_end);
@@ -1584,8 +1599,8 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                 block.assign((size_t) s.n_used * n_head_kv, 0.0f);
                 for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
                     int32_t * pos = s.pos[i].data() + (size_t) hd * cfg.n_cells;
-                    io.read(pos, sizeof(int32_t) * s.n_used);
-                    io.read(row.data(), sizeof(float) * s.n_used);
+                    locret_read_span(io, pos, sizeof(int32_t) * s.n_used);
+                    locret_read_span(io, row.data(), sizeof(float) * s.n_used);
                     int32_t prev = -1;
                     for (uint32_t c = 0; c < s.n_used; ++c) {
                         if (c >= live_end[i] && c < dead_end) {
@@ -1616,7 +1631,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             std::vector<uint8_t> qrow;
             for (ggml_tensor * q : queries_of_layer) {
                 qrow.resize(q->nb[1]);
-                io.read(qrow.data(), qrow.size());
+                locret_read_span(io, qrow.data(), qrow.size());
                 ggml_backend_tensor_set(q, qrow.data(), (size_t) id * q->nb[1], qrow.size());
             }
             // llama.cpp restored the cells from 0: they must be exactly the used ones
