@@ -15,6 +15,7 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -627,14 +628,19 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
     evict_res.reset(new llm_graph_result((int64_t) max_nodes));
 
-    // the worst cases: every retained unit of every sequence moves; a selection from a full cache. The moves and the
-    // selection's read-back get their host memory here, pinned when the cache is on a device.
+    // the worst cases: every retained unit of every sequence of a turn moves; a selection from a full cache. The moves
+    // and the selection's read-back get their host memory here, pinned when the cache is on a device. A turn takes at
+    // most COMPACT_MAX_SEQ sequences, so that a server's many slots do not multiply these buffers (at 256 slots they
+    // would be several hundred MiB); LOCRET_DEBUG_COMPACT_SEQ=N takes fewer (tests: turns with a few sequences).
     locret_moves & moves = evict_moves;
-    const uint32_t n_seq = (uint32_t) streams.size();
+    evict_turn_seq = std::min<uint32_t>((uint32_t) streams.size(), COMPACT_MAX_SEQ);
+    if (const char * e = getenv("LOCRET_DEBUG_COMPACT_SEQ")) {
+        evict_turn_seq = std::max<uint32_t>(1, std::min<uint32_t>(evict_turn_seq, (uint32_t) atoi(e)));
+    }
     std::vector<size_t> cap(layers.size());
     size_t n_rows = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
-        cap[i] = (size_t) n_seq * cfg.budget * layers[i].n_head_kv;
+        cap[i] = (size_t) evict_turn_seq * cfg.budget * layers[i].n_head_kv;
         n_rows += layers[i].n_head_kv;
     }
     try {
@@ -685,9 +691,10 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
         return false;
     }
-    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB\n", __func__,
+    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB, "
+            "up to %u sequences per compaction\n", __func__,
             evict_buffer_size() / 1024.0 / 1024.0, moves.device_bytes() / 1024.0 / 1024.0,
-            scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) / 1024.0 / 1024.0 : 0.0);
+            scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) / 1024.0 / 1024.0 : 0.0, evict_turn_seq);
     return true;
 }
 
@@ -856,26 +863,45 @@ void llama_locret_memory::select_layer_masked(size_t i, size_t row0, uint32_t n_
 int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
     // the previous ubatch wrote the scores and reads the cells that move: wait for it
     ggml_backend_sched_synchronize(lctx->get_sched());
+    if (evict_moves.layer.size() != layers.size()) {
+        // the room for the moves is made when the context reserves its graphs
+        locret_set_error("the Locret eviction graphs were not reserved; the cache is unchanged");
+        return -1;
+    }
+    // the move tables hold one turn's sequences: more are evicted in turns, each selected, compacted and recorded
+    // before the next (a batch of one token per sequence, generation on a busy server, can bring every stream at once)
+    int ret = 0;
+    for (size_t first = 0; first < plan.steps.size(); first += evict_turn_seq) {
+        const int rc = evict_turn(lctx, plan.steps.data() + first, std::min<size_t>(evict_turn_seq, plan.steps.size() - first));
+        if (rc < 0) {
+            if (first > 0) {
+                locret_set_error(format("%s (the sequences of the eviction's %zu earlier turn(s) were evicted)",
+                        llama_locret_last_error(), first / evict_turn_seq));
+            }
+            return -1;
+        }
+        ret = std::max(ret, rc);
+    }
+    return ret;
+}
+
+int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps) {
     const int64_t t_start_us = ggml_time_us();
     const uint64_t readback_before_us = t.readback_us;
 
     // the selections, into the pending positions: nothing changes until the compaction has run
     struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; bool sage_selected; };
     // a budget schedule: per pending eviction, the units each layer keeps (its live_end after the eviction)
-    live_next.resize(std::max(live_next.size(), plan.steps.size()));
+    live_next.resize(std::max(live_next.size(), n_steps));
     std::vector<pending_t> pending;
     locret_moves & moves = evict_moves;
-    if (moves.layer.size() != layers.size()) {
-        // the room for the moves is made when the context reserves its graphs
-        locret_set_error("the Locret eviction graphs were not reserved; the cache is unchanged");
-        return -1;
-    }
     moves.clear();
     std::vector<size_t> row0(layers.size() + 1, 0); // first (layer, KV head) row of each layer
     for (size_t i = 0; i < layers.size(); ++i) {
         row0[i + 1] = row0[i] + layers[i].n_head_kv;
     }
-    for (const auto & st : plan.steps) {
+    for (size_t k_step = 0; k_step < n_steps; ++k_step) {
+        const locret_step & st = steps[k_step];
         const locret_stream & s = streams[st.strm];
         if (st.n_keep >= s.n_used) {
             continue;

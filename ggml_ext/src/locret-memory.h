@@ -143,8 +143,13 @@ public:
     // the eviction the plan puts before its ubatch, on the memory's own scheduler: 1 if the context's scheduler was used
     // too (an iSWA window cache was shifted: the context's last graph cannot be reused), 0 otherwise (evicted or not
     // due), -1 on failure (the cache is then as before, or, if the computation failed part-way, the affected sequences
-    // are emptied)
+    // are emptied; with more sequences than one turn takes, those of the turns before the failed one stay evicted,
+    // each as consistent as after a whole eviction)
     int evict(llama_context * lctx, const locret_ubatch_plan & plan);
+
+    // the most sequences one compaction graph moves (its move tables and compute buffers are sized for them, not for
+    // every stream): a ubatch that evicts more sequences evicts them in turns of this many
+    static constexpr uint32_t COMPACT_MAX_SEQ = 4;
 
     // the inner cache placed the plan's ubatch: record its units
     void placed(const locret_ubatch_plan & plan);
@@ -271,6 +276,9 @@ private:
     std::vector<float>    select_scores; // the scores read back for a host selection
     std::vector<uint32_t> evict_keep;    // the kept cells of every (layer, KV head)
     locret_moves          evict_moves;
+    uint32_t              evict_turn_seq = 1; // sequences per turn of an eviction (min(streams, COMPACT_MAX_SEQ))
+    // one turn of an eviction: select, compact and record steps [0, n_steps); -1 on failure (see evict())
+    int evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps);
     void make_score_store(uint32_t n_seq);
     void make_query_store(uint32_t n_seq);
     // SAGE-KV: score every unit of stream strm by the attention of its captured query (one graph for every layer);

@@ -453,6 +453,7 @@ class Measured:
     model_size: int               # llama_model_size(): bytes of the model's tensors
     n_params: int
     locret: dict[str, int] = field(default_factory=dict)  # Locret's own buffers: eviction graphs, move tables, score store
+    compact_seq: int = 1          # sequences one compaction graph moves (its buffers are sized for them, not every slot)
 
 
 def _is_host_buffer(name: str) -> bool:
@@ -551,13 +552,14 @@ def _measure_main(request: dict) -> dict:
     kv_log = re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", text)
     # Locret's own buffers beside the cache, as its creation log states them
     evict = re.findall(r"Locret eviction graphs: compute buffers ([0-9.]+) MiB, move tables ([0-9.]+) MiB, "
-                       r"score store ([0-9.]+) MiB", text)
+                       r"score store ([0-9.]+) MiB, up to ([0-9]+) sequences per compaction", text)
     result = dict(compute=compute, output=output, kv_bytes=int(stats["kv_bytes"]),
                   kv_log_bytes=round(float(kv_log[-1]) * MIB) if kv_log else 0, n_cells=int(stats["n_cells"]),
                   stabilizers=int(stats["stabilizers"]), local=int(stats["local"]),
                   model_size=int(L.llama_model_size(model)), n_params=int(L.llama_model_n_params(model)),
                   locret=dict(zip(("eviction graphs", "move tables", "score store"),
-                                  (round(float(x) * MIB) for x in evict[-1]))) if evict else {})
+                                  (round(float(x) * MIB) for x in evict[-1][:3]))) if evict else {},
+                  compact_seq=int(evict[-1][3]) if evict else 1)
     L.llama_free(ctx)
     del heads
     L.llama_model_free(model)
@@ -666,13 +668,19 @@ def plan(device: str, model: str, *, heads: str | None = None, context=None, bud
 
 
 def _slots_that_fit(p: Plan) -> int:
-    """The largest slot count whose pool total stays under the limit, solved from the per-slot cost (KV cache,
-    one stream each) with the measured buffers kept."""
-    per_slot = _variant_total(p, slots=p.settings.slots + 1) - p.total()
-    if per_slot <= 0:     # the KV cache is not in the limited pool (e.g. all layers on the CPU of a discrete GPU)
+    """The largest slot count whose pool total stays under the limit, from the plan's parts scaled to each count (the
+    KV cache and the score store grow with every slot, the eviction buffers only up to one compaction's sequences),
+    the measured compute buffers kept. The total grows with the slots: a bisection finds the count."""
+    if _variant_total(p, slots=MAX_SLOTS) <= p.limit:
         return MAX_SLOTS
-    fixed = p.total() - per_slot * p.settings.slots
-    return max(1, min(MAX_SLOTS, (p.limit - fixed) // per_slot))
+    lo, hi = 1, MAX_SLOTS - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _variant_total(p, slots=mid) <= p.limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizers, kv_type, gpu_layers,
@@ -744,28 +752,37 @@ def _add_buffers(out: Plan, m: Measured) -> None:
     out.parts.append(Part("output buffer", 0, sum(m.output.values()), "llama.cpp's estimate (logits)"))
 
 
-LOCRET_PART = "Locret eviction"
+# the most sequences one compaction moves (llama_locret_memory::COMPACT_MAX_SEQ; a test checks the creation log agrees)
+COMPACT_MAX_SEQ = 4
+LOCRET_PART = "Locret eviction"      # the eviction graphs' compute buffers and move tables: one compaction's sequences
+LOCRET_SCORES_PART = "Locret scores"  # the score store and the units' positions: every slot's
 
 
 def _add_locret_buffers(out: Plan, m: Measured) -> None:
-    """Locret's own memory beside the cache, from its creation log: the eviction graphs' compute buffers, the move
-    tables, the score store (a float per cell, KV head and evicting layer), and on the host the units' logical
-    positions (an int32 per cell, KV head and layer: the score store's shape). All grow with cells x slots."""
+    """Locret's own memory beside the cache, from its creation log. Two parts, since they grow differently with the
+    slots: the eviction graphs' compute buffers and the move tables are sized for the sequences of one compaction
+    (at most a few, whatever the slots: `compact_seq`), the score store (a float per cell, KV head and evicting layer)
+    and on the host the units' logical positions (an int32 in the same shape) for every slot."""
     if not m.locret:
         return
     graphs, moves, scores = (m.locret.get(k, 0) for k in ("eviction graphs", "move tables", "score store"))
     positions = scores
     kv = next(x for x in out.parts if x.what == "KV cache")
     cuda = out.device.build.backend == "cuda"
-    if out.device.memory.kind == "discrete" and kv.device_bytes > 0:
+    on_device = out.device.memory.kind == "discrete" and kv.device_bytes > 0
+    seqs = f" ({m.compact_seq} sequence{'s' if m.compact_seq > 1 else ''} per compaction)"
+    if on_device:
         # beside the cache on the GPU; the host fills the move tables in pinned memory and uploads them
-        dev, host = graphs + moves + scores, positions + moves
+        out.parts.append(Part(LOCRET_PART, graphs + moves, moves,
+                              f"eviction graphs {_fmt(graphs)}, move tables {_fmt(moves)} (+ host staging){seqs}"))
+        out.parts.append(Part(LOCRET_SCORES_PART, scores, positions,
+                              f"score store {_fmt(scores)}, positions {_fmt(positions)} (host)"))
     else:
-        dev, host = 0, graphs + moves + scores + positions + (moves if cuda else 0)
-    out.parts.append(Part(LOCRET_PART, dev, host,
-                          f"eviction graphs {_fmt(graphs)}, move tables {_fmt(moves)}"
-                          + (" (+ host staging)" if cuda else "") + f", score store {_fmt(scores)} (Locret's log), "
-                          f"positions {_fmt(positions)} (host)"))
+        out.parts.append(Part(LOCRET_PART, 0, graphs + moves + (moves if cuda else 0),
+                              f"eviction graphs {_fmt(graphs)}, move tables {_fmt(moves)}"
+                              + (" (+ host staging)" if cuda else "") + seqs))
+        out.parts.append(Part(LOCRET_SCORES_PART, 0, scores + positions,
+                              f"score store {_fmt(scores)}, positions {_fmt(positions)}"))
 
 
 def _fmt(n: int) -> str:
@@ -783,11 +800,13 @@ def _variant_total(p: Plan, **changes) -> int:
     parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s.n_cells, s.kv_type, s.slots))
     buffers = [x for x in p.parts if x.what in ("compute buffers", "output buffer")]
     total = sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
-    # Locret's own buffers grow with the cells of all streams
-    scale = (s.n_cells * s.slots) / (p.settings.n_cells * p.settings.slots)
+    # Locret's own buffers grow with the cells: the scores' with every slot's, the eviction's with one compaction's
+    scale = {LOCRET_SCORES_PART: (s.n_cells * s.slots) / (p.settings.n_cells * p.settings.slots),
+             LOCRET_PART: (s.n_cells * min(s.slots, COMPACT_MAX_SEQ))
+             / (p.settings.n_cells * min(p.settings.slots, COMPACT_MAX_SEQ))}
     for x in p.parts:
-        if x.what == LOCRET_PART:
-            total += round(scale * (x.device_bytes if p.pool == "device" else x.host_bytes))
+        if x.what in scale:
+            total += round(scale[x.what] * (x.device_bytes if p.pool == "device" else x.host_bytes))
     return total
 
 

@@ -337,13 +337,25 @@ def test_slots_multiply_the_cache_and_llama_cpp_agrees(model_path):
     assert three.measured.kv_bytes == kv[1]            # llama.cpp's own context with n_seq_max 3, non-unified
     assert "-np 3" in " ".join(three.settings.llama_args(HEADS)) and "-c 24576" in " ".join(three.settings.llama_args(HEADS))
     assert "1280 cells = pad(1024 + 128, 256) x 3 slots" in planner.format_plan(three)
-    # Locret's own buffers (its creation log) grow with the slots: the score store is a float per cell, KV head and
-    # layer of every stream, and the host keeps the units' positions in the same shape
-    for p, n in ((one, 1), (three, 3)):
+    # Locret's own buffers (its creation log): the score store is a float per cell, KV head and layer of every
+    # stream, and the host keeps the units' positions in the same shape; the eviction graphs and move tables are sized
+    # for the sequences of one compaction, at most planner.COMPACT_MAX_SEQ whatever the slots
+    n_max = planner.COMPACT_MAX_SEQ
+    at_max, twice = (planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128,
+                                  context=8192, slots=n) for n in (n_max, 2 * n_max))
+    for p, n in ((one, 1), (three, 3), (at_max, n_max), (twice, 2 * n_max)):
         assert abs(p.measured.locret["score store"] - n * 1280 * 3 * 30 * 4) < 0.01 * MIB, p.measured.locret
+        assert p.measured.compact_seq == min(n, n_max), (n, p.measured.compact_seq)
+        scores = next(x for x in p.parts if x.what == planner.LOCRET_SCORES_PART)
+        assert scores.host_bytes == 2 * p.measured.locret["score store"]
         part = next(x for x in p.parts if x.what == planner.LOCRET_PART)
-        assert part.host_bytes == sum(p.measured.locret.values()) + p.measured.locret["score store"]
+        assert part.host_bytes == p.measured.locret["eviction graphs"] + p.measured.locret["move tables"]
     assert three.measured.locret["move tables"] > 2.5 * one.measured.locret["move tables"] > 0
+    assert twice.measured.locret["move tables"] == at_max.measured.locret["move tables"]
+    assert twice.measured.locret["eviction graphs"] == at_max.measured.locret["eviction graphs"]
+    # and the plan for more slots, scaled from one slot's measurement, agrees with llama.cpp's at those slots
+    for p in (three, at_max, twice):
+        assert abs(planner._variant_total(one, slots=p.settings.slots) - p.total()) < 0.02 * p.total(), p.settings.slots
 
 
 def test_max_slots_is_the_most_that_fit(tmp_path, model_path):

@@ -78,8 +78,13 @@ def conversation(tokens, n_seq):
     return calls
 
 
-@pytest.mark.parametrize("n_seq", [2, 4])
-def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file, prompt_tokens, n_seq):
+@pytest.mark.parametrize("n_seq,compact_seq", [(2, None), (4, None), (4, 1), (4, 3)])
+def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file, prompt_tokens, n_seq, compact_seq,
+                                                         monkeypatch):
+    # compact_seq: the sequences one compaction moves (LOCRET_DEBUG_COMPACT_SEQ; by default up to 4): a ubatch that
+    # evicts more of them evicts them in turns, which must keep exactly the same units
+    if compact_seq is not None:
+        monkeypatch.setenv("LOCRET_DEBUG_COMPACT_SEQ", str(compact_seq))
     llm = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024)
     heads_api.record_scores(llm)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
@@ -87,8 +92,13 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     refs = [Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC) for _ in range(n_seq)]
     n_past = [0] * n_seq
     checked = 0
+    most_at_once = 0  # the most sequences one call evicted
     for call in conversation(prompt_tokens, n_seq):
+        before = [llm.locret_stats(seq_id=s)["n_evictions"] for s in range(n_seq)]
         decode_batch(llm, [(s, toks, n_past[s], out) for s, toks, out in call])
+        if all(len(toks) == 1 for _, toks, _ in call):  # one ubatch: its evictions share one plan
+            most_at_once = max(most_at_once, sum(llm.locret_stats(seq_id=s)["n_evictions"] > before[s]
+                                                 for s in range(n_seq)))
         scores, positions = heads_api.recorded_scores(llm)
         seqs = heads_api.recorded_sequences(llm)
         scores_of = {(int(q), int(p)): scores[:, :, i] for i, (q, p) in enumerate(zip(seqs, positions))}
@@ -107,6 +117,9 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
                     checked += 1
             st = llm.locret_stats(seq_id=s)
             assert st["n_cells_used"] <= B + UB and st["pos_logical"] == n_past[s]
+    # generation in step brings several sequences to their eviction in the same ubatch (with compact_seq 1 or 3 and 4
+    # sequences: more than one turn)
+    assert most_at_once >= 2, most_at_once
     single = make(model_path, heads_file)
     for s in range(n_seq):
         st = llm.locret_stats(seq_id=s)
