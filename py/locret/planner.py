@@ -454,6 +454,7 @@ class Measured:
     n_params: int
     locret: dict[str, int] = field(default_factory=dict)  # Locret's own buffers: eviction graphs, move tables, score store
     compact_seq: int = 1          # sequences one compaction graph moves (its buffers are sized for them, not every slot)
+    n_vocab: int = 0
 
 
 def _is_host_buffer(name: str) -> bool:
@@ -559,7 +560,8 @@ def _measure_main(request: dict) -> dict:
                   model_size=int(L.llama_model_size(model)), n_params=int(L.llama_model_n_params(model)),
                   locret=dict(zip(("eviction graphs", "move tables", "score store"),
                                   (round(float(x) * MIB) for x in evict[-1][:3]))) if evict else {},
-                  compact_seq=int(evict[-1][3]) if evict else 1)
+                  compact_seq=int(evict[-1][3]) if evict else 1,
+                  n_vocab=int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))))
     L.llama_free(ctx)
     del heads
     L.llama_model_free(model)
@@ -750,8 +752,18 @@ def _add_buffers(out: Plan, m: Measured) -> None:
         host, dev = host + dev, 0
     out.parts.append(Part("compute buffers", dev, host, how))
     out.parts.append(Part("output buffer", 0, sum(m.output.values()), "llama.cpp's estimate (logits)"))
+    if m.n_vocab:
+        slots = out.settings.slots
+        out.parts.append(Part(SAMPLING_PART, 0, slots * m.n_vocab * SAMPLING_BYTES_PER_TOKEN,
+                              f"{slots} sequence{'s' if slots > 1 else ''} x {m.n_vocab} tokens x "
+                              f"{SAMPLING_BYTES_PER_TOKEN} B (the samplers' candidate arrays, measured)"))
 
 
+# Each sequence's sampler holds arrays over the vocabulary (llama.cpp's token candidates, sorted copies): llama-server
+# measured 0.85-0.95 MiB more per slot after one request on every slot than idle, at 49152 tokens (1 and 64 slots):
+# 18-20 bytes per token. Invisible at one slot, 215 MiB at 256: a plan for many slots that left it out was exceeded.
+SAMPLING_PART = "sampling"
+SAMPLING_BYTES_PER_TOKEN = 20
 # the most sequences one compaction moves (llama_locret_memory::COMPACT_MAX_SEQ; a test checks the creation log agrees)
 COMPACT_MAX_SEQ = 4
 LOCRET_PART = "Locret eviction"      # the eviction graphs' compute buffers and move tables: one compaction's sequences
@@ -801,7 +813,8 @@ def _variant_total(p: Plan, **changes) -> int:
     buffers = [x for x in p.parts if x.what in ("compute buffers", "output buffer")]
     total = sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
     # Locret's own buffers grow with the cells: the scores' with every slot's, the eviction's with one compaction's
-    scale = {LOCRET_SCORES_PART: (s.n_cells * s.slots) / (p.settings.n_cells * p.settings.slots),
+    scale = {SAMPLING_PART: s.slots / p.settings.slots,
+             LOCRET_SCORES_PART: (s.n_cells * s.slots) / (p.settings.n_cells * p.settings.slots),
              LOCRET_PART: (s.n_cells * min(s.slots, COMPACT_MAX_SEQ))
              / (p.settings.n_cells * min(p.settings.slots, COMPACT_MAX_SEQ))}
     for x in p.parts:

@@ -353,6 +353,10 @@ def test_slots_multiply_the_cache_and_llama_cpp_agrees(model_path):
     assert three.measured.locret["move tables"] > 2.5 * one.measured.locret["move tables"] > 0
     assert twice.measured.locret["move tables"] == at_max.measured.locret["move tables"]
     assert twice.measured.locret["eviction graphs"] == at_max.measured.locret["eviction graphs"]
+    # every sequence's sampler: arrays over the vocabulary (llama-server's RSS per slot, see planner.SAMPLING_PART)
+    for p, n in ((one, 1), (three, 3), (twice, 2 * n_max)):
+        sampling = next(x for x in p.parts if x.what == planner.SAMPLING_PART)
+        assert p.measured.n_vocab == 49152 and sampling.host_bytes == n * 49152 * planner.SAMPLING_BYTES_PER_TOKEN
     # and the plan for more slots, scaled from one slot's measurement, agrees with llama.cpp's at those slots
     for p in (three, at_max, twice):
         assert abs(planner._variant_total(one, slots=p.settings.slots) - p.total()) < 0.02 * p.total(), p.settings.slots
