@@ -12,7 +12,11 @@ overridable. The predicted peak memory is the sum of:
   `no_alloc` (metadata only; llama.cpp then simulates every allocation instead of making it), creates
   a context with the same context, chunk, budget, heads and KV type, and reports the buffer sizes
   that llama.cpp logs ("compute buffer size = ...") and the KV bytes it sized. The child process
-  keeps llama.cpp's global log hook and any abort away from the caller.
+  keeps llama.cpp's global log hook and any abort away from the caller;
+- sampling: every sequence's sampler holds arrays over the vocabulary (20 B per token, measured);
+- Locret's own buffers, from the same child's log: the eviction graphs and move tables (one
+  compaction's sequences, at most COMPACT_MAX_SEQ) and the score store with the units' positions
+  (every slot).
 
 The profile's memory.available_gib is the limit; a plan over it is refused with what to change.
 """
