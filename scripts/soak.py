@@ -11,8 +11,9 @@ answers a few tokens (greedy), whose logits must be finite, and the turn is clos
 Every 100,000 tokens (--check-every) the process's resident and peak memory and the throughput of the last stretch are recorded in
 OUT/soak.json. At the end, a question about the last turn's code must be answered right.
 
---max-minutes stops at the next turn after that time and saves the context (OUT/state.bin) and the progress;
---resume loads both and goes on, so a 10M-token soak can run in parts. The figures the targets read:
+--max-minutes stops at the next turn after that time and saves the context (OUT/state-TURN.bin) and the progress;
+--resume loads both and goes on, so a 10M-token soak can run in parts. Both are also saved at every checkpoint, so a
+run that is killed (a machine restarted under it) resumes from its last checkpoint. The figures the targets read:
   - peak RSS at the end <= 1.05 x peak RSS at 100K tokens,
   - throughput of the last million >= 0.9 x the second million (when the run got that far),
   - no non-finite logits, the final answer right.
@@ -86,7 +87,7 @@ def main() -> int:
                     help="layers on the GPU (a CUDA build; -1: all): on a GPU the 10M tokens take minutes, not hours")
     ap.add_argument("--max-minutes", type=float, default=None)
     ap.add_argument("--out", default=str(REPO / "results" / "soak"))
-    ap.add_argument("--resume", action="store_true", help="go on from OUT/state.bin and OUT/soak.json")
+    ap.add_argument("--resume", action="store_true", help="go on from OUT/soak.json and the state file it names")
     ap.add_argument("--check-every", type=int, default=CHECK_EVERY, help="tokens between checkpoints (default 100000)")
     args = ap.parse_args()
     if args.tokens < 1 or args.budget < 1 or args.ubatch < 1 or args.generate < 0 or args.check_every < 1:
@@ -103,7 +104,7 @@ def main() -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    progress_path, state_path = out / "soak.json", out / "state.bin"
+    progress_path = out / "soak.json"
     model_path = models.resolve(args.model or models.DEFAULT_MODEL)
     heads = args.heads
     if heads is None and args.policy == "heads":
@@ -118,11 +119,14 @@ def main() -> int:
 
     progress = {"settings": settings, "tokens": 0, "n_past": 0, "turn": 0, "checks": [], "non_finite": 0,
                 "seconds": 0.0}
+    if not args.resume and progress_path.is_file() and json.loads(progress_path.read_text()).get("state"):
+        print(f"soak: error: {out} holds a stopped soak: go on with --resume, or choose another --out", file=sys.stderr)
+        return 2
     if args.resume:
-        if not progress_path.is_file() or not state_path.is_file():
-            print(f"soak: error: nothing to resume in {out} (no soak.json / state.bin)", file=sys.stderr)
+        progress = json.loads(progress_path.read_text()) if progress_path.is_file() else {}
+        if not progress.get("state") or not (out / progress["state"]).is_file():
+            print(f"soak: error: nothing to resume in {out} (no soak.json naming a saved state)", file=sys.stderr)
             return 2
-        progress = json.loads(progress_path.read_text())
         if progress["settings"] != settings:
             print(f"soak: error: {out} was run with other settings: {progress['settings']}", file=sys.stderr)
             return 2
@@ -139,6 +143,10 @@ def main() -> int:
     n_vocab = llm.n_vocab()
     if args.resume:
         n_loaded = ctypes.c_size_t(0)
+        state_path = out / progress["state"]
+        for orphan in out.glob("state-*.bin"):  # written by a run killed before its soak.json named it
+            if orphan.name != state_path.name:
+                orphan.unlink()
         if not llama_cpp.llama_state_load_file(ctx, str(state_path).encode(), None, 0, ctypes.byref(n_loaded)):
             print(f"soak: error: {state_path} could not be loaded", file=sys.stderr)
             return 2
@@ -185,6 +193,25 @@ def main() -> int:
         return made
 
     t_start = time.time()
+    seconds_before = progress["seconds"]
+
+    def save() -> bool:
+        """the context, then the progress that names it: soak.json is replaced in one rename, so a kill at any moment
+        leaves a soak.json whose state file is complete (the previous one is removed only after)"""
+        progress["seconds"] = seconds_before + time.time() - t_start
+        previous = progress.get("state")
+        name = f"state-{progress['turn']:09d}.bin"
+        if not llama_cpp.llama_state_save_file(ctx, str(out / name).encode(), None, 0):
+            print("soak: error: the context could not be saved", file=sys.stderr)
+            return False
+        progress["state"] = name
+        part = progress_path.with_suffix(".part")
+        part.write_text(json.dumps(progress, indent=1))
+        part.replace(progress_path)
+        if previous and previous != name:
+            (out / previous).unlink(missing_ok=True)
+        return True
+
     stretch_t, stretch_tokens = time.time(), 0
     every = args.check_every
     next_check = (progress["tokens"] // every + 1) * every
@@ -213,20 +240,19 @@ def main() -> int:
             progress["checks"].append({"tokens": progress["tokens"], "rss_mib": round(rss, 1), "peak_mib": round(peak, 1),
                                        "tok_per_s": round(stretch_tokens / max(now - stretch_t, 1e-9), 1),
                                        "cells_used": stats["n_cells_used"], "evictions": stats["n_evictions"]})
-            stretch_t, stretch_tokens = now, 0
             next_check = (progress["tokens"] // every + 1) * every
             bar.set_postfix(rss=f"{rss:.0f}MiB", tps=progress["checks"][-1]["tok_per_s"])
+            if not save():
+                return 2
+            stretch_t, stretch_tokens = time.time(), 0  # the save's time is not the stream's
         if args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes:
             stopped = True
             break
     bar.close()
-    progress["seconds"] += time.time() - t_start
 
     if stopped:
-        if not llama_cpp.llama_state_save_file(ctx, str(state_path).encode(), None, 0):
-            print("soak: error: the context could not be saved", file=sys.stderr)
+        if not save():
             return 2
-        progress_path.write_text(json.dumps(progress, indent=1))
         print(f"stopped after {progress['tokens']:,} tokens ({progress['seconds'] / 3600:.2f} h so far); "
               f"resume with --resume --out {out}")
         return report(progress, final=False, first_at=every)
@@ -238,8 +264,11 @@ def main() -> int:
     logits = decode(llm.tokenize(question.encode(), add_bos=False, special=True), True)
     answer = llm.detokenize(greedy(logits, 12)).decode(errors="replace")
     progress["answer"], progress["answer_right"] = answer, last_code in answer
+    progress["seconds"] = seconds_before + time.time() - t_start
+    saved_state = progress.pop("state", None)
     progress_path.write_text(json.dumps(progress, indent=1))
-    state_path.unlink(missing_ok=True)
+    if saved_state:
+        (out / saved_state).unlink(missing_ok=True)
     print(f"answer: {answer!r} (code {last_code}): {'right' if progress['answer_right'] else 'WRONG'}")
     return report(progress, final=True, first_at=every)
 
