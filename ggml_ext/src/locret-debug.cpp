@@ -47,6 +47,7 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.n_pinned        = s->n_pinned;
     st.pool            = cfg.pool;
     st.lag             = cfg.lag;
+    st.n_compactions   = mem->t.n_compactions;
     return st;
 }
 

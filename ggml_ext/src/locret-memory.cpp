@@ -869,10 +869,19 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         return -1;
     }
     // the move tables hold one turn's sequences: more are evicted in turns, each selected, compacted and recorded
-    // before the next (a batch of one token per sequence, generation on a busy server, can bring every stream at once)
+    // before the next (a batch of one token per sequence, generation on a busy server, can bring every stream at once).
+    // Only the steps that evict count towards a turn, so that sequences evicting in the same ubatch share a compaction
+    // however many others the ubatch holds.
+    std::vector<locret_step> & evicting = evict_steps;
+    evicting.clear();
+    for (const locret_step & st : plan.steps) {
+        if (st.n_keep < streams[st.strm].n_used) {
+            evicting.push_back(st);
+        }
+    }
     int ret = 0;
-    for (size_t first = 0; first < plan.steps.size(); first += evict_turn_seq) {
-        const int rc = evict_turn(lctx, plan.steps.data() + first, std::min<size_t>(evict_turn_seq, plan.steps.size() - first));
+    for (size_t first = 0; first < evicting.size(); first += evict_turn_seq) {
+        const int rc = evict_turn(lctx, evicting.data() + first, std::min<size_t>(evict_turn_seq, evicting.size() - first));
         if (rc < 0) {
             if (first > 0) {
                 locret_set_error(format("%s (the sequences of the eviction's %zu earlier turn(s) were evicted)",
@@ -1046,6 +1055,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
         locret_compact(evict_sched.get(), evict_res.get(), kv, v_trans, layers, moves,
                 take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
+    t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
     if (status == LOCRET_COMPACT_NOT_RUN) {
         locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
         return -1;

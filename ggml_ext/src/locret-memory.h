@@ -210,6 +210,7 @@ public:
         uint64_t select_us   = 0; // choosing what stays: the selection graph or the host's selection, and bookkeeping
         uint64_t compact_us  = 0; // the compaction graph and the window cache's shifts
         uint64_t readback_us = 0; // copying what the host needs (the kept cells, or the scores for a host selection)
+        uint64_t n_compactions = 0; // compaction graphs run (one per turn of an eviction that moved rows)
     } t;
 
 
@@ -277,6 +278,7 @@ private:
     std::vector<uint32_t> evict_keep;    // the kept cells of every (layer, KV head)
     locret_moves          evict_moves;
     uint32_t              evict_turn_seq = 1; // sequences per turn of an eviction (min(streams, COMPACT_MAX_SEQ))
+    std::vector<locret_step> evict_steps;     // the steps of the ubatch being evicted that drop units (kept for its room)
     // one turn of an eviction: select, compact and record steps [0, n_steps); -1 on failure (see evict())
     int evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps);
     void make_score_store(uint32_t n_seq);

@@ -29,7 +29,7 @@ class _Stats(ctypes.Structure):
                 ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int),
                 ("n_seq", ctypes.c_uint32), ("t_select_us", ctypes.c_uint64), ("t_compact_us", ctypes.c_uint64),
                 ("t_readback_us", ctypes.c_uint64), ("n_pinned", ctypes.c_uint32), ("pool", ctypes.c_uint32),
-                ("lag", ctypes.c_uint32)]
+                ("lag", ctypes.c_uint32), ("n_compactions", ctypes.c_uint64)]
 
 
 _SIGNATURES = {

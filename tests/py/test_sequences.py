@@ -93,12 +93,17 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     n_past = [0] * n_seq
     checked = 0
     most_at_once = 0  # the most sequences one call evicted
+    per_turn = compact_seq or min(n_seq, 4)
     for call in conversation(prompt_tokens, n_seq):
         before = [llm.locret_stats(seq_id=s)["n_evictions"] for s in range(n_seq)]
+        compactions = llm.locret_stats()["n_compactions"]
         decode_batch(llm, [(s, toks, n_past[s], out) for s, toks, out in call])
         if all(len(toks) == 1 for _, toks, _ in call):  # one ubatch: its evictions share one plan
-            most_at_once = max(most_at_once, sum(llm.locret_stats(seq_id=s)["n_evictions"] > before[s]
-                                                 for s in range(n_seq)))
+            evicting = sum(llm.locret_stats(seq_id=s)["n_evictions"] > before[s] for s in range(n_seq))
+            most_at_once = max(most_at_once, evicting)
+            # the sequences that evict share compactions, per_turn at a time, whichever others sit between them (a
+            # turn whose units all leave from the end moves nothing and runs none)
+            assert llm.locret_stats()["n_compactions"] - compactions <= -(-evicting // per_turn), (evicting, per_turn)
         scores, positions = heads_api.recorded_scores(llm)
         seqs = heads_api.recorded_sequences(llm)
         scores_of = {(int(q), int(p)): scores[:, :, i] for i, (q, p) in enumerate(zip(seqs, positions))}
@@ -120,6 +125,7 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     # generation in step brings several sequences to their eviction in the same ubatch (with compact_seq 1 or 3 and 4
     # sequences: more than one turn)
     assert most_at_once >= 2, most_at_once
+    assert llm.locret_stats()["n_compactions"] > 0
     single = make(model_path, heads_file)
     for s in range(n_seq):
         st = llm.locret_stats(seq_id=s)
@@ -130,6 +136,33 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     # the sequences really hold different units
     assert llm.locret_retained(0, 0, seq_id=0).tolist() != llm.locret_retained(0, 0, seq_id=1).tolist()
     single.close()
+    llm.close()
+
+
+def test_sequences_evicting_together_share_a_compaction(model_path, heads_file, prompt_tokens, monkeypatch):
+    # 4 slots, 2 sequences per compaction: sequences 0 and 3 (same prompt length) reach their eviction in the same
+    # generation ubatch while 1 and 2 (short prompts) do not; the two evicting ones are one turn, one compaction,
+    # although 1 and 2 sit between them in the ubatch
+    monkeypatch.setenv("LOCRET_DEBUG_COMPACT_SEQ", "2")
+    llm = make(model_path, heads_file, n_seq_max=4, n_batch=1024)
+    lengths = [200, 20, 24, 200]
+    n_past = [0] * 4
+    for s in range(4):
+        decode_batch(llm, [(s, prompt_tokens[s * 97:s * 97 + lengths[s]], 0, True)])
+        n_past[s] = lengths[s]
+    evicted_together = False
+    for g in range(B + UB):
+        before = [llm.locret_stats(seq_id=s)["n_evictions"] for s in range(4)]
+        compactions = llm.locret_stats()["n_compactions"]
+        decode_batch(llm, [(s, [prompt_tokens[900 + g]], n_past[s], True) for s in range(4)])
+        n_past = [n + 1 for n in n_past]
+        evicting = [llm.locret_stats(seq_id=s)["n_evictions"] > before[s] for s in range(4)]
+        assert not evicting[1] and not evicting[2] and evicting[0] == evicting[3], (g, evicting)
+        if evicting[0]:
+            assert llm.locret_stats()["n_compactions"] - compactions == 1, g
+            evicted_together = True
+            break
+    assert evicted_together
     llm.close()
 
 
