@@ -214,8 +214,8 @@ struct llama_locret_stats {
     uint32_t n_pinned;         // Locret-Q: the sequence's first n_pinned positions are never evicted (0: none)
     uint32_t pool;             // score pooling window (0: none)
     uint32_t lag;              // LagKV's partition size (0: another policy)
-    uint64_t n_compactions;    // compaction graphs run by the whole context (sequences evicting in the same ubatch
-                               // share one, up to 4 per graph)
+    uint64_t n_compactions;    // compaction graphs this context ran since it was made, for all its sequences
+                               // (sequences evicting in the same ubatch share one, up to 4 per graph); not in states
 };
 
 // Statistics of sequence 0 (n_cells_used, pos_logical, n_evictions and n_units_evicted are per sequence; kv_bytes is
