@@ -10,6 +10,7 @@
 // with a message; a crash fails the run, a hang fails it through ctest's timeout. The run prints how many inputs
 // were loaded and refused, and the most frequent refusals.
 #include "fuzz-common.h"
+#include "heads-header.h"
 #include "llama-locret.h"
 
 #include "ggml.h"
@@ -28,30 +29,12 @@
 
 // the seed: random F32 heads for `model`, d_R 4
 static std::vector<uint8_t> seed_heads(const llama_model * model, const std::string & path, size_t & data_offset) {
-    char arch[64];
-    llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch));
     const uint32_t n_layer   = llama_model_n_layer(model);
-    const uint32_t n_head    = llama_model_n_head(model);
     const uint32_t n_head_kv = llama_model_n_head_kv(model);
-    const uint32_t head_dim  = llama_model_n_embd(model) / n_head;
-    const uint32_t d_in      = (n_head + 2 * n_head_kv) * head_dim;
     const uint32_t d_r       = 4;
 
     gguf_context * gguf = gguf_init_empty();
-    gguf_set_val_str (gguf, "general.architecture", arch);
-    gguf_set_val_str (gguf, "general.type", "locret_heads");
-    gguf_set_val_u32 (gguf, "locret.format_version", 1);
-    gguf_set_val_str (gguf, "locret.base.architecture", arch);
-    gguf_set_val_u32 (gguf, "locret.base.n_layer", n_layer);
-    gguf_set_val_u32 (gguf, "locret.base.n_head", n_head);
-    gguf_set_val_u32 (gguf, "locret.base.n_head_kv", n_head_kv);
-    gguf_set_val_u32 (gguf, "locret.base.head_dim_k", head_dim);
-    gguf_set_val_u32 (gguf, "locret.base.head_dim_v", head_dim);
-    gguf_set_val_str (gguf, "locret.input_layout", "q,k,v pre-rope");
-    gguf_set_val_str (gguf, "locret.qk_layout", "llama.cpp");
-    gguf_set_val_bool(gguf, "locret.qk_permuted", true);
-    gguf_set_val_u32 (gguf, "locret.hidden_size", d_r);
-    gguf_set_val_str (gguf, "locret.activation", "silu");
+    const uint32_t d_in = heads_header(gguf, model, n_layer, d_r);
     gguf_set_val_u32 (gguf, "locret.recommended.budget", 1024);
 
     ggml_init_params ip = { /*.mem_size =*/ 4 * n_layer * (ggml_tensor_overhead() + (d_in + 2 * n_head_kv + 2) * d_r * sizeof(float)) + 4096,

@@ -9,6 +9,7 @@
 // - recorded positions follow the batch; scores are finite and not constant;
 // - heads for a different layer count are refused with a message naming it;
 // - heads loaded for one model cannot be attached to another model's context.
+#include "heads-header.h"
 #include "llama-locret.h"
 
 #include "ggml.h"
@@ -31,29 +32,11 @@ static int g_failures = 0;
 
 // heads with random F32 weights for a model with the given attention shape
 static void write_heads(const std::string & path, const llama_model * model, uint32_t n_layer_in_file) {
-    char arch[64];
-    llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch));
-    const uint32_t n_head    = llama_model_n_head(model);
     const uint32_t n_head_kv = llama_model_n_head_kv(model);
-    const uint32_t head_dim  = llama_model_n_embd(model) / n_head;
-    const uint32_t d_in      = (n_head + 2 * n_head_kv) * head_dim;
     const uint32_t d_r       = 32;
 
     gguf_context * gguf = gguf_init_empty();
-    gguf_set_val_str (gguf, "general.architecture", arch);
-    gguf_set_val_str (gguf, "general.type", "locret_heads");
-    gguf_set_val_u32 (gguf, "locret.format_version", 1);
-    gguf_set_val_str (gguf, "locret.base.architecture", arch);
-    gguf_set_val_u32 (gguf, "locret.base.n_layer", n_layer_in_file);
-    gguf_set_val_u32 (gguf, "locret.base.n_head", n_head);
-    gguf_set_val_u32 (gguf, "locret.base.n_head_kv", n_head_kv);
-    gguf_set_val_u32 (gguf, "locret.base.head_dim_k", head_dim);
-    gguf_set_val_u32 (gguf, "locret.base.head_dim_v", head_dim);
-    gguf_set_val_str (gguf, "locret.input_layout", "q,k,v pre-rope");
-    gguf_set_val_str (gguf, "locret.qk_layout", "llama.cpp");
-    gguf_set_val_bool(gguf, "locret.qk_permuted", true);
-    gguf_set_val_u32 (gguf, "locret.hidden_size", d_r);
-    gguf_set_val_str (gguf, "locret.activation", "silu");
+    const uint32_t d_in = heads_header(gguf, model, n_layer_in_file, d_r);
 
     ggml_init_params ip = { /*.mem_size =*/ 2 * n_layer_in_file * (ggml_tensor_overhead() + (d_in + n_head_kv) * d_r * sizeof(float)) + 1024,
                             /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ false };
