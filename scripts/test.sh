@@ -19,5 +19,6 @@ status=0
 echo "==> ctest"
 ctest --test-dir build --output-on-failure || status=1
 echo "==> pytest"
-"$VPY" -m pytest tests/py -ra "$@" || status=1
+# --durations: the slowest tests are listed at the end, to keep CI's time in view
+"$VPY" -m pytest tests/py -ra --durations=25 --durations-min=20 "$@" || status=1
 exit $status

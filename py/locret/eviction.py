@@ -153,12 +153,19 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
     budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage"), n_seq
     (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling
-    window, 0: none) and lag (LagKV's partition, 0: another policy)."""
+    window, 0: none) and lag (LagKV's partition, 0: another policy); and the work done so far: t_select_us,
+    t_compact_us, t_readback_us (time spent) and n_compactions (compaction graphs run)."""
     s = _api().llama_locret_get_seq_stats(ctx, seq_id)
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
     out["policy"] = name.decode() if name is not None else str(s.policy)
     return out
+
+
+def state_stats(stats_: dict) -> dict:
+    """The part of `stats()` that is the sequence's state, which a saved and loaded state reproduces: all but
+    the work done (the t_ timers and n_compactions, which count this context's own graphs)."""
+    return {k: v for k, v in stats_.items() if not k.startswith("t_") and k != "n_compactions"}
 
 
 def pin_query(ctx: int, n_tokens: int, seq_id: int = 0) -> None:

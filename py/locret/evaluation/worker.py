@@ -125,23 +125,25 @@ def _pin_query(llm, spec: RunSpec, item: Item, tokens: list[int]) -> None:
 
 
 def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) -> int:
-    """Evaluate the prompt; returns the most cells in use seen (0 without eviction). With `heat` (evicting
-    runs only), one chunk (ubatch) per call (the same chunks as one call: each call starts on a chunk
-    boundary) and the retained units read after each chunk."""
+    """Evaluate the prompt; returns the most cells in use seen (0 without eviction). An evicting run feeds one
+    chunk (ubatch) per call (the same chunks as one call: each call starts on a chunk boundary) so that its
+    cell count is read after every chunk, as the cache's peak (budget + a chunk before each eviction), not
+    only at the end; with `heat`, the retained units are read after each chunk too."""
     tokens = prompt_of(spec, item)
     llm.locret_pin_next_prompt(None)
     if spec.method == "locret-q":
         _pin_query(llm, spec, item, tokens)
-    if heat is None:
+    if not evicting:
         llm.eval(tokens)
-        return int(llm.locret_stats()["n_cells_used"]) if evicting else 0
+        return 0
     n_layer, n_head_kv = kv_heads(llm)
     most = 0
     for start in range(0, len(tokens), spec.ubatch):
         part = tokens[start: start + spec.ubatch]
         llm.eval(part, prompt_continues=start + spec.ubatch < len(tokens))
         most = max(most, int(llm.locret_stats()["n_cells_used"]))
-        heat.append(_retained_histogram(llm, n_layer, n_head_kv, len(tokens)))
+        if heat is not None:
+            heat.append(_retained_histogram(llm, n_layer, n_head_kv, len(tokens)))
     return most
 
 
