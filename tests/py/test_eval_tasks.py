@@ -36,7 +36,8 @@ def filler_before(sample, piece_index: int) -> int:
 # ------------------------------------------------------------------ common interface
 
 def test_registry_and_interface():
-    assert set(tasks.TASKS) == {"passkey", "niah", "variable_tracking", "common_words", "long_qa"}
+    assert set(tasks.TASKS) == {"passkey", "niah", "niah_single", "variable_tracking", "common_words",
+                                "long_qa"}
     for name in tasks.TASKS:
         task = tasks.get(name)
         assert task.NAME == name and callable(task.generate) and callable(task.score)
@@ -54,7 +55,7 @@ def _needles_to_find(sample):
     return [(a, 1) for a in sample.answers[:1] if sample.task == "long_qa"] or [(a, 1) for a in sample.answers]
 
 
-@pytest.mark.parametrize("name", ["passkey", "niah", "variable_tracking", "long_qa"])
+@pytest.mark.parametrize("name", ["passkey", "niah", "niah_single", "variable_tracking", "long_qa"])
 @pytest.mark.parametrize("depth", [0.0, 0.1, 0.5, 0.77, 1.0])
 def test_answer_sits_once_at_the_asked_depth(name, depth):
     task = tasks.get(name)

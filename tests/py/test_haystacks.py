@@ -17,7 +17,7 @@ from test_eval_tasks import CHAT, word_tokenizer
 
 TOK = word_tokenizer()
 GENERATED = [f for f in haystacks.FAMILIES if f != "prose"]
-NEEDLE_TASKS = ("niah", "passkey", "variable_tracking", "long_qa")
+NEEDLE_TASKS = ("niah", "niah_single", "passkey", "variable_tracking", "long_qa")
 
 
 def first_units(family: str, n: int, seed: int = 0, **kw) -> list[str]:
@@ -49,7 +49,7 @@ def answer_strings(sample) -> list[tuple[str, int]]:
 # ------------------------------------------------------------------ needles in every family
 
 @pytest.mark.parametrize("family", haystacks.FAMILIES)
-@pytest.mark.parametrize("name", ["niah", "passkey"])
+@pytest.mark.parametrize("name", ["niah", "niah_single", "passkey"])
 @pytest.mark.parametrize("n_tokens", [2048, 8192])
 def test_needle_once_at_the_asked_depth(name, family, n_tokens):
     task = tasks.get(name)

@@ -37,7 +37,8 @@ the head trainer learns from. The needle tasks (all but common_words) take ``hay
 ``"logs"`` for another kind of long text (haystacks.py; ``"prose"``, the default, is the plain sentences).
 
 Tasks: passkey (passkey.py: the original module with its own runner passkey_eval.py; passkey_task.py
-puts it in this interface), niah (several keys and values), variable_tracking (chains of assignments),
+puts it in this interface), niah (several keys and values), niah_single (one key, one number, no
+distractors: the needle task the default model can do in its window), variable_tracking (chains of assignments),
 common_words (most frequent words), long_qa (facts about invented people, F1-scored).
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ from types import ModuleType
 TASKS = {
     "passkey": "passkey_task",
     "niah": "niah",
+    "niah_single": "niah_single",
     "variable_tracking": "variable_tracking",
     "common_words": "common_words",
     "long_qa": "long_qa",
