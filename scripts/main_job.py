@@ -47,9 +47,7 @@ def query_heads() -> Path | None:
     """The shipped Locret-Q heads of the default model, or None."""
     from locret import models
 
-    plain = models.shipped_heads(models.DEFAULT_MODEL)
-    query = plain.with_suffix(".query.gguf") if plain is not None else None
-    return query if query is not None and query.is_file() else None
+    return models.shipped_heads(models.DEFAULT_MODEL, query=True)
 
 
 def default_heads(model: Path) -> tuple[Path, str]:

@@ -119,7 +119,8 @@ def _add_eval(sub) -> None:
                      help=f"comma-separated, of {', '.join(METHODS)} (default full,locret,streaming,random)")
     how.add_argument("--budgets", default="", help="Locret budgets b, comma-separated (default: the --device profile's)")
     how.add_argument("--heads", help="trained heads for 'locret' and 'locret-q' (default: embedded in the model, or "
-                     "shipped in heads/); locret-q places each task's question at the start of the prompt and pins it")
+                     "shipped in heads/, for locret-q the Locret-Q heads where shipped); locret-q places each task's "
+                     "question at the start of the prompt and pins it")
     how.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
     how.add_argument("--stabilizers", type=int, help="stabilizers n_s for every evicting method (default: the heads file's)")
     how.add_argument("--local", type=int, help="local tail length (default: the heads file's)")

@@ -153,11 +153,14 @@ MODELS: dict[str, PackagedModel | ChunkedPackageModel] = {
 SHIPPED_HEADS = {"smollm2-135m": "smollm2-135m-instruct.gguf", "gemma3-270m": "gemma3-270m.gguf"}
 
 
-def shipped_heads(name: str) -> Path | None:
-    """The repository's trained heads for a model name, or None when there are none."""
+def shipped_heads(name: str, *, query: bool = False) -> Path | None:
+    """The repository's trained heads for a model name, or None when there are none. `query`: the Locret-Q
+    heads (trained with the question in front, `<plain name>.query.gguf` beside the plain ones) instead."""
     from ._library import REPO_ROOT
 
     file_name = SHIPPED_HEADS.get(str(name))
+    if file_name and query:
+        file_name = file_name.removesuffix(".gguf") + ".query.gguf"
     path = REPO_ROOT / "heads" / file_name if file_name else None
     return path if path is not None and path.is_file() else None
 

@@ -611,7 +611,10 @@ class Plan:
                     refusal=None if self.fits else refusal(self))
 
 
-def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: str | None) -> tuple[Path | None, str]:
+def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: str | None, *,
+                  query: bool = False) -> tuple[Path | None, str]:
+    """The heads file to score with (None: the model embeds heads) and where it came from. `query`: for
+    Locret-Q, the shipped heads trained with the question in front where the model has them, else the plain."""
     from . import models
 
     if heads is not None:
@@ -623,11 +626,15 @@ def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: st
         shipped = models.shipped_heads(name)
         if shipped is None:
             continue
+        if query and models.shipped_heads(name, query=True) is not None:
+            shipped = models.shipped_heads(name, query=True)
+        what = "shipped Locret-Q heads for this model (heads/)" if shipped.name.endswith(".query.gguf") else \
+            "shipped for this model (heads/)"
         if model_arg == name:
-            return shipped, "shipped for this model (heads/)"
+            return shipped, what
         try:
             if models.resolve(name, fetch=False).resolve() == model_path.resolve():
-                return shipped, "shipped for this model (heads/)"
+                return shipped, what
         except ModelFileError:
             continue  # that model is not installed
     raise PlanError(f"no retaining heads for {model_path.name}: give --heads H.gguf (Locret scores the KV cache "

@@ -151,7 +151,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-file", required=True, type=Path, help="the document (text)")
     p.add_argument("--needle", required=True, help="text whose tokens to follow (its first occurrence)")
     p.add_argument("--question", help="appended after the document (\"\\n\\nQuestion: ...\")")
-    p.add_argument("--query", help="Locret-Q: placed at the start and pinned (give the question again)")
+    p.add_argument("--query", help="Locret-Q: placed at the start and pinned (give the question again); without "
+                   "--heads, the model's shipped Locret-Q heads where there are some")
     p.add_argument("--chat", action="store_true", help="the prompt is the user turn of the model's chat template")
     p.add_argument("--model", default=models.DEFAULT_MODEL, help=f"model name or .gguf path (default {models.DEFAULT_MODEL})")
     p.add_argument("--heads", help="retaining heads (default: embedded in the model, or shipped in heads/)")
@@ -172,7 +173,8 @@ def run_cli(args: argparse.Namespace) -> int:
     model = models.resolve(args.model)
     heads = args.heads
     if heads is None:
-        found, _ = planner.resolve_heads(args.model, model, planner.read_model(model), None)
+        found, _ = planner.resolve_heads(args.model, model, planner.read_model(model), None,
+                                         query=bool(args.query))
         heads = str(found) if found is not None else None
     if not args.prompt_file.is_file():
         raise ValueError(f"cannot read the prompt file {args.prompt_file}")

@@ -229,6 +229,9 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
     by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
     assert by_method["locret"]["pinned"] == 0 and by_method["locret"]["evictions"] >= 3
     assert by_method["locret"]["pool"] == 5 and by_method["locret-q"]["pool"] == 5
+    # without --heads, Locret-Q scores with the heads trained with the question in front, Locret with the plain ones
+    heads_files = json.loads((out / "summary.json").read_text())["settings"]["heads_files"]
+    assert heads_files == {"locret": "smollm2-135m-instruct.gguf", "locret-q": "smollm2-135m-instruct.query.gguf"}
     # the same sample, built here: locret-q's prompt opens the user turn with the question, and the pin ends with it
     vocab = items_module.vocab_model(str(model_path))
     try:

@@ -103,3 +103,41 @@ def test_header_walk_agrees_with_gguf_py(name):
     assert ours.n_tensors == len(reader.tensors)
     assert ours.data_end == max(int(t.data_offset) + int(t.n_bytes) for t in reader.tensors)
     assert ours.data_end <= ours.file_size
+
+
+def test_shipped_locret_q_heads_sit_beside_the_plain_ones_and_resolve_for_a_query(model_path):
+    """The default model ships Locret-Q heads (trained with the question in front) next to its plain heads: the same
+    layout, other weights, accepted by the library's loader; what asks for Locret-Q's heads gets them, what does not
+    gets the plain ones; Gemma has none and falls back to its plain heads."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from locret import planner
+    from locret.llama import Llama
+
+    plain, query = models.shipped_heads("smollm2-135m"), models.shipped_heads("smollm2-135m", query=True)
+    assert plain.name == "smollm2-135m-instruct.gguf" and query.name == "smollm2-135m-instruct.query.gguf"
+    assert models.shipped_heads("gemma3-270m", query=True) is None
+    a, b = GGUFReader(plain, "r"), GGUFReader(query, "r")
+    layout = lambda r: {k: f.contents() for k, f in r.fields.items()
+                        if k.startswith("locret.") and not k.startswith("locret.training.")}
+    assert layout(a) == layout(b)
+    assert [(t.name, list(t.shape)) for t in a.tensors] == [(t.name, list(t.shape)) for t in b.tensors]
+    assert any(not np.array_equal(x.data, y.data) for x, y in zip(a.tensors, b.tensors))
+    assert "Locret-Q layout" in b.fields["locret.training.notes"].contents()
+
+    facts = planner.read_model(model_path)
+    assert planner.resolve_heads("smollm2-135m", model_path, facts, None, query=True)[0] == query
+    assert planner.resolve_heads(str(model_path), model_path, facts, None, query=True)[0] == query
+    assert planner.resolve_heads("smollm2-135m", model_path, facts, None)[0] == plain
+    gemma = models.resolve("gemma3-270m", fetch=False)
+    assert planner.resolve_heads("gemma3-270m", gemma, planner.read_model(gemma), None, query=True)[0] == \
+        models.shipped_heads("gemma3-270m")
+
+    llm = Llama(model_path=str(model_path), n_ctx=1024, n_ubatch=256, n_batch=256, locret_heads=str(query),
+                locret_budget=512, verbose=False)
+    try:
+        llm.eval(llm.tokenize(b"The query heads load and score. " * 120))
+        assert llm.locret_stats()["n_evictions"] >= 1
+    finally:
+        llm.close()

@@ -132,14 +132,18 @@ def validate(cfg: EvalConfig) -> None:
             raise EvalError(f"dataset file {d} does not exist")
 
 
-def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> tuple[str | None, str | None]:
-    heads = random_heads = None
-    if any(m in cfg.methods for m in TRAINED_HEADS_METHODS):
+def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> tuple[dict, str | None]:
+    """The trained heads of each heads method ('locret-q': the shipped Locret-Q heads where the model has them;
+    None: embedded in the model) and the random heads of 'random-heads'."""
+    heads, random_heads = {}, None
+    for method in cfg.methods:
+        if method not in TRAINED_HEADS_METHODS:
+            continue
         try:
-            found, _ = planner.resolve_heads(cfg.model, model_path, facts, cfg.heads)
+            found, _ = planner.resolve_heads(cfg.model, model_path, facts, cfg.heads, query=method == "locret-q")
         except planner.PlanError as e:
             raise EvalError(str(e)) from None
-        heads = str(found) if found is not None else None  # None: embedded in the model
+        heads[method] = str(found) if found is not None else None
     if "random-heads" in cfg.methods:
         from ..heads import cached_random_heads
         random_heads = cfg.random_heads or cached_random_heads(model_path)
@@ -147,7 +151,7 @@ def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> 
 
 
 def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: planner.ModelFacts,
-              heads: str | None, random_heads: str | None, out_dir: Path) -> tuple[list[tuple[RunSpec, list[Item]]], list[dict]]:
+              heads: dict, random_heads: str | None, out_dir: Path) -> tuple[list[tuple[RunSpec, list[Item]]], list[dict]]:
     """The runs, each with its items, and what was skipped (full attention over the model's window)."""
     groups: dict[int, list[Item]] = {}
     for it in items:
@@ -168,7 +172,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                     continue
                 longest = max(len(it.tokens) + it.max_new_tokens for it in chosen)
                 spec = RunSpec(model_path=str(model_path), method=method, budget=budget,
-                               heads=heads if method in TRAINED_HEADS_METHODS else
+                               heads=heads.get(method) if method in TRAINED_HEADS_METHODS else
                                random_heads if method == "random-heads" else None,
                                pool=cfg.pool if method in HEADS_METHODS else None,
                                lag=cfg.lag if method == "lagkv" else None,
@@ -301,7 +305,8 @@ def run(cfg: EvalConfig) -> int:
     run_records = _read_jsonl(runs_path)
     summary = report.summarize(samples, run_records, skipped)
     memory_notes, over = report.memory_check(run_records, dev)
-    settings = dict(fingerprint, model_path=model_path.name, heads_file=Path(heads).name if heads else None,
+    heads_files = {m: Path(h).name if h else None for m, h in heads.items()}  # None: embedded in the model
+    settings = dict(fingerprint, model_path=model_path.name, heads_files=heads_files,
                     incomplete=stopped)
     (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary, "skipped": skipped,
                                                   "memory": memory_notes}, indent=1, default=str))
