@@ -626,10 +626,11 @@ def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: st
         shipped = models.shipped_heads(name)
         if shipped is None:
             continue
-        if query and models.shipped_heads(name, query=True) is not None:
-            shipped = models.shipped_heads(name, query=True)
-        what = "shipped Locret-Q heads for this model (heads/)" if shipped.name.endswith(".query.gguf") else \
-            "shipped for this model (heads/)"
+        query_heads = models.shipped_heads(name, query=True) if query else None
+        if query_heads is not None:
+            shipped, what = query_heads, "shipped Locret-Q heads for this model (heads/)"
+        else:
+            what = "shipped for this model (heads/)"
         if model_arg == name:
             return shipped, what
         try:
