@@ -10,6 +10,7 @@
     locret plan --device D --model M   Locret settings and predicted peak memory of a model on a device
     locret eval --tasks T --lengths L --budgets B   tasks or benchmarks, every method side by side
     locret inspect --prompt-file F --needle TEXT    what the cache kept of a prompt (per layer and KV head)
+    locret inspect --task T --length N              how much of each needle of the evaluation's prompts it kept
     locret bench ...               speed and memory of eviction against plain llama.cpp (scripts/bench_eviction.py)
     locret serve [--budget B]      llama-server (OpenAI-compatible API) with Locret's flags
 """
@@ -189,7 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="what the cache kept of a prompt, and whether a needle survived",
                        description="Run a document (and a question) with eviction and report, per layer and KV "
                        "head, how many of a needle's tokens are held, its best rank by the heads' score, and the "
-                       "longest retained runs as text (what the cache holds instead). Exit 1 on a bad input.")
+                       "longest retained runs as text (what the cache holds instead). With --task, the evaluation's "
+                       "own prompts: every needle's held share, per needle and per label (answer, distractor). Exit 1 "
+                       "on a bad input.")
     retention.add_arguments(p)
     p.set_defaults(func=lambda args: retention.run_cli(args))
 

@@ -9,6 +9,15 @@ held, the best rank of a needle token by the heads' own score among all prompt t
 and the longest runs of retained positions as text with their mean score: what the cache holds instead. With
 `--query` the question is also placed at the start and pinned (Locret-Q); the report says how many tokens are pinned.
 
+    locret inspect --task niah --length 8192 [--haystacks prose,code] [--depth 0.5] [--samples 2] [--seed 11]
+                   [--method locret-q] [--budget 768] [--pool 15] [--heads H.gguf] [--json out.json]
+
+The second form runs the evaluation's own prompts (`locret eval`'s items, the same seeds) and follows every needle
+they place by its token span, labelled as the task labels it (niah: the asked "answer" needles and the look-alike
+"distractor" needles): for each needle, the share of its tokens held over the evicting (layer, KV head) pairs and
+the pairs that hold it whole; then the same per label, averaged over the prompts. That is how Locret-Q heads are
+told from plain ones: they should hold the asked needle more than its look-alikes (heads/README.md).
+
 Why: eviction failures on long inputs are about which spans survive. The diagnostic that found score pooling
 (README, "Score pooling") was this: the needle's tokens were scattered over a few heads, never whole in most.
 """
@@ -127,6 +136,96 @@ def inspect_prompt(*, model: str, prompt: str, needle: str, budget: int, ubatch:
         llm.close()
 
 
+def needle_shares(llm, spans: list[tuple[str, int, int]], layers: list[int], n_head_kv: int) -> list[dict]:
+    """For each needle (label, first position, end): the mean share of its tokens held over the (layer, KV head)
+    pairs of `layers`, and how many of those pairs hold all of its tokens."""
+    kept = [llm.locret_retained(il, ih) for il in layers for ih in range(n_head_kv)]
+    out = []
+    for label, a, b in spans:
+        positions = np.arange(a, b)
+        shares = np.array([np.isin(positions, k).mean() for k in kept])
+        out.append({"label": label, "positions": [int(a), int(b)], "held_share": round(float(shares.mean()), 4),
+                    "pairs_whole": int((shares == 1.0).sum())})
+    return out
+
+
+def _by_label(needles: list[dict]) -> dict:
+    labels = sorted({n["label"] for n in needles})
+    return {lab: {"held_share": round(float(np.mean([n["held_share"] for n in needles if n["label"] == lab])), 4),
+                  "pairs_whole": round(float(np.mean([n["pairs_whole"] for n in needles if n["label"] == lab])), 2)}
+            for lab in labels}
+
+
+def inspect_task(*, model: str, task: str, length: int, method: str, budget: int, ubatch: int, heads: str | None,
+                 haystacks: list[str], depth: float, samples: int, seed: int, pool: int | None = None,
+                 stabilizers: int | None = None, local: int | None = None, threads: int = 2) -> dict:
+    """The task-mode report (see the module's docstring): the evaluation's prompts of `task`, prefilled with the
+    method's eviction (Locret-Q: the question in front and pinned, as `locret eval` does), then every needle's
+    retention read from the cache."""
+    from tqdm import tqdm
+
+    from .evaluation import items as items_module
+    from .evaluation.worker import RunSpec, _prefill, evicting_layers, kv_heads, make_llm, prompt_of
+
+    if method not in ("locret", "locret-q"):
+        raise ValueError(f"--method must be locret or locret-q, got {method!r}")
+    vocab = items_module.vocab_model(model)
+    try:
+        items = items_module.task_items(vocab, [task], [length], [depth], samples, seed, haystacks=tuple(haystacks))
+    except items_module.ItemError as e:
+        raise ValueError(str(e)) from None
+    finally:
+        vocab.close()
+    if not items[0].extra.get("needles"):
+        raise ValueError(f"task {task} places no needles to follow")
+    spec = RunSpec(model_path=model, method=method, budget=budget, heads=heads, stabilizers=stabilizers, local=local,
+                   n_ctx=-(-(max(len(it.query_tokens or it.tokens) for it in items) + 256) // 256) * 256,
+                   ubatch=ubatch, threads=threads, pool=pool)
+    llm = make_llm(spec)
+    rows = []
+    try:
+        layers = evicting_layers(llm)
+        _, n_head_kv = kv_heads(llm)
+        for it in tqdm(items, desc="prompts", unit="prompt"):
+            evictions_before = int(llm.locret_stats()["n_evictions"])  # the count runs on across prompts
+            llm.reset()
+            _prefill(llm, spec, it, True, None)
+            tokens = prompt_of(spec, it)
+            shift = len(tokens) - len(it.tokens)  # Locret-Q's head grew by the question; the rest is unchanged
+            spans = [(label, a + shift, b + shift) for label, a, b in it.extra["needles"]]
+            stats = llm.locret_stats()
+            needles = needle_shares(llm, spans, layers, n_head_kv)
+            for n, (_, a, b) in zip(needles, spans):
+                n["text"] = llm.detokenize(tokens[a:b]).decode(errors="replace").strip()
+            rows.append({"item": it.id, "prompt_tokens": len(tokens), "evictions": int(stats["n_evictions"]) - evictions_before,
+                         "pinned": int(stats["n_pinned"]), "needles": needles, "by_label": _by_label(needles)})
+    finally:
+        llm.close()
+    labels = sorted({lab for r in rows for lab in r["by_label"]})
+    mean = {lab: {k: round(float(np.mean([r["by_label"][lab][k] for r in rows if lab in r["by_label"]])), 4)
+                  for k in ("held_share", "pairs_whole")} for lab in labels}
+    return {"task": task, "length": length, "method": method, "heads": Path(heads).name if heads else None,
+            "budget": budget, "pool": pool or 0, "pairs": len(layers) * n_head_kv, "items": rows, "by_label": mean}
+
+
+def print_task_report(report: dict) -> None:
+    print(f"{report['task']} at {report['length']} tokens, {report['method']} b = {report['budget']}, pooling "
+          f"{report['pool'] or 'none'}, heads {report['heads'] or '(embedded)'}: share of each needle's tokens held "
+          f"over {report['pairs']} (layer, KV head) pairs, and the pairs holding it whole")
+    for r in report["items"]:
+        print(f"\n{r['item']}: {r['prompt_tokens']} tokens, {r['evictions']} evictions, pinned {r['pinned']}")
+        for n in r["needles"]:
+            shown = n["text"] if len(n["text"]) <= 70 else n["text"][:67] + "..."
+            print(f"  {n['label']:<10} @{n['positions'][0]:>7}  held {n['held_share']:.3f}  whole in "
+                  f"{n['pairs_whole']:>3}  {shown}")
+    print(f"\nmean over {len(report['items'])} prompts:")
+    for lab, v in report["by_label"].items():
+        print(f"  {lab:<10} held {v['held_share']:.3f}  whole in {v['pairs_whole']:.1f} pairs")
+    by = report["by_label"]
+    if "answer" in by and "distractor" in by:
+        print(f"  answer / distractor held: {by['answer']['held_share'] / max(by['distractor']['held_share'], 1e-9):.2f}")
+
+
 def print_report(report: dict) -> None:
     print(f"prompt: {report['prompt_tokens']} tokens, budget {report['budget']}, pooling {report['pool'] or 'none'}, "
           f"{report['evictions']} evictions, pinned {report['pinned']} (Locret-Q)")
@@ -148,8 +247,17 @@ def print_report(report: dict) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from . import models
 
-    p.add_argument("--prompt-file", required=True, type=Path, help="the document (text)")
-    p.add_argument("--needle", required=True, help="text whose tokens to follow (its first occurrence)")
+    p.add_argument("--prompt-file", type=Path, help="the document (text); or --task")
+    p.add_argument("--needle", help="with --prompt-file: text whose tokens to follow (its first occurrence)")
+    task = p.add_argument_group("the evaluation's prompts (instead of --prompt-file)")
+    task.add_argument("--task", help="a `locret eval` task whose needles to follow (e.g. niah, niah_single)")
+    task.add_argument("--length", type=int, help="prompt length in tokens")
+    task.add_argument("--haystacks", default="prose", help="haystack families, comma-separated (default prose)")
+    task.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
+    task.add_argument("--samples", type=int, default=1, help="prompts per haystack family (default 1)")
+    task.add_argument("--seed", type=int, default=0)
+    task.add_argument("--method", default="locret", choices=("locret", "locret-q"),
+                      help="locret-q: the question in front and pinned, and the Locret-Q heads without --heads")
     p.add_argument("--question", help="appended after the document (\"\\n\\nQuestion: ...\")")
     p.add_argument("--query", help="Locret-Q: placed at the start and pinned (give the question again); without "
                    "--heads, the model's shipped Locret-Q heads where there are some")
@@ -170,12 +278,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from . import models, planner
 
+    if (args.prompt_file is None) == (args.task is None):
+        raise ValueError("give either --prompt-file (with --needle) or --task (with --length)")
+    if args.task is not None:
+        if args.length is None or args.length < 1:
+            raise ValueError("--task needs --length (tokens)")
+        if args.needle or args.query or args.question or args.chat:
+            raise ValueError("--task brings its own needles, question and template: --needle, --query, --question "
+                             "and --chat apply to --prompt-file")
+        if args.samples < 1:
+            raise ValueError(f"--samples must be at least 1, got {args.samples}")
+    elif not args.needle:
+        raise ValueError("--prompt-file needs --needle (the text to follow)")
+    elif args.method != "locret":
+        raise ValueError("--method applies to --task; with --prompt-file, --query QUESTION is Locret-Q")
     model = models.resolve(args.model)
     heads = args.heads
     if heads is None:
-        found, _ = planner.resolve_heads(args.model, model, planner.read_model(model), None,
-                                         query=bool(args.query))
+        query = bool(args.query) or args.method == "locret-q"
+        found, _ = planner.resolve_heads(args.model, model, planner.read_model(model), None, query=query)
         heads = str(found) if found is not None else None
+    if args.task is not None:
+        report = inspect_task(model=str(model), task=args.task, length=args.length, method=args.method,
+                              budget=args.budget, ubatch=args.ubatch, heads=heads,
+                              haystacks=[h for h in args.haystacks.split(",") if h], depth=args.depth,
+                              samples=args.samples, seed=args.seed, pool=args.pool, stabilizers=args.stabilizers,
+                              local=args.local, threads=args.threads)
+        print_task_report(report)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1))
+        return 0
     if not args.prompt_file.is_file():
         raise ValueError(f"cannot read the prompt file {args.prompt_file}")
     prompt = args.prompt_file.read_text()

@@ -90,27 +90,6 @@ def test_streamed_chat_completion_answers_a_long_message(llm, sample):
     assert sample.score(text) == 1.0, f"key {sample.answers[0]} not in {text!r}"
 
 
-def test_locret_serve_answers_an_openai_request_past_the_window(model_path, sample, tmp_path):
-    port = free_port()
-    log_path = tmp_path / "server.log"
-    cmd = [sys.executable, "-m", "locret", "serve", "--model", model_path, "--budget", BUDGET, "--ubatch", UBATCH,
-           "--context", "32k", "--threads", "2", "--port", port, "--", "-lv", "4"]
-    with http_server(cmd, log_path, port, startup_s=240) as url:
-        reply = post_json(url + "/v1/chat/completions",
-                          {"messages": [{"role": "user", "content": user_message(sample)}], "max_tokens": 24,
-                           "temperature": 0})
-    # stopping `locret serve` stopped the server it runs (it execs llama-server): nothing answers on the port
-    import urllib.request
-    with pytest.raises(OSError):
-        urllib.request.urlopen(url + "/health", timeout=5)
-    text = log_path.read_text()
-    assert "--locret-heads" in text.splitlines()[0]  # `locret serve` found the shipped heads itself
-    assert "llama_kv_cache: size =" in text and " 4352 cells" in text, text[-3000:]
-    assert reply["usage"]["prompt_tokens"] > WINDOW
-    answer = reply["choices"][0]["message"]["content"]
-    assert sample.score(answer) == 1.0, f"key {sample.answers[0]} not in {answer!r}"
-
-
 def test_locret_serve_refuses_bad_settings(model_path):
     serve = [sys.executable, "-m", "locret", "serve"]
     cases = (
@@ -131,22 +110,22 @@ def _chat(url, sample, max_tokens=24):
                       "temperature": 0})
 
 
-def test_llama_server_serves_two_long_requests_at_once_and_reuses_only_what_it_holds(model_path, heads, llm, tmp_path):
-    """-np 2: two slots, each with its own budget of cells, answer two concurrent requests past the window. Then a new
-    request on a slot: one that leaves the cached prompt in its last part reuses the cached prefix; one that leaves it
-    inside the compressed part (the needle changed) is processed whole, and answers the new key."""
+def test_locret_serve_answers_two_long_requests_at_once_and_reuses_only_what_it_holds(model_path, heads, llm, tmp_path):
+    """`locret serve --slots 2` (llama-server's OpenAI API, -np 2): it finds the shipped heads itself, and two slots,
+    each with its own budget of cells, answer two concurrent requests past the window. Then a new request on a slot:
+    one that leaves the cached prompt in its last part reuses the cached prefix; one that leaves it inside the
+    compressed part (the needle changed) is processed whole, and answers the new key. Stopping `locret serve` stops
+    the server it runs."""
+    import urllib.request
     from concurrent.futures import ThreadPoolExecutor
-
-    from conftest import tool
 
     samples = [tasks.get("passkey").generate(seed, 0, tokenize=decoding.tokenizer(llm), n_tokens=N_TOKENS, depth=DEPTH,
                                              chat_format=decoding.chat_format(llm)) for seed in (7, 11)]
     assert samples[0].answers != samples[1].answers
     port = free_port()
     log_path = tmp_path / "server.log"
-    cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads, "--locret-budget", BUDGET, "-np", 2,
-           "-c", 65536, "-b", UBATCH, "-ub", UBATCH, "-t", 2, "-fa", "on", "--host", "127.0.0.1", "--port", port,
-           "-lv", 4]
+    cmd = [sys.executable, "-m", "locret", "serve", "--model", model_path, "--budget", BUDGET, "--ubatch", UBATCH,
+           "--context", "32k", "--slots", 2, "--threads", "2", "--port", port, "--", "-lv", "4"]
     with http_server(cmd, log_path, port, startup_s=240) as url:
         with ThreadPoolExecutor(2) as pool:
             replies = list(pool.map(lambda s: _chat(url, s), samples))
@@ -171,7 +150,13 @@ def test_llama_server_serves_two_long_requests_at_once_and_reuses_only_what_it_h
         assert changed["timings"]["cache_n"] == 0, changed["timings"]
         answer = changed["choices"][0]["message"]["content"]
         assert other.score(answer) == 1.0, f"key {other.answers[0]} not in {answer!r}"
+    # stopping `locret serve` stopped the server it runs (it execs llama-server): nothing answers on the port
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "/health", timeout=5)
     text = log_path.read_text()
+    command = text.splitlines()[0]
+    assert f"--locret-heads {heads}" in command, command  # `locret serve` found the shipped (plain) heads itself
+    assert " -np 2 " in command and " -c 65536 " in command, command  # -c: 32K for each slot
     # two streams of b + ubatch cells, whatever -c is
     assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( *4352 cells, +30 layers, +2/2 seqs\)", text), text[-3000:]
     assert "diverges inside the compressed part" in text

@@ -88,6 +88,8 @@ def test_timings_cells_and_memory_are_reported_per_run(side_by_side):
         else:
             # read after every chunk: the peak, the budget plus the chunk each eviction follows
             assert s["cells_used_max"] == BUDGET + UBATCH and s["evictions"] >= 1
+            # this prompt's evictions (at most one per chunk and one in decoding), not the run's running count
+            assert s["evictions"] <= math.ceil(s["prompt_tokens"] / UBATCH) + 1, s
             assert s["n_cells"] == 512  # pad(256 + 128, 256)
     for r in runs.values():
         assert 50 << 20 < r["peak_rss_bytes"] < 4 << 30
@@ -141,6 +143,23 @@ def test_a_second_run_resumes_and_other_settings_are_refused(side_by_side):
     changed = [c if c != "0.5" else "0.25" for c in cmd]
     proc = run(changed, timeout=120)
     assert proc.returncode == 1 and "other settings (depths differ)" in proc.stderr
+    # the heads a method ran with are part of the settings by content, not only `--heads` as given: the shipped heads
+    # re-trained in place (here: another digest on record) refuse the resume
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    name, digest = config["heads_used"]["locret"].split(" sha256:")
+    assert name == "smollm2-135m-instruct.gguf" and len(digest) == 64
+    assert config["heads_used"]["locret"] == json.loads((out / "summary.json").read_text())["settings"]["heads_used"]["locret"]
+    try:
+        config_path.write_text(json.dumps(dict(config, heads_used={"locret": f"{name} sha256:{'0' * 64}"})))
+        proc = run(cmd, timeout=120)
+        assert proc.returncode == 1 and "other settings (heads_used differ)" in proc.stderr, proc.stderr[-2000:]
+        # a run from before the record resumes: locret's heads resolve as they did then
+        config_path.write_text(json.dumps({k: v for k, v in config.items() if k != "heads_used"}))
+        proc = run(cmd, timeout=300)
+        assert proc.returncode == 0 and "6 samples already in" in proc.stdout, proc.stderr[-2000:]
+    finally:
+        config_path.write_text(json.dumps(config))
 
 
 LONG_BENCH = [
@@ -232,6 +251,13 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
     # without --heads, Locret-Q scores with the heads trained with the question in front, Locret with the plain ones
     heads_files = json.loads((out / "summary.json").read_text())["settings"]["heads_files"]
     assert heads_files == {"locret": "smollm2-135m-instruct.gguf", "locret-q": "smollm2-135m-instruct.query.gguf"}
+    # a folder from before the heads were recorded cannot tell which heads its locret-q samples had: refused
+    config = json.loads((out / "config.json").read_text())
+    assert config["heads_used"]["locret-q"].startswith("smollm2-135m-instruct.query.gguf sha256:")
+    (out / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "heads_used"}))
+    again = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", "1200", "--depths", "0.5",
+                           "--methods", "locret,locret-q", "--pool", "5", *COMMON, "-o", out, "--no-plots"), timeout=300)
+    assert again.returncode == 1 and "did not record which heads it used" in again.stderr, again.stderr[-2000:]
     # the same sample, built here: locret-q's prompt opens the user turn with the question, and the pin ends with it
     vocab = items_module.vocab_model(str(model_path))
     try:

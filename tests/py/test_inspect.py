@@ -71,3 +71,67 @@ def test_inspect_refuses_a_needle_that_is_not_there(model_path, heads_file, tmp_
                 "--stabilizers", 16], timeout=300)
     assert proc.returncode == 1 and "the needle 'no such words' is not in the prompt" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_inspect_follows_every_needle_of_an_evaluation_prompt(model_path, heads_file, tmp_path):
+    """--task: the evaluation's own niah prompt with Locret-Q (question in front, pinned); every needle's held share
+    equals what the cache retains, read here through locret.Llama over the same prompt."""
+    from locret.evaluation import items as items_module
+
+    out = tmp_path / "task.json"
+    proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--heads", heads_file,
+                "--task", "niah", "--length", 1200, "--method", "locret-q", "--budget", B, "--ubatch", UB,
+                "--stabilizers", 16, "--local", 8, "--threads", 2, "--json", out], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert "answer / distractor held:" in proc.stdout
+    (row,) = report["items"]
+
+    vocab = items_module.vocab_model(str(model_path))
+    (item,) = items_module.task_items(vocab, ["niah"], [1200], [0.5], 1, 0)
+    vocab.close()
+    tokens = list(item.query_tokens)
+    # the evaluation's context settings (flash attention, 2 threads): the scores, and so the ties, are the same
+    llm = Llama(model_path=str(model_path), n_ctx=2048, n_batch=2048, n_ubatch=UB, locret_heads=heads_file,
+                locret_budget=B, locret_stabilizers=16, locret_local=8, flash_attn=True, n_threads=2,
+                n_threads_batch=2, verbose=False)
+    n_pin = eviction.query_tokens(llama_cpp.llama_model_get_vocab(llm._model.model), tokens, item.query, B)
+    llm.locret_pin_next_prompt(n_pin)
+    llm.eval(tokens)
+    assert row["prompt_tokens"] == len(tokens) and row["pinned"] == n_pin > 0
+    assert row["evictions"] == llm.locret_stats()["n_evictions"] >= 10
+
+    # the needles, found here by their text in the prompt: 2 asked numbers, 6 look-alikes of the other keys
+    text = llm.detokenize(tokens).decode()
+    assert sorted(n["label"] for n in row["needles"]) == ["answer"] * 2 + ["distractor"] * 6
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    assert report["pairs"] == n_layer * n_head_kv
+    kept = [llm.locret_retained(il, ih) for il in range(n_layer) for ih in range(n_head_kv)]
+    for n in row["needles"]:
+        a, b = n["positions"]
+        needle = llm.detokenize(tokens[a:b]).decode().strip()
+        assert needle.startswith("One of the archive numbers for") and text.count(needle) == 1
+        assert (any(v in needle for v in item.answers)) == (n["label"] == "answer")
+        shares = [np.isin(np.arange(a, b), k).mean() for k in kept]
+        assert n["held_share"] == round(float(np.mean(shares)), 4) and n["pairs_whole"] == sum(s == 1.0 for s in shares)
+    answers = [n["held_share"] for n in row["needles"] if n["label"] == "answer"]
+    assert report["by_label"]["answer"]["held_share"] == round(float(np.mean(answers)), 4)
+    llm.close()
+
+
+def test_inspect_refuses_mixed_or_missing_modes(model_path):
+    cases = (
+        ([], "give either --prompt-file (with --needle) or --task"),
+        (["--prompt-file", "doc.txt", "--task", "niah", "--length", "600"], "give either --prompt-file"),
+        (["--task", "niah"], "--task needs --length"),
+        (["--task", "niah", "--length", "600", "--needle", "x"], "--task brings its own needles"),
+        (["--prompt-file", "doc.txt"], "--prompt-file needs --needle"),
+        (["--prompt-file", "doc.txt", "--needle", "x", "--method", "locret-q"], "--method applies to --task"),
+        (["--task", "haystack", "--length", "600"], "unknown task 'haystack'"),
+        (["--task", "common_words", "--length", "8000"], "places no needles"),
+    )
+    for args, message in cases:
+        proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, *args], timeout=300)
+        assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr

@@ -2,7 +2,7 @@
 every finished sample is appended to samples.jsonl at once, so the same command resumes a stopped run.
 
 Output directory (-o):
-    config.json     the settings (a resumed run must have the same ones)
+    config.json     the settings and the heads each method used (a resumed run must have the same ones)
     samples.jsonl   one record per (run, item): answer, score, timings, cells, KV bytes
     runs.jsonl      one record per finished run: peak RSS (and GPU memory), KV bytes
     summary.json, summary.md, plots/*.png, heatmaps/*.npz
@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .. import devices, models, planner
+from ..files import sha256_file
 from . import HEADS_METHODS, METHODS, TRAINED_HEADS_METHODS, items as items_module, report
 from .items import Item, ItemError
 from .worker import RunSpec
@@ -150,6 +151,22 @@ def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> 
     return heads, random_heads
 
 
+def _heads_used(heads: dict, random_heads: str | None) -> dict:
+    """The heads each method ran with, by file name and content (sha256): `--heads` as given is in the settings,
+    but what a method resolves to without it (the shipped heads, re-trained in place or a Locret-Q file added
+    beside them) is what decides its results. None: embedded in the model."""
+    files = dict(heads)
+    if random_heads is not None:
+        files["random-heads"] = random_heads
+    return {m: None if f is None else f"{Path(f).name} sha256:{sha256_file(f)}" for m, f in sorted(files.items())}
+
+
+def _resolution_unchanged(cfg: EvalConfig) -> bool:
+    """Whether a run from before `heads_used` was recorded resolved its heads as today: only locret-q without
+    --heads changed (it took the plain heads before the Locret-Q heads were shipped)."""
+    return cfg.heads is not None or "locret-q" not in cfg.methods
+
+
 def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: planner.ModelFacts,
               heads: dict, random_heads: str | None, out_dir: Path) -> tuple[list[tuple[RunSpec, list[Item]]], list[dict]]:
     """The runs, each with its items, and what was skipped (full attention over the model's window)."""
@@ -248,8 +265,13 @@ def run(cfg: EvalConfig) -> int:
     out = cfg.output
     (out / "heatmaps").mkdir(parents=True, exist_ok=True)
     config_path, fingerprint = out / "config.json", cfg.fingerprint()
+    fingerprint["heads_used"] = _heads_used(heads, random_heads)
     if config_path.exists():
         old = json.loads(config_path.read_text())
+        if "heads_used" not in old and not _resolution_unchanged(cfg):
+            raise EvalError(f"{out} holds a run that did not record which heads it used, and locret-q without --heads "
+                            "now takes the Locret-Q heads: give another -o or delete it")
+        old.setdefault("heads_used", fingerprint["heads_used"])  # runs from before the record, resolved as today
         changed = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
         if changed:
             raise EvalError(f"{out} holds a run with other settings ({', '.join(changed)} differ): give another -o "
