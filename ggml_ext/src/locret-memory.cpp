@@ -1138,6 +1138,9 @@ void llama_locret_memory::reset_stream(locret_stream & s) {
     s.dead_end     = 0;
     std::fill(s.live_end.begin(), s.live_end.end(), 0);
     s.undo.valid   = false;
+    // the counters describe what the sequence now holds: a new prompt in an emptied sequence counts from zero
+    s.n_evictions     = 0;
+    s.n_units_evicted = 0;
 }
 
 uint32_t llama_locret_memory::min_layer_budget() const {

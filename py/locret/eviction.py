@@ -149,7 +149,8 @@ def fill_masked(ctx: int, k_value: float, v_value: float, seq_id: int = 0) -> in
 
 
 def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
-    """Sequence `seq_id`'s enabled, n_evictions, n_units_evicted (summed over layers and KV heads), n_cells_used,
+    """Sequence `seq_id`'s enabled, n_evictions, n_units_evicted (summed over layers and KV heads; both count since
+    the sequence was last emptied, so a new prompt in a reset Llama starts from zero), n_cells_used,
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
     budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage"), n_seq
     (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling

@@ -149,11 +149,17 @@ def needle_shares(llm, spans: list[tuple[str, int, int]], layers: list[int], n_h
     return out
 
 
-def _by_label(needles: list[dict]) -> dict:
-    labels = sorted({n["label"] for n in needles})
-    return {lab: {"held_share": round(float(np.mean([n["held_share"] for n in needles if n["label"] == lab])), 4),
-                  "pairs_whole": round(float(np.mean([n["pairs_whole"] for n in needles if n["label"] == lab])), 2)}
+def _mean_by_label(entries: list[dict]) -> dict:
+    """{label: {"held_share": mean, "pairs_whole": mean}} over entries carrying a label and those two values
+    (needles of one prompt, or per-prompt means); not rounded, so that means of means stay exact."""
+    labels = sorted({e["label"] for e in entries})
+    return {lab: {k: float(np.mean([e[k] for e in entries if e["label"] == lab])) for k in ("held_share", "pairs_whole")}
             for lab in labels}
+
+
+def _rounded(by_label: dict) -> dict:
+    return {lab: {"held_share": round(v["held_share"], 4), "pairs_whole": round(v["pairs_whole"], 2)}
+            for lab, v in by_label.items()}
 
 
 def inspect_task(*, model: str, task: str, length: int, method: str, budget: int, ubatch: int, heads: str | None,
@@ -182,28 +188,28 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
                    n_ctx=-(-(max(len(it.query_tokens or it.tokens) for it in items) + 256) // 256) * 256,
                    ubatch=ubatch, threads=threads, pool=pool)
     llm = make_llm(spec)
-    rows = []
+    rows, prompt_means = [], []
     try:
         layers = evicting_layers(llm)
         _, n_head_kv = kv_heads(llm)
         for it in tqdm(items, desc="prompts", unit="prompt"):
-            evictions_before = int(llm.locret_stats()["n_evictions"])  # the count runs on across prompts
-            llm.reset()
+            llm.reset()  # the next eval empties the sequence and its eviction count
             _prefill(llm, spec, it, True, None)
             tokens = prompt_of(spec, it)
             shift = len(tokens) - len(it.tokens)  # Locret-Q's head grew by the question; the rest is unchanged
             spans = [(label, a + shift, b + shift) for label, a, b in it.extra["needles"]]
             stats = llm.locret_stats()
             needles = needle_shares(llm, spans, layers, n_head_kv)
+            means = _mean_by_label(needles)
+            prompt_means.append(means)
             for n, (_, a, b) in zip(needles, spans):
                 n["text"] = llm.detokenize(tokens[a:b]).decode(errors="replace").strip()
-            rows.append({"item": it.id, "prompt_tokens": len(tokens), "evictions": int(stats["n_evictions"]) - evictions_before,
-                         "pinned": int(stats["n_pinned"]), "needles": needles, "by_label": _by_label(needles)})
+            rows.append({"item": it.id, "prompt_tokens": len(tokens), "evictions": int(stats["n_evictions"]),
+                         "pinned": int(stats["n_pinned"]), "needles": needles, "by_label": _rounded(means)})
     finally:
         llm.close()
-    labels = sorted({lab for r in rows for lab in r["by_label"]})
-    mean = {lab: {k: round(float(np.mean([r["by_label"][lab][k] for r in rows if lab in r["by_label"]])), 4)
-                  for k in ("held_share", "pairs_whole")} for lab in labels}
+    # each prompt weighs the same in the overall means, whatever its count of needles
+    mean = _rounded(_mean_by_label([dict(v, label=lab) for m in prompt_means for lab, v in m.items()]))
     return {"task": task, "length": length, "method": method, "heads": Path(heads).name if heads else None,
             "budget": budget, "pool": pool or 0, "pairs": len(layers) * n_head_kv, "items": rows, "by_label": mean}
 

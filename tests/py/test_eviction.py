@@ -322,6 +322,32 @@ def test_decode_time_eviction_keeps_cells_bounded(model_path, heads_file, prompt
     assert llm.locret_stats()["n_evictions"] - evictions_before >= 400 // UB
 
 
+def test_eviction_counts_start_again_when_the_sequence_is_emptied(model_path, heads_file, prompt_tokens):
+    # the counts describe the prompt the sequence holds: a reused context reports what a fresh one does
+    first, second = prompt_tokens[:400], prompt_tokens[400:720]
+    fresh = make(model_path, heads_file)
+    fresh.eval(second)
+    want = {k: fresh.locret_stats()[k] for k in ("n_evictions", "n_units_evicted")}
+    assert want["n_evictions"] >= 5 and want["n_units_evicted"] > 0
+    llm = make(model_path, heads_file)
+    llm.eval(first)
+    assert llm.locret_stats()["n_evictions"] > want["n_evictions"]
+    # a suffix removed keeps the sequence, and its counts
+    n_before = llm.locret_stats()["n_evictions"]
+    assert llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm._ctx.ctx), 0, len(first) - 3, -1)
+    assert llm.locret_stats()["n_evictions"] == n_before
+    # all of it removed: nothing evicted from what it holds
+    assert llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm._ctx.ctx), 0, -1, -1)
+    assert llm.locret_stats()["n_evictions"] == 0 and llm.locret_stats()["n_units_evicted"] == 0
+    llm.reset()
+    llm.eval(second)
+    assert {k: llm.locret_stats()[k] for k in want} == want
+    # emptied by the next prompt itself (llama-cpp-python removes from position 0 on before decoding)
+    llm.reset()
+    llm.eval(second)
+    assert {k: llm.locret_stats()[k] for k in want} == want
+
+
 def test_state_save_load_continues_identically(model_path, heads_file, prompt_tokens):
     llm = make(model_path, heads_file)
     n_past = 0

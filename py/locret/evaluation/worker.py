@@ -148,9 +148,7 @@ def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) 
 
 
 def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
-    # the sequence's eviction count runs on across prompts (emptying it does not reset it): this prompt's is the rise
-    evictions_before = int(llm.locret_stats()["n_evictions"]) if evicting else 0
-    llm.reset()
+    llm.reset()  # the next eval empties the sequence, and with it the cache's eviction count
     heat: list | None = [] if evicting and item.id in spec.heatmap_ids and spec.heatmap_dir else None
     t0 = time.perf_counter()
     cells_prefill = _prefill(llm, spec, item, evicting, heat)
@@ -165,7 +163,7 @@ def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
                decode_tok_s=round(n_gen / (t2 - t1), 2) if n_gen and t2 > t1 else None,
                cells_used_max=max(cells_prefill, int(stats.get("n_cells_used", 0))) if evicting else None,
                n_cells=int(stats["n_cells"]) if evicting else None,
-               evictions=int(stats["n_evictions"]) - evictions_before if evicting else 0,
+               evictions=int(stats["n_evictions"]) if evicting else 0,
                pinned=int(stats["n_pinned"]) if evicting else 0, pool=int(stats["pool"]) if evicting else 0,
                kv_bytes=int(stats["kv_bytes"]) if evicting else None, extra=item.extra)
     if evicting:
