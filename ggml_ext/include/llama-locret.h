@@ -195,7 +195,7 @@ LLAMA_API int32_t llama_locret_layer_budget(const struct llama_context * ctx, in
 
 struct llama_locret_stats {
     bool     enabled;          // the context evicts
-    uint64_t n_evictions;      // evictions since the sequence was last emptied (seq_rm of all of it, clear, state load)
+    uint64_t n_evictions;      // evictions since the sequence was last emptied (seq_rm of all, clear); a loaded state restores its own
     uint64_t n_units_evicted;  // units evicted since then, summed over layers and KV heads
     uint32_t n_cells_used;     // physical KV cells holding units
     uint32_t n_cells;          // KV cells allocated
