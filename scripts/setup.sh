@@ -9,6 +9,8 @@
 #                                         CUDA architecture and CMake flags (cpu-2core: the CPU build)
 #   bash scripts/setup.sh --sanitize      CPU build with AddressSanitizer + UndefinedBehaviorSanitizer in
 #                                         build-sanitize/ (scripts/sanitize_check.sh runs the tests under it)
+#   bash scripts/setup.sh --coverage      CPU build with our sources (ggml_ext/src) instrumented for line coverage in
+#                                         build-coverage/ (scripts/coverage.sh runs the tests under it)
 #   --build-dir DIR                       build there instead of build/ (then export LOCRET_BUILD_DIR=DIR)
 #   --print-config                        print the build configuration that would be used, and stop
 #
@@ -23,6 +25,7 @@ CUDA_ARCH=""
 DEVICE=""
 PRINT_CONFIG=0
 SANITIZE=0
+COVERAGE=0
 BUILD=""
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 while [[ $# -gt 0 ]]; do
@@ -35,14 +38,16 @@ while [[ $# -gt 0 ]]; do
                 BUILD="$(realpath -m "$2")"; shift 2 ;;
         --print-config) PRINT_CONFIG=1; shift ;;
         --sanitize) SANITIZE=1; shift ;;
+        --coverage) COVERAGE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
 PYTHON="${PYTHON:-python3}"
 if [[ -z "$BUILD" ]]; then
-    BUILD="$ROOT/$([[ $SANITIZE -eq 1 ]] && echo build-sanitize || echo build)"
+    BUILD="$ROOT/$([[ $SANITIZE -eq 1 ]] && echo build-sanitize || { [[ $COVERAGE -eq 1 ]] && echo build-coverage; } || echo build)"
 fi
+[[ $SANITIZE -eq 0 || $COVERAGE -eq 0 ]] || { echo "setup.sh: give --sanitize or --coverage, not both" >&2; exit 2; }
 DEVICE_CMAKE_FLAGS=()
 if [[ -n "$DEVICE" ]]; then
     [[ -z "$CUDA_ARCH" ]] || { echo "setup.sh: give --device or --cuda, not both" >&2; exit 2; }
@@ -66,6 +71,10 @@ if [[ $SANITIZE -eq 1 ]]; then
     cmake_args=(-S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
                 -DLLAMA_SANITIZE_ADDRESS=ON -DLLAMA_SANITIZE_UNDEFINED=ON
                 -DGGML_SANITIZE_ADDRESS=ON -DGGML_SANITIZE_UNDEFINED=ON)
+fi
+if [[ $COVERAGE -eq 1 ]]; then
+    [[ -z "$CUDA_ARCH" ]] || { echo "setup.sh: --coverage is a CPU build (drop --cuda / the GPU device)" >&2; exit 2; }
+    cmake_args+=(-DLOCRET_COVERAGE=ON)
 fi
 if [[ -n "$CUDA_ARCH" ]]; then
     cmake_args+=(-DLOCRET_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH")
@@ -188,6 +197,11 @@ if [[ "$(cat "$pkg_stamp" 2>/dev/null)" != "$pkg_hash" ]] || ! "$VPY" -c 'import
     echo "$pkg_hash" > "$pkg_stamp"
 else
     echo "locret package up to date"
+fi
+# a .pth hook: a plain `import llama_cpp` in this venv loads the patched libllama of this build (no `import locret`
+# first); the instrumented builds are second builds for their check scripts and leave the hook as it is
+if [[ $SANITIZE -eq 0 && $COVERAGE -eq 0 ]]; then
+    "$VPY" -c 'from locret._library import install_site_hook; print("llama_cpp in .venv loads this build through", install_site_hook().name)'
 fi
 
 # --- 6. default model ----------------------------------------------------------------------------

@@ -1,13 +1,19 @@
 """Locret for llama.cpp: long-context inference in bounded KV memory with trained retaining heads.
 
-Importing this package points llama-cpp-python at the patched libllama built by this project, so
-import it before ``llama_cpp``::
+Importing this package points llama-cpp-python at the patched libllama built by this project. In the
+project's own venv ``import llama_cpp`` alone loads it too (setup.sh installs a ``.pth`` hook that sets
+``LLAMA_CPP_LIB_PATH``); elsewhere import ``locret`` first::
 
     import locret
     import llama_cpp   # now runs the patched library
+
+Submodules load on first use: ``locret.models``, ``locret.heads``, ``locret.tasks`` ... work after a plain
+``import locret``.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 
@@ -36,7 +42,10 @@ def __getattr__(name: str):
         from .llama import Llama
 
         return Llama
-    raise AttributeError(name)
+    # a submodule on first use (`locret.models` after `import locret`), without importing them all at start
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Llama", "LibraryError", "library_path", "native_version", "tool_path", "__version__"]

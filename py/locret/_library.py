@@ -59,13 +59,34 @@ def point_llama_cpp_at_our_library() -> None:
     loaded = sys.modules.get("llama_cpp.llama_cpp")
     if loaded is not None:
         # too late to redirect it: say so unless it already loaded ours
-        if Path(loaded._lib._name).resolve() != lib:
+        if Path(loaded._lib._name).resolve() != lib.resolve():
             raise LibraryError(
                 f"llama_cpp was imported before locret and loaded {loaded._lib._name}; "
                 "import locret first so that llama_cpp loads the patched library")
         return
     os.environ["LLAMA_CPP_LIB_PATH"] = str(lib.parent)
     os.environ.setdefault("MTMD_CPP_LIB", str(lib.parent))
+
+
+SITE_HOOK_NAME = "locret-libllama.pth"
+
+
+def site_hook_line(build: Path) -> str:
+    """The line of a `.pth` file that makes a plain `import llama_cpp` load our libllama: run by every interpreter of the
+    venv at start-up, it sets LLAMA_CPP_LIB_PATH (and MTMD_CPP_LIB) to `build`/bin, or to $LOCRET_BUILD_DIR/bin when
+    that is set, unless the user set them. Scripts written for llama-cpp-python then run unchanged."""
+    return ("import os; os.environ.setdefault('LLAMA_CPP_LIB_PATH', os.path.join(os.environ.get('LOCRET_BUILD_DIR') or "
+            f"{str(build)!r}, 'bin')); os.environ.setdefault('MTMD_CPP_LIB', os.environ['LLAMA_CPP_LIB_PATH'])\n")
+
+
+def install_site_hook() -> Path:
+    """Write the `.pth` hook (site_hook_line) for this build into the running interpreter's site-packages (setup.sh
+    calls it for the project's venv). Returns the file's path."""
+    import sysconfig
+
+    path = Path(sysconfig.get_paths()["purelib"]) / SITE_HOOK_NAME
+    path.write_text(site_hook_line(build_dir()))
+    return path
 
 
 def native_version(lib: ctypes.CDLL) -> tuple[str, str]:

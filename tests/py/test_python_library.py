@@ -40,6 +40,25 @@ def test_import_locret_loads_our_library():
     assert native_series == llama_tree.series_fingerprint(REPO / "patches")
 
 
+def test_plain_import_llama_cpp_in_the_venv_loads_our_library():
+    """A script written for llama-cpp-python runs unchanged in the project's venv: `import llama_cpp` without `import
+    locret` loads this build's libllama (setup.sh's .pth hook), proved by the patch series it reports."""
+    code = ("import ctypes, json, sys, llama_cpp.llama_cpp as L\n"
+            "f = L._lib.llama_locret_patch_series; f.restype = ctypes.c_char_p\n"
+            "print(json.dumps({'lib': L._lib._name, 'series': f().decode(), 'locret': 'locret' in sys.modules}))\n"
+            "import locret\n"  # afterwards too: the library loaded first is ours, so locret accepts it
+            "print('locret after llama_cpp:', locret.native_version()[1] == f().decode())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_CPP_LIB_PATH", "MTMD_CPP_LIB")}
+    proc = run([sys.executable, "-c", code], env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    info = json.loads(lines[-2])
+    assert lines[-1] == "locret after llama_cpp: True", lines[-1]
+    assert not info["locret"], "the probe imported locret: it must not need to"
+    assert Path(info["lib"]).resolve() == (BIN / "libllama.so").resolve()
+    assert info["series"] == llama_tree.series_fingerprint(REPO / "patches")
+
+
 def test_llama_cpp_imported_first_with_another_library_is_refused(tmp_path):
     # a second copy of the libraries is "another libllama" for the purpose of this check
     for lib in BIN.glob("lib*.so*"):
