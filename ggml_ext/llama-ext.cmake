@@ -35,3 +35,10 @@ set_source_files_properties(${LOCRET_EXT_SOURCES} PROPERTIES SKIP_UNITY_BUILD_IN
 # ggml_ext/src holds locret-hooks.h, which the hook patches include from llama.cpp's sources
 target_include_directories(llama PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/locret ${CMAKE_CURRENT_LIST_DIR}/src)
 target_include_directories(llama PUBLIC  ${CMAKE_CURRENT_LIST_DIR}/include)
+
+# line coverage of our sources only (scripts/coverage.sh): llama.cpp's own stay uninstrumented, so that the model runs at
+# its usual speed
+if (LOCRET_COVERAGE)
+    set_property(SOURCE ${LOCRET_EXT_SOURCES} APPEND PROPERTY COMPILE_OPTIONS --coverage)
+    target_link_options(llama PRIVATE --coverage)
+endif()
