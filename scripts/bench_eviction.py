@@ -44,7 +44,9 @@ sys.path.insert(0, str(REPO / "py"))
 
 
 def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int, policy: str = "heads") -> dict:
-    cmd = [str(REPO / "build" / "bin" / "llama-bench"), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
+    from locret import tool_path
+
+    cmd = [str(tool_path("llama-bench")), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
            "-d", str(depth), "-r", "1", "--no-warmup", "-t", str(args.threads), "-ub", str(args.ubatch),
            "-b", str(args.ubatch), "-o", "json"]
     if args.kv_type:

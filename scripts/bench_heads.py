@@ -35,7 +35,9 @@ def heads_share(heads: Path, n_params: int) -> tuple[float, int]:
 
 
 def llama_bench(model: Path, heads: Path | None, n_prompt: int, reps: int, threads: int) -> dict:
-    cmd = [str(REPO / "build" / "bin" / "llama-bench"), "-m", str(model), "-p", str(n_prompt), "-n", "0",
+    from locret import tool_path
+
+    cmd = [str(tool_path("llama-bench")), "-m", str(model), "-p", str(n_prompt), "-n", "0",
            "-r", str(reps), "-t", str(threads), "-o", "json"]
     if heads is not None:
         cmd += ["--locret-heads", str(heads)]

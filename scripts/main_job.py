@@ -75,7 +75,7 @@ def main() -> int:
     ap.add_argument("--pool", type=int, default=15, help="score pooling window in tokens (0: none)")
     args = ap.parse_args()
 
-    from locret import models
+    from locret import models, tool_path
 
     model = models.resolve(models.DEFAULT_MODEL)
     use_query = not args.no_query
@@ -90,7 +90,7 @@ def main() -> int:
         f.write(document + "\n\nQuestion: " + args.question + "\n")
         prompt_file = f.name
 
-    cmd = [REPO / "build" / "bin" / "llama-cli", "-m", model, "-f", prompt_file, "-st", "--simple-io",
+    cmd = [tool_path("llama-cli"), "-m", model, "-f", prompt_file, "-st", "--simple-io",
            "--no-display-prompt", "--temp", "0", "--seed", "42", "-n", "48", "-c", str(args.ctx),
            "-b", "2048", "-ub", str(args.ubatch), "-t", str(os.cpu_count() or 2),
            "--locret-heads", heads, "--locret-budget", str(args.budget), "-lv", "4"]

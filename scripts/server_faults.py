@@ -118,7 +118,7 @@ def main() -> int:
 
     import locret  # noqa: F401  (points llama_cpp at our library: first)
     import llama_cpp
-    from locret import models, planner, tasks
+    from locret import models, planner, tasks, tool_path
     from locret.evaluation import decoding
     from locret.tasks import passkey
 
@@ -143,7 +143,7 @@ def main() -> int:
 
     port = free_port()
     log_path = args.log or Path(os.environ.get("TMPDIR", "/tmp")) / f"server-faults-{port}.log"
-    cmd = [str(REPO / "build" / "bin" / "llama-server"), "-m", model, "--locret-heads", heads, "--locret-budget",
+    cmd = [str(tool_path("llama-server")), "-m", model, "--locret-heads", heads, "--locret-budget",
            str(args.budget), "-np", str(slots), "-c", str(plan.settings.n_ctx),
            # llama.cpp asserts when a context has more sequences than the batch (-b) has tokens
            "-b", str(max(args.ubatch, slots)), "-ub", str(args.ubatch),

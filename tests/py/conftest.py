@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from locret._library import library_dir  # noqa: E402  (first: it points llama-cpp-python at our libllama)
+
 REPO = Path(__file__).resolve().parents[2]
-BIN = REPO / "build" / "bin"
+BIN = library_dir()  # build/bin, or $LOCRET_BUILD_DIR/bin (scripts/coverage.sh runs the tests on an instrumented build)
 sys.path.insert(0, str(REPO / "scripts"))  # llama_tree is a script, imported by its tests
 
 

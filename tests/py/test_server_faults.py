@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from conftest import REPO, run
+from conftest import BIN, REPO, run
 from locret import devices, planner
 
 HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
@@ -33,7 +33,7 @@ def test_the_server_keeps_serving_under_load_and_faults_with_the_most_slots_that
 
 def test_more_slots_than_the_batch_holds_is_an_error_not_an_abort(model_path):
     # llama.cpp reserves an output row per sequence and asserted when -np exceeded -b (patch 0027)
-    proc = subprocess.run([str(REPO / "build" / "bin" / "llama-server"), "-m", str(model_path), "-np", "200",
+    proc = subprocess.run([str(BIN / "llama-server"), "-m", str(model_path), "-np", "200",
                            "-b", "128", "-ub", "128", "-c", "65536", "--port", "0"],
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1, proc.stderr[-2000:]
