@@ -10,7 +10,7 @@ No model hub is reachable where this project runs; the models we use ship inside
   concatenated once into the cache folder and checked against the SHA256SUMS the main package
   ships.
 
-Every resolved file is also checked as a complete GGUF (locret.gguf_check). A verified file is
+Every resolved file is also checked as a complete GGUF (locret.gguf_header). A verified file is
 remembered by (size, mtime) in the cache folder so that later resolutions do not hash it again.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .files import sha256_file
-from .gguf_check import ModelFileError, check_gguf
+from .gguf_header import ModelFileError, check_gguf
 
 DEFAULT_MODEL = "smollm2-135m"
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -33,7 +32,7 @@ from pathlib import Path
 
 from . import devices
 from .devices import Device, DeviceError
-from .gguf_check import ModelFileError, check_gguf
+from .gguf_header import ModelFileError, read_header
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -83,65 +82,6 @@ def parse_gpu_layers(text: str | int | None) -> int | None:
 
 # --- what the GGUF header says --------------------------------------------------------------------
 
-_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_STRING, _ARRAY = 8, 9
-_SMALL_ARRAY = 4096          # per-layer arrays (head counts) are kept; vocabularies are skipped
-
-
-def _read_header(path: Path) -> tuple[dict, list[tuple[str, int, int]]]:
-    """Key/values (scalars, strings, small numeric arrays) and tensors (name, ggml type, n_elements)
-    of a GGUF file. Reads only the header; check_gguf has already verified that it is complete."""
-    def read(n: int) -> bytes:
-        data = f.read(n)
-        if len(data) != n:
-            raise PlanError(f"{path}: truncated GGUF header")
-        return data
-
-    def scalar(fmt: str):
-        return struct.unpack("<" + fmt, read(struct.calcsize(fmt)))[0]
-
-    def string() -> str:
-        return read(scalar("Q")).decode("utf-8", errors="replace")
-
-    def value(vtype: int):
-        if vtype in _SCALARS:
-            return scalar(_SCALARS[vtype])
-        if vtype == _STRING:
-            return string()
-        if vtype == _ARRAY:
-            item, count = scalar("I"), scalar("Q")
-            if item in _SCALARS:
-                size = struct.calcsize(_SCALARS[item])
-                if count <= _SMALL_ARRAY:
-                    return list(struct.unpack(f"<{count}{_SCALARS[item]}", read(count * size)))
-                f.seek(count * size, os.SEEK_CUR)
-                return None
-            for _ in range(count):
-                value(item)
-            return None
-        raise PlanError(f"{path}: unknown GGUF value type {vtype}")
-
-    with open(path, "rb") as f:
-        read(4)  # magic, checked by check_gguf
-        scalar("I")
-        n_tensors, n_kv = scalar("Q"), scalar("Q")
-        kv = {}
-        for _ in range(n_kv):
-            key = string()
-            kv[key] = value(scalar("I"))
-        tensors = []
-        for _ in range(n_tensors):
-            name = string()
-            dims = [scalar("Q") for _ in range(scalar("I"))]
-            ggml_type = scalar("I")
-            scalar("Q")  # offset
-            n = 1
-            for d in dims:
-                n *= d
-            tensors.append((name, ggml_type, n))
-    return kv, tensors
-
-
 def _type_sizes():
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # (block size, bytes per block) per ggml type
 
@@ -153,12 +93,6 @@ def row_size(type_name: str, n: int) -> int:
     sizes, types = _type_sizes()
     block, type_size = sizes[types[type_name.upper()]]
     return n // block * type_size
-
-
-def _tensor_bytes(ggml_type: int, n_elements: int) -> int:
-    sizes, _ = _type_sizes()
-    block, type_size = sizes[ggml_type]
-    return n_elements // block * type_size
 
 
 _LAYER = re.compile(r"^(?:locret\.)?blk\.(\d+)\.")
@@ -190,8 +124,8 @@ class ModelFacts:
 
 
 def read_model(path: Path) -> ModelFacts:
-    check_gguf(path)
-    kv, tensors = _read_header(path)
+    header = read_header(path)
+    kv = header.kv
     arch = kv.get("general.architecture")
     if not isinstance(arch, str):
         raise PlanError(f"{path}: no general.architecture: not a model GGUF")
@@ -218,8 +152,8 @@ def read_model(path: Path) -> ModelFacts:
     # llama.cpp's defaults: head size n_embd / n_head unless the file states key/value lengths
     dim_k = int(hp("attention.key_length", n_embd // max(n_head[0], 1)))
     dim_v = int(hp("attention.value_length", n_embd // max(n_head[0], 1)))
-    own = [(n, _tensor_bytes(t, ne), ne) for n, t, ne in tensors if not n.startswith("locret.")]
-    heads = [(n, _tensor_bytes(t, ne)) for n, t, ne in tensors if n.startswith("locret.")]
+    own = [(t.name, t.n_bytes, t.n_elements) for t in header.tensors if not t.name.startswith("locret.")]
+    heads = [(t.name, t.n_bytes) for t in header.tensors if t.name.startswith("locret.")]
     return ModelFacts(path=path, arch=arch, name=str(kv.get("general.name") or path.stem), n_layer=n_layer,
                       n_ctx_train=int(hp("context_length", 0)),
                       n_embd_k_gqa=tuple(h * dim_k for h in n_head_kv),
@@ -230,11 +164,11 @@ def read_model(path: Path) -> ModelFacts:
 
 def read_heads(path: Path) -> tuple[tuple[str, int], ...]:
     """(name, bytes) of a standalone heads file's tensors."""
-    check_gguf(path)
-    kv, tensors = _read_header(path)
-    if kv.get("general.type") != "locret_heads":
-        raise PlanError(f"{path} is not a retaining heads file (general.type is {kv.get('general.type')!r})")
-    return tuple((n, _tensor_bytes(t, ne)) for n, t, ne in tensors)
+    header = read_header(path)
+    kind = header.kv.get("general.type")
+    if kind != "locret_heads":
+        raise PlanError(f"{path} is not a retaining heads file (general.type is {kind!r})")
+    return tuple((t.name, t.n_bytes) for t in header.tensors)
 
 
 # --- settings -------------------------------------------------------------------------------------

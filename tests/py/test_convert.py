@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from safetensors import safe_open
 
 from locret import models
-from locret.gguf_check import check_gguf
+from locret.gguf_header import check_gguf
 
 from locret.convert import cli as heads_to_gguf  # noqa: E402  (the command behind convert/heads_to_gguf.py)
 

@@ -1,4 +1,4 @@
-"""locret.models and locret.gguf_check: names resolve to verified, complete GGUF files."""
+"""locret.models and locret.gguf_header: names resolve to verified, complete GGUF files."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +9,7 @@ import pytest
 from conftest import run
 
 from locret import models
-from locret.gguf_check import ModelFileError, check_gguf
+from locret.gguf_header import ModelFileError, check_gguf
 
 
 def test_default_model_resolves_to_a_verified_gguf(model_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .architectures import architecture
-from .base_model import open_gguf, read_base_model
+from .base_model import open_gguf, read_base_model, read_gguf_header
 from .checkpoint import read_checkpoint
 from .errors import ConversionError, note
 from .gguf_output import (Recommended, encode_layer, heads_key_values, refuse_model_with_heads, weight_types,
@@ -44,11 +44,10 @@ def convert(request: ConversionRequest) -> None:
         raise ConversionError("--name sets general.name of a standalone heads file; a merged model keeps its own")
 
     role = "model" if request.merge_into else "base model"
-    reader = open_gguf(model_path, role)
-    base = read_base_model(reader, model_path)
+    base = read_base_model(model_path, role)
     arch = architecture(base.architecture)
     if request.merge_into is not None:
-        refuse_model_with_heads(reader, model_path)
+        refuse_model_with_heads(read_gguf_header(model_path, role), model_path)
     checkpoint = read_checkpoint(request.heads)
     layout = check_layout(checkpoint, base)
     types = weight_types(request.weight_type, base, layout)
@@ -68,7 +67,7 @@ def convert(request: ConversionRequest) -> None:
     kvs = heads_key_values(base, arch, layout, qk_permuted=arch.permutes_qk, recommended=request.recommended,
                            provenance=checkpoint.provenance)
     if request.merge_into is not None:
-        write_merged(request.out, reader, model_path, kvs, tensors)
+        write_merged(request.out, open_gguf(model_path, role), model_path, kvs, tensors)
     else:
         name = request.name or (f"Locret heads for {base.name}" if base.name else "Locret heads")
         write_standalone(request.out, base, name, kvs, tensors)
@@ -78,7 +77,7 @@ def make_random(base_path: Path, out: Path, d_r: int, seed: int, dtype: str) -> 
     refuse_bad_output(out, [base_path])
     if d_r <= 0:
         raise ConversionError(f"--d-r must be positive, got {d_r}")
-    base = read_base_model(open_gguf(base_path, "base model"), base_path)
+    base = read_base_model(base_path)
     tensors = random_heads(base, d_r, seed, dtype)
     metadata = {
         "locret.training.source": "random",

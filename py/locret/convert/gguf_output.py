@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, ReaderField
+from locret.gguf_header import GGUFHeader
 from gguf.quants import quantize
 from tqdm import tqdm
 
@@ -129,9 +130,9 @@ def write_standalone(out: Path, base: BaseModel, name: str, kvs: list[KeyValue],
         _write(writer, [t.data for t in tensors], progress=None)
 
 
-def refuse_model_with_heads(model: GGUFReader, model_path: Path) -> None:
+def refuse_model_with_heads(model: GGUFHeader, model_path: Path) -> None:
     """A model that already carries locret.* keys or tensors would get two sets of heads."""
-    names = [name for name in model.fields if name.startswith("locret.")]
+    names = [name for name in model.kv if name.startswith("locret.")]
     names += [t.name for t in model.tensors if t.name.startswith("locret.")]
     if names:
         raise ConversionError(f"model {model_path} already has Locret heads ({names[0]}); merge into the "

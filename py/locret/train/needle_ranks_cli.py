@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from locret.train.backbone import load_backbone
-from locret.convert.base_model import open_gguf, read_base_model
+from locret.convert.base_model import read_base_model
 from locret.convert.checkpoint import read_checkpoint
 from locret.convert.errors import ConversionError, RefusingParser
 from locret.convert.heads import check_layout
@@ -78,7 +78,7 @@ def _run(argv: list[str]) -> int:
             raise ConversionError(f"--heads {path}: no such file or directory")
 
     model_path = resolve_model(args.model)
-    base = read_base_model(open_gguf(model_path, "base model"), model_path)
+    base = read_base_model(model_path)
     layouts = {path: check_layout(read_checkpoint(Path(path)), base) for path in args.heads}  # before the slow load
     backbone = load_backbone(model_path, threads=args.threads)
     check_backbone_matches_gguf(backbone, model_path)

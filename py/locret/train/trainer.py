@@ -28,7 +28,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from .backbone import Backbone, load_backbone
-from ..convert.base_model import BaseModel, open_gguf, read_base_model
+from ..convert.base_model import BaseModel, read_base_model
 from ..convert.checkpoint import read_checkpoint
 from ..convert.conversion import ConversionRequest, convert, refuse_bad_output
 from ..convert.errors import ConversionError
@@ -251,7 +251,7 @@ def train_step(heads: RetainingHeads, optimizer: torch.optim.Optimizer, inputs: 
 
 def check_backbone_matches_gguf(backbone: Backbone, gguf: Path) -> BaseModel:
     """The GGUF's model, refused unless it is the backbone's; returned for the heads' own checks."""
-    model = read_base_model(open_gguf(gguf, "base model"), gguf)
+    model = read_base_model(gguf)
     ours = (backbone.gguf_architecture, backbone.n_layer, backbone.n_head, backbone.n_head_kv, backbone.head_dim)
     theirs = (model.architecture, model.n_layer, model.n_head, model.n_head_kv, model.head_dim_k)
     if ours != theirs:
