@@ -1,4 +1,4 @@
-"""One lock per cached artefact, so that two processes building the same file wait for each other.
+"""A lock on a cache folder, so that two processes building the same file wait for each other.
 
 The cache ($LOCRET_CACHE_DIR) is shared by every process of a user: two tools, or the test suite's
 parallel workers, may ask for the same stand-in model or random heads at once. Each builder writes
@@ -15,15 +15,15 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def held(target: str | os.PathLike):
-    """Hold an exclusive lock named after `target` (a file or folder in the cache) until the block ends.
+    """Hold an exclusive lock on the folder that holds `target` until the block ends.
 
-    The lock file sits beside the target (`<name>.lock`) and is never removed: removing it would let a
-    third process lock a new file while the second still holds the old one."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(target.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    The folder itself is locked (flock on its descriptor), so the cache gets no lock files; builds of
+    other files in the same folder wait too, which costs little: a build happens once per machine."""
+    folder = Path(target).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -32,6 +32,31 @@ def model_path() -> Path:
     return models.resolve(models.DEFAULT_MODEL, fetch=False)
 
 
+@pytest.fixture(scope="session")
+def heads_file(tmp_path_factory, model_path) -> Path:
+    """Random heads (d_R 64, seed 3) for the default model, made by the converter's command line: the heads of the
+    eviction mechanics tests, which compare llama.cpp with the numpy model on the scores the heads give (any heads
+    do). Made once per test run, read-only, shared by the parallel workers (each worker's temporary folder sits in
+    the run's; the first worker builds under a lock, the other waits and reuses)."""
+    from locret import cachelock
+
+    run_dir = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_dir = run_dir.parent  # pytest-N/popen-gwK: the run's folder is shared by its workers, not by other runs
+    work = run_dir / "shared-random-heads"
+    out = work / "heads.gguf"
+    with cachelock.held(out):
+        if not out.is_file():
+            work.mkdir(parents=True, exist_ok=True)
+            ckpt, partial = work / "random.safetensors", work / "heads.partial.gguf"
+            for args in (["make-random", "--base", model_path, "--d-r", "64", "--seed", "3", "-o", ckpt],
+                         ["--base", model_path, "--heads", ckpt, "-o", partial]):
+                proc = run([sys.executable, REPO / "convert" / "heads_to_gguf.py", *args], timeout=300)
+                assert proc.returncode == 0, proc.stderr[-3000:]
+            partial.replace(out)
+    return out
+
+
 def tool(name: str) -> Path:
     path = BIN / name
     assert path.is_file(), f"{name} is not built at {path}: run scripts/setup.sh"

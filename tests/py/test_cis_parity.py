@@ -8,22 +8,28 @@ the same check, which proves the check can tell.
 """
 from __future__ import annotations
 
-import sys
+import contextlib
+import io
 
 import numpy as np
 import pytest
-from conftest import REPO, natural_text, run
+from conftest import natural_text
 from reference_cis import load_hf_model, reference_scores, spearman
 
-CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 MIN_RANK_CORRELATION = 0.99
 N_TOKENS = 600
 UBATCH = 256  # several ubatches, so the recorder's stitching is checked too
 
 
 def _convert(*args) -> None:
-    proc = run([sys.executable, CONVERTER, *args], timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """The converter's command line (the main() of convert/heads_to_gguf.py) in this process: a subprocess per
+    step would spend most of its time importing torch. The script itself is run by test_convert.py."""
+    from locret.convert import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    assert code == 0, err.getvalue()[-3000:]
 
 
 @pytest.fixture(scope="module")

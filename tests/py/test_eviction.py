@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -22,17 +21,6 @@ from conftest import REPO, free_port, http_server, natural_text, post_json, run,
 CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 B, UB, NS, NLOC = 96, 32, 16, 8
 GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0 = 0, 1, 8
-
-
-@pytest.fixture(scope="module")
-def heads_file(tmp_path_factory, model_path):
-    work = tmp_path_factory.mktemp("evict")
-    ckpt, out = work / "random.safetensors", work / "heads.gguf"
-    for args in (["make-random", "--base", model_path, "--d-r", "64", "--seed", "3", "-o", ckpt],
-                 ["--base", model_path, "--heads", ckpt, "-o", out]):
-        proc = run([sys.executable, CONVERTER, *args], timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -370,12 +358,17 @@ def test_state_save_load_continues_identically(model_path, heads_file, prompt_to
 
 
 def test_python_answers_over_an_input_longer_than_the_window_in_bounded_cells(model_path, heads_file, prompt_tokens):
+    # the window: the context's 512 cells, which a 2,600-token prompt overflows about 18 times (a 9,000-token one,
+    # past SmolLM2's 8K training window too, took 52 s and runs no other code: a position past 8K is only a RoPE angle;
+    # the 32K evaluations in docs/results.md go past the training window)
+    n = 2600
     llm = make(model_path, heads_file, n_ctx=1 << 16, n_batch=512, n_ubatch=128, locret_budget=256,
                locret_stabilizers=None, locret_local=None)
-    tokens = (prompt_tokens[1:] * 8)[:9000]  # past SmolLM2's 8K window
+    tokens = (prompt_tokens[1:] * 8)[:n - 1]
     llm.eval([prompt_tokens[0]] + tokens)
     st = llm.locret_stats()
-    assert st["pos_logical"] == 9001 and st["n_cells_used"] <= 256 + 128 and st["n_cells"] == 512
+    assert st["pos_logical"] == n and st["n_cells_used"] <= 256 + 128 and st["n_cells"] == 512
+    assert st["n_evictions"] >= (n - 256) // 128 - 1, st
     assert (st["stabilizers"], st["local"]) == (128, 100)  # defaults from the file, fitted to the ubatch
     logits = last_logits(llm)
     assert np.isfinite(logits).all()
@@ -450,19 +443,17 @@ def test_tools_refuse_a_budget_without_heads(model_path):
     assert proc.returncode != 0 and "needs retaining heads" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_sliding_window_models_need_a_budget_of_at_least_the_window(heads_file):
+def test_sliding_window_models_need_a_budget_of_at_least_the_window():
+    # refused when the context is made, before any decoding: the shipped Gemma heads serve (converting random ones
+    # took 17-50 s; the refusal reads the model's window, not the heads)
     from locret import models
 
     if not models.is_installed("gemma3-270m"):
         pytest.skip("gemma3-270m is not installed")
     gemma = models.resolve("gemma3-270m", fetch=False)
-    work = heads_file.parent
-    ckpt, out = work / "gemma.safetensors", work / "gemma-heads.gguf"
-    for args in (["make-random", "--base", gemma, "--d-r", "32", "--seed", "1", "-o", ckpt],
-                 ["--base", gemma, "--heads", ckpt, "-o", out]):
-        proc = run([sys.executable, CONVERTER, *args], timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = run([tool("llama-completion"), "-m", gemma, "--locret-heads", out, "--locret-budget", "256", "-p", "hi",
+    heads = models.shipped_heads("gemma3-270m")
+    assert heads is not None, "heads/ has no trained heads for gemma3-270m"
+    proc = run([tool("llama-completion"), "-m", gemma, "--locret-heads", heads, "--locret-budget", "256", "-p", "hi",
                 "-n", "4", "-no-cnv"], timeout=120)
     assert proc.returncode != 0 and "must be at least the window (512)" in proc.stderr, proc.stderr[-2000:]
 
@@ -508,7 +499,7 @@ def test_score_pooling_keeps_neighbours_and_reaches_the_tools(model_path, heads_
 
 
 def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file, tmp_path):
-    document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:14000]  # ~4K tokens
+    document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:9000]  # ~2.6K tokens: 5x the 512 cells
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(document + "\n\nQuestion: Which ship arrived on day 1?\n")
     proc = run([tool("llama-cli"), "-m", model_path, "-f", prompt, "-st", "--simple-io", "--no-display-prompt",
@@ -518,7 +509,7 @@ def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file
     assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +512 cells", proc.stderr), proc.stderr[-3000:]
     prompt_tokens = int(re.search(r"prompt eval time = +[\d.]+ ms / +(\d+) tokens", proc.stderr).group(1)) \
         if "prompt eval time" in proc.stderr else None
-    assert prompt_tokens is None or prompt_tokens > 2000
+    assert prompt_tokens is None or prompt_tokens > 4 * 512
     assert proc.stdout.strip(), "llama-cli printed no answer"
 
 
@@ -527,11 +518,13 @@ def test_llama_server_answers_a_long_request_in_bounded_memory(model_path, heads
     cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "256", "-c", "32768",
            "-b", "512", "-ub", "128", "-t", "2", "--host", "127.0.0.1", "--port", port, "-lv", "4"]
     with http_server(cmd, tmp_path / "server.log", port) as url:
-        document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:33000]  # past the 8K window
+        # ~2.6K tokens, 5x the cache's 512 cells (a 9K-token request, past SmolLM2's 8K training window, took 46 s and
+        # runs no other code in the server: a position is only a RoPE angle; docs/results.md has the 32K evaluations)
+        document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:9000]
         reply = post_json(url + "/v1/chat/completions",
                           {"messages": [{"role": "user", "content": document + "\n\nWhich ship arrived on day 1?"}],
                            "max_tokens": 12, "temperature": 0})
-    assert reply["usage"]["prompt_tokens"] > 8192
+    assert reply["usage"]["prompt_tokens"] > 4 * 512
     assert reply["choices"][0]["message"]["content"].strip()
     text = (tmp_path / "server.log").read_text()
     assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +512 cells", text), text[-3000:]

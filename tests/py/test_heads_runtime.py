@@ -6,14 +6,14 @@ converter), each broken in one way; the real model and converter outputs are nev
 """
 from __future__ import annotations
 
-import sys
+import contextlib
+import io
 
 import numpy as np
 import pytest
-from conftest import REPO, natural_text, run, tool
+from conftest import natural_text, run, tool
 from gguf import GGUFWriter
 
-CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 SMOLLM = dict(arch="llama", n_layer=30, n_head=9, n_head_kv=3, head_dim=64)
 PROMPT = "The capital of France is"
 
@@ -46,6 +46,17 @@ def write_heads(path, *, arch="llama", n_layer=30, n_head=9, n_head_kv=3, head_d
     return path
 
 
+def convert(*args) -> None:
+    """The converter's command line (the main() of convert/heads_to_gguf.py) in this process: a subprocess per
+    call would spend most of its time importing torch. The script itself is run by test_convert.py."""
+    from locret.convert import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    assert code == 0, (args, err.getvalue()[-3000:])
+
+
 def completion(model, *extra, n_predict=24):
     return run([tool("llama-completion"), "-m", model, "-p", PROMPT, "-no-cnv", "--no-display-prompt",
                 "--temp", "0", "--seed", "42", "-n", str(n_predict), "-c", "512", "-t", "2", *extra])
@@ -59,8 +70,7 @@ def converted(tmp_path_factory, model_path):
     for args in (["make-random", "--base", model_path, "--d-r", "128", "--seed", "1", "-o", ckpt],
                  ["--base", model_path, "--heads", ckpt, "-o", heads],
                  ["--heads", ckpt, "--merge-into", model_path, "-o", merged]):
-        proc = run([sys.executable, CONVERTER, *args], timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        convert(*args)
     return heads, merged
 
 
@@ -176,13 +186,10 @@ def test_every_weight_type_loads_and_scores_like_f32(model_path, tmp_path):
 
     ckpt = tmp_path / "random.safetensors"
     files = {}
-    for args in (["make-random", "--base", model_path, "--d-r", "64", "--seed", "2", "-o", ckpt],):
-        assert run([sys.executable, CONVERTER, *args], timeout=300).returncode == 0
+    convert("make-random", "--base", model_path, "--d-r", "64", "--seed", "2", "-o", ckpt)
     for weight_type in ("f32", "f16", "bf16", "q8_0"):
         files[weight_type] = tmp_path / f"heads-{weight_type}.gguf"
-        proc = run([sys.executable, CONVERTER, "--base", model_path, "--heads", ckpt, "-o", files[weight_type],
-                    "--type", weight_type], timeout=300)
-        assert proc.returncode == 0, proc.stderr
+        convert("--base", model_path, "--heads", ckpt, "-o", files[weight_type], "--type", weight_type)
     llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_ubatch=256, n_threads=2, verbose=False)
     tokens = llm.tokenize(natural_text().encode())[:400]  # distinct tokens: rank correlation is meaningful
     scores = {}

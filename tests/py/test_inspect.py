@@ -14,7 +14,7 @@ from locret.llama import Llama
 from locret.query import place_query
 
 from conftest import natural_text, run
-from test_eviction import B, UB, heads_file  # noqa: F401  (fixture)
+from test_eviction import B, UB
 
 NEEDLE = "4-0-6-2"
 QUESTION = "What is the boathouse code?"

@@ -1,17 +1,19 @@
 """Sliding-window (iSWA) models: Gemma-3-270M, whose window layers (5 of every 6, window 512) keep llama.cpp's own
-window cache while its full-attention layers evict (b = 512, ubatch 64, n_s = 16, n_loc = 8, random heads).
+window cache while its full-attention layers evict (b = 512, ubatch 64, n_s = 16, n_loc = 8, the shipped heads: the
+parity tests compare with the scores the heads gave, so any heads do, and these need no conversion).
 
   - a budget above the input gives plain llama.cpp's logits;
   - the full-attention layers retain exactly what the numpy model of Algorithm 1 predicts;
   - the window cache follows every compaction: each of its cells holds the token at the client's position the cache
     reports for it (the cells record their token), and it always holds the last 512 positions;
   - state save/load carries both caches;
-  - with the shipped trained heads (heads/gemma3-270m.gguf), a passkey placed at the start of a prompt past the
-    model's 32,768-token training context is answered from a cache of b + ubatch cells.
+  - with the shipped trained heads (heads/gemma3-270m.gguf) and flash attention, a passkey prompt of a few thousand
+    tokens goes through the evictions a long prompt does, in a cache of b + ubatch cells, and is answered.
+The accuracy past the model's 32,768-token training context is an evaluation, not a test: scripts/eval_gemma_passkey.py
+(docs/results.md has its command and result).
 """
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
@@ -36,14 +38,11 @@ def gemma():
 
 
 @pytest.fixture(scope="module")
-def gemma_heads(tmp_path_factory, gemma):
-    from locret.convert.cli import main as convert
-
-    work = tmp_path_factory.mktemp("gemma")
-    ckpt, out = work / "random.safetensors", work / "heads.gguf"
-    assert convert(["make-random", "--base", str(gemma), "--d-r", "64", "--seed", "2", "-o", str(ckpt)]) == 0
-    assert convert(["--base", str(gemma), "--heads", str(ckpt), "-o", str(out)]) == 0
-    return out
+def gemma_heads():
+    # the shipped heads: converting random ones for Gemma cost this module up to ~45 s (test_convert.py converts Gemma)
+    heads = models.shipped_heads("gemma3-270m")
+    assert heads is not None, "heads/ has no trained heads for gemma3-270m"
+    return heads
 
 
 @pytest.fixture(scope="module")
@@ -178,25 +177,27 @@ def test_gemma_state_round_trip(gemma, gemma_heads, tokens):
     other.close()
 
 
-def test_gemma_shipped_heads_answer_a_passkey_past_32k_tokens(gemma):
-    """One fixed prompt of 33,000 tokens, the key right after the instructions: the heads must keep its tokens
-    through about sixty evictions of 512-token chunks while the cache holds at most 2,048 + 512 units (the
-    streaming policy's four sinks and recent window would have dropped them). Past the prompt's start the shipped
-    heads find the key less often (heads/README.md: 1 of 4 depths at 33K); this checks the path end to end."""
-    heads = models.shipped_heads("gemma3-270m")
-    assert heads is not None, "heads/ has no trained heads for gemma3-270m"
-    budget, ubatch, n_tokens = 2048, 512, 33000
-    llm = Llama(model_path=str(gemma), n_ctx=40960, n_batch=ubatch, n_ubatch=ubatch, locret_heads=str(heads),
+def test_gemma_shipped_heads_answer_a_passkey_through_many_evictions(gemma, gemma_heads):
+    """One fixed passkey prompt of 2,600 tokens, the key right after the instructions, in a cache of b + ubatch = 768
+    cells (b = 512, Gemma's window): the heads must keep the key's tokens through about eight evictions of 256-token
+    chunks (the streaming policy's sinks and recent window would drop them), with flash attention and the window
+    cache alongside. Past 32K tokens the same path is an evaluation: scripts/eval_gemma_passkey.py (docs/results.md),
+    ~150 s per prompt here."""
+    budget, ubatch, n_tokens = 512, 256, 2600
+    llm = Llama(model_path=str(gemma), n_ctx=8192, n_batch=ubatch, n_ubatch=ubatch, locret_heads=str(gemma_heads),
                 locret_budget=budget, flash_attn=True, n_threads=2, n_threads_batch=2, verbose=False)
     try:
         sample = tasks.get("passkey").generate(3, 0, tokenize=decoding.tokenizer(llm), n_tokens=n_tokens, depth=0.0,
                                                chat_format=decoding.chat_format(llm))
-        assert len(sample.tokens) > 32768
+        assert len(sample.tokens) > 4 * budget
         llm.reset()
         llm.eval(sample.tokens)
         st = llm.locret_stats()
         assert st["n_cells"] == budget + ubatch and st["n_cells_used"] <= budget + ubatch, st
         assert st["n_evictions"] >= (len(sample.tokens) - budget) // ubatch - 1, st
+        assert st["pos_logical"] == len(sample.tokens), st
+        pos, _ = eviction.window(llm._ctx.ctx)   # the window layers hold their last WINDOW positions
+        assert set(range(len(sample.tokens) - WINDOW, len(sample.tokens))) <= set(pos.tolist())
         answer, _ = decoding.greedy(llm, 16)
         assert sample.score(answer) == 1.0, f"key {sample.answers[0]} not in {answer!r}"
     finally:

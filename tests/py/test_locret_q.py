@@ -15,7 +15,7 @@ from locret import eviction, heads as heads_api
 from locret.query import place_query
 
 from conftest import free_port, http_server, natural_text, post_json, run, tool
-from test_eviction import B, UB, heads_file, make  # noqa: F401  (fixture)
+from test_eviction import B, UB, make
 
 QUERY = "Which module reads and writes tar archives?"
 

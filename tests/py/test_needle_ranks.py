@@ -2,8 +2,11 @@
 numpy, the tool's report against an independent recomputation on the default model, and refusals."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,11 +45,23 @@ def test_rank_shares_match_a_counting_reference():
     assert r.needle_inside(0.06) == 0.5
 
 
-def test_the_report_matches_a_recomputation(model_path, tmp_path):
+def _in_process(argv: list) -> tuple[int, str, str]:
+    """The tool's main() (what convert/needle_ranks.py calls) in this process: exit status, stdout, stderr. An
+    exception that is not a refusal escapes and fails the test, as a traceback on stderr would."""
+    from locret.train import needle_ranks_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = needle_ranks_cli.main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_report_matches_a_recomputation(model_path, tmp_path, monkeypatch):
     """Random heads on the evaluation's own prompt: the tool's digit ranks equal ranks recomputed here from
     the heads module's scores, and the digit tokens it found spell the key."""
     import torch
     from locret.evaluation import items
+    from locret.train import needle_ranks_cli
     from locret.train.backbone import load_backbone
     from locret.train.heads_model import RetainingHeads
     from safetensors.torch import save_file
@@ -56,11 +71,23 @@ def test_the_report_matches_a_recomputation(model_path, tmp_path):
     ckpt = tmp_path / "heads.safetensors"
     save_file({k: v.contiguous() for k, v in heads.checkpoint_tensors().items()}, str(ckpt))
 
+    # The tool runs in this process and its load_backbone call gets the backbone loaded above with the same
+    # arguments: dequantizing SmolLM2 once instead of twice is most of this test's time. The refusals below run
+    # the script itself.
+    calls = []
+
+    def shared_backbone(source, threads=None, device="cpu"):
+        assert Path(source) == Path(model_path) and threads == 2 and device == "cpu", (source, threads, device)
+        calls.append(source)
+        return backbone
+
+    monkeypatch.setattr(needle_ranks_cli, "load_backbone", shared_backbone)
     out = tmp_path / "ranks.json"
-    proc = run([sys.executable, TOOL, "--model", model_path, "--heads", ckpt, "--length", "600", "--depths", "0.5",
-                "--keep", "0.3,0.1", "--threads", "2", "--json", out], timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "passkey-600-d0.50" in proc.stdout and "labels" in proc.stdout
+    code, stdout, stderr = _in_process(["--model", model_path, "--heads", ckpt, "--length", "600", "--depths", "0.5",
+                                        "--keep", "0.3,0.1", "--threads", "2", "--json", out])
+    assert code == 0, stderr[-3000:]
+    assert len(calls) == 1
+    assert "passkey-600-d0.50" in stdout and "labels" in stdout
     report = json.loads(out.read_text())
     by_source = {r["source"]: r for r in report["records"]}
     assert set(by_source) == {"labels", str(ckpt)}
@@ -97,9 +124,15 @@ def test_the_report_matches_a_recomputation(model_path, tmp_path):
     (["--heads", "TRUNCATED"], "not a readable safetensors"),
 ])
 def test_bad_input_is_refused(model_path, tmp_path, args, needle):
+    """Each refusal through the tool's main() in this process; the first case also through the script itself
+    (exit status 1, one line, no traceback)."""
     truncated = tmp_path / "heads.safetensors"
     truncated.write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{\"model.layers.0")
     args = [truncated if a == "TRUNCATED" else a for a in args]
-    proc = run([sys.executable, TOOL, "--model", model_path, "--length", "600", *map(str, args)], timeout=300)
-    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
+    code, _, stderr = _in_process(["--model", model_path, "--length", "600", *args])
+    assert code == 1 and needle in stderr, stderr[-2000:]
+    assert "needle_ranks: error:" in stderr and "Traceback" not in stderr
+    if args[:2] == ["--heads", "missing.safetensors"]:
+        proc = run([sys.executable, TOOL, "--model", model_path, "--length", "600", *map(str, args)], timeout=300)
+        assert proc.returncode == 1 and needle in proc.stderr, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr

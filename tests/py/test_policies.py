@@ -18,7 +18,7 @@ from locret import eviction, heads as heads_api
 from locret.llama import Llama
 
 from conftest import natural_text, run, tool
-from test_eviction import Algorithm1, decode, heads_file, prompt_tokens  # noqa: F401 (shared fixtures)
+from test_eviction import Algorithm1, decode, prompt_tokens  # noqa: F401 (shared fixture)
 
 B, UB, NS, NLOC = 96, 32, 16, 8
 SINKS = 4      # StreamingLLM's attention sinks: logical positions 0..3

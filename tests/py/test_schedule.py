@@ -16,7 +16,7 @@ from locret.heads import HeadsError
 from locret.llama import Llama
 
 from conftest import run, tool
-from test_eviction import Algorithm1, decode, heads_file, last_logits, prompt_tokens  # noqa: F401 (shared fixtures)
+from test_eviction import Algorithm1, decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
 from test_policies import random_table, shape
 
 B, UB, NS, NLOC = 96, 32, 16, 8

@@ -15,7 +15,7 @@ import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
 from locret import heads as heads_api
 
-from test_eviction import B, NLOC, NS, UB, Algorithm1, heads_file, make, prompt_tokens  # noqa: F401
+from test_eviction import B, NLOC, NS, UB, Algorithm1, make, prompt_tokens  # noqa: F401 (shared fixture)
 
 
 def decode_batch(llm, parts):

@@ -15,15 +15,17 @@ HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
 
 
 def test_the_server_keeps_serving_under_load_and_faults_with_the_most_slots_that_fit(tmp_path, model_path):
-    # a device with room for the model, its buffers and 3.5 slots of b = 1024, ub = 128: the plan gives 3 slots
-    one = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128, context=32768)
-    two = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128, context=32768, slots=2)
+    # a device with room for the model, its buffers and 3.5 slots of b = 256, ub = 64: the plan gives 3 slots. Prompts
+    # of 800 tokens overflow each slot's 512 cells (b = 1024 with 1500-token prompts ran the same paths 3x longer)
+    one = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=256, ubatch=64, context=32768)
+    two = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=256, ubatch=64, context=32768, slots=2)
     gib = (one.total() + 2.5 * (two.total() - one.total())) / (1 << 30)
     text = (devices.DEVICES_DIR / "cpu-2core.toml").read_text().replace('name = "cpu-2core"', 'name = "three-slots"', 1)
     board = tmp_path / "three-slots.toml"
     board.write_text(re.sub(r"available_gib = [0-9.]+", f"available_gib = {gib:.6f}", text))
     proc = run([sys.executable, REPO / "scripts" / "server_faults.py", "--device", board, "--slots", "max",
-                "--rounds", "2", "--log", tmp_path / "server.log"], timeout=1500)
+                "--rounds", "2", "--budget", "256", "--ubatch", "64", "--tokens", "800",
+                "--log", tmp_path / "server.log"], timeout=1500)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:] + (tmp_path / "server.log").read_text()[-3000:]
     assert "plan on three-slots: 3 slots" in out and "slots: 3, the most that fit" in out, out[-2000:]

@@ -14,23 +14,29 @@ from conftest import REPO, run
 SOAK = REPO / "scripts" / "soak.py"
 
 
+# a turn is about 330 tokens (the first 322): a checkpoint every 250 tokens is one at every turn, so that every run
+# saves some, and a few turns (seconds at b = 256) cover a stop, a resume and a kill
+CHECK_EVERY = "250"
+
+
 def soak(*args, timeout=600):
-    return run([sys.executable, SOAK, "--budget", "256", "--ubatch", "64", "--threads", "1", "--check-every", "1000",
-                "--generate", "4", *args], timeout=timeout)
+    return run([sys.executable, SOAK, "--budget", "256", "--ubatch", "64", "--threads", "1",
+                "--check-every", CHECK_EVERY, "--generate", "4", *args], timeout=timeout)
 
 
 def test_soak_stops_by_time_and_resumes_where_it_stopped(tmp_path):
     out = tmp_path / "soak"
-    first = soak("--tokens", "6000", "--out", out, "--max-minutes", "0.05")
+    first = soak("--tokens", "6000", "--out", out, "--max-minutes", "0.02")
     assert first.returncode == 0, first.stderr[-3000:]
     assert "resume with --resume" in first.stdout
     saved = json.loads((out / "soak.json").read_text())
     assert 0 < saved["tokens"] < 6000 and (out / saved["state"]).stat().st_size > 0
+    assert saved["checks"], "the stopped run saved no checkpoint: the resume's keeping them goes unchecked"
     # a fresh run must not overwrite a stopped one
     again = soak("--tokens", "6000", "--out", out)
     assert again.returncode == 2 and "--resume" in again.stderr and json.loads((out / "soak.json").read_text()) == saved
 
-    done = soak("--tokens", "3500" if saved["tokens"] < 3000 else str(saved["tokens"] + 1500), "--out", out, "--resume")
+    done = soak("--tokens", str(saved["tokens"] + 700), "--out", out, "--resume")
     final = json.loads((out / "soak.json").read_text())
     assert final["tokens"] > saved["tokens"] and final["turn"] > saved["turn"]
     # the stream went on from the saved position: the checkpoints before the stop are kept, new ones follow
@@ -44,8 +50,8 @@ def test_a_killed_soak_resumes_from_its_last_checkpoint(tmp_path):
     # every checkpoint saves the context and the progress: a run killed without warning (a machine restarted under
     # it) loses at most the tokens since its last checkpoint
     out = tmp_path / "soak"
-    cmd = [sys.executable, str(SOAK), "--budget", "256", "--ubatch", "64", "--threads", "1", "--check-every", "500",
-           "--generate", "4", "--tokens", "100000", "--out", str(out)]
+    cmd = [sys.executable, str(SOAK), "--budget", "256", "--ubatch", "64", "--threads", "1",
+           "--check-every", CHECK_EVERY, "--generate", "4", "--tokens", "100000", "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 300
@@ -64,7 +70,7 @@ def test_a_killed_soak_resumes_from_its_last_checkpoint(tmp_path):
     # the state soak.json names is whole (a kill in the middle of a save leaves at most an orphan beside it)
     assert (out / saved["state"]).stat().st_size > 0 and saved["state"] != "state-000000000.bin"
 
-    done = soak("--tokens", str(saved["tokens"] + 1200), "--check-every", "500", "--out", out, "--resume")
+    done = soak("--tokens", str(saved["tokens"] + 700), "--out", out, "--resume")
     final = json.loads((out / "soak.json").read_text())
     assert final["checks"][:len(saved["checks"])] == saved["checks"] and final["turn"] > saved["turn"]
     assert final["non_finite"] == 0 and "answer" in final and not list(out.glob("state-*.bin"))

@@ -18,7 +18,7 @@ import llama_cpp
 from llama_cpp import _logger
 
 from conftest import run
-from test_eviction import B, CONVERTER, UB, decode, heads_file, last_logits, make, prompt_tokens  # noqa: F401
+from test_eviction import B, CONVERTER, UB, decode, last_logits, make, prompt_tokens  # noqa: F401 (shared fixture)
 
 N_PROMPT = 320  # tokens before the state is saved: several evictions at b = 96, ubatch 32
 

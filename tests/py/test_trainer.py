@@ -6,10 +6,14 @@ own numpy code, builds the full attention-score matrix and takes the maxima with
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +27,21 @@ TRAINER = REPO / "convert" / "train_heads.py"
 def tiny(tmp_path_factory):
     work = tmp_path_factory.mktemp("tiny-llama")
     return write_tiny_llama(work / "hf"), write_tiny_llama_gguf(work / "tiny.gguf")
+
+
+# The settings of the run that the module shares (`trained`): long enough for the loss to fall clearly.
+TRAINED_ARGS = ["--steps", 40, "--lr", 0.01, "--warmup-steps", 2, "--checkpoint-every", 5, "--seed", 3, "--d-r", 32]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, tmp_path_factory):
+    """One 40-step run on the tiny model, made once: its log, heads.safetensors and heads GGUF are read by the
+    loss/resumption test and are the given heads of the fine-tuning and frozen-layer tests."""
+    hf_dir, gguf = tiny
+    work = tmp_path_factory.mktemp("trained")
+    data = _data(work / "data.jsonl")
+    _train("--base", hf_dir, "--gguf", gguf, "--data", data, *TRAINED_ARGS, "-o", work / "a.gguf")
+    return work / "a.gguf", work / "a.run"
 
 
 def _rope_rotate_half(x: np.ndarray, theta: float) -> np.ndarray:
@@ -194,7 +213,7 @@ def test_query_tokens_is_recorded_checked_and_part_of_the_settings(tiny, tmp_pat
     assert proc.returncode == 1 and "--query-tokens must be >= 0" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and not (tmp_path / "c.gguf").exists()
 
-    _train(*common, "-o", tmp_path / "a.gguf", "--query-tokens", 4)
+    _train_script(*common, "-o", tmp_path / "a.gguf", "--query-tokens", 4)  # the script, end to end
     log = json.loads((tmp_path / "a.run" / "train-log.json").read_text())
     assert log["finished"] and log["config"]["query_tokens"] == 4
     assert "Locret-Q layout: the query (at most 4 tokens)" in log["data"]
@@ -222,6 +241,24 @@ def test_label_capture_leaves_the_forward_pass_unchanged(tiny):
 
 
 def _train(*args, check=True):
+    """The trainer's command line run in this process: the main() that convert/train_heads.py calls, with its
+    exit status and output captured (a subprocess would spend most of a tiny run importing torch). An exception
+    that is not a refusal escapes and fails the test, as a traceback on stderr would. One run goes through the
+    script itself (_train_script, in test_query_tokens_is_recorded_checked_and_part_of_the_settings)."""
+    from locret.train import cli
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    proc = subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _train_script(*args, check=True):
+    """convert/train_heads.py itself, in a process of its own."""
     proc = run([sys.executable, TRAINER, *map(str, args)], timeout=600)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -234,23 +271,22 @@ def _data(path, n=6):
     return write_jsonl(path, records)
 
 
-def test_training_reduces_the_loss_and_resumes_exactly(tiny, tmp_path):
+def test_training_reduces_the_loss_and_resumes_exactly(tiny, trained, tmp_path):
     from safetensors.numpy import load_file
 
     hf_dir, gguf = tiny
-    data = _data(tmp_path / "data.jsonl")
-    common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--steps", 40, "--lr", 0.01, "--warmup-steps", 2,
-              "--checkpoint-every", 5, "--seed", 3, "--d-r", 32]
-    _train(*common, "-o", tmp_path / "a.gguf")
-    log = json.loads((tmp_path / "a.run" / "train-log.json").read_text())
+    a_gguf, a_run = trained  # TRAINED_ARGS, run once for the module
+    data = _data(tmp_path / "data.jsonl")  # the same records as the shared run's, in a file of this test's
+    common = ["--base", hf_dir, "--gguf", gguf, "--data", data, *TRAINED_ARGS]
+    log = json.loads((a_run / "train-log.json").read_text())
     losses = [s["loss"] for s in log["steps"]]
     assert len(losses) == 40 and log["finished"]
     first, last = np.mean(losses[:6]), np.mean(losses[-6:])
     print(f"\ntiny model: loss {first:.4f} -> {last:.4f}, top-10% "
           f"{log['steps'][0]['top10_accuracy']:.3f} -> {log['steps'][-1]['top10_accuracy']:.3f}")
     assert last < 0.7 * first
-    assert (tmp_path / "a.run" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (tmp_path / "a.gguf").stat().st_size > 0
+    assert (a_run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert a_gguf.stat().st_size > 0
 
     # the same run, stopped twice and resumed, ends with the same heads
     _train(*common, "-o", tmp_path / "b.gguf", "--stop-after-steps", 12)
@@ -258,7 +294,7 @@ def test_training_reduces_the_loss_and_resumes_exactly(tiny, tmp_path):
     assert stopped["steps_done"] == 12 and not stopped["finished"]
     _train(*common, "-o", tmp_path / "b.gguf", "--stop-after-steps", 13)
     _train(*common, "-o", tmp_path / "b.gguf")
-    a, b = load_file(tmp_path / "a.run" / "heads.safetensors"), load_file(tmp_path / "b.run" / "heads.safetensors")
+    a, b = load_file(a_run / "heads.safetensors"), load_file(tmp_path / "b.run" / "heads.safetensors")
     assert a.keys() == b.keys()
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
@@ -266,7 +302,7 @@ def test_training_reduces_the_loss_and_resumes_exactly(tiny, tmp_path):
     assert [s["loss"] for s in resumed["steps"]] == losses
 
 
-def test_fine_tuning_starts_from_the_given_heads(tiny, tmp_path):
+def test_fine_tuning_starts_from_the_given_heads(tiny, trained, tmp_path):
     """--init-heads loads a heads checkpoint: at a vanishing learning rate the run ends with the very heads it
     started from, and its first loss is the trained heads' loss, not a random init's."""
     from safetensors.numpy import load_file
@@ -274,8 +310,8 @@ def test_fine_tuning_starts_from_the_given_heads(tiny, tmp_path):
     hf_dir, gguf = tiny
     data = _data(tmp_path / "data.jsonl")
     common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--warmup-steps", 0, "--seed", 3, "--d-r", 32]
-    _train(*common, "-o", tmp_path / "a.gguf", "--steps", 30, "--lr", 0.01)
-    trained = tmp_path / "a.run" / "heads.safetensors"
+    a_gguf, a_run = trained  # the module's 40-step run (TRAINED_ARGS)
+    trained = a_run / "heads.safetensors"
     _train(*common, "-o", tmp_path / "b.gguf", "--steps", 2, "--lr", 1e-30, "--init-heads", trained)
     _train(*common, "-o", tmp_path / "c.gguf", "--steps", 2, "--lr", 1e-30)
     a, b = load_file(trained), load_file(tmp_path / "b.run" / "heads.safetensors")
@@ -288,7 +324,7 @@ def test_fine_tuning_starts_from_the_given_heads(tiny, tmp_path):
     assert "--init-heads" in json.loads((tmp_path / "b.run" / "train-log.json").read_text())["command"]
     # the heads GGUF the first run wrote (f16, W1's Q/K columns in llama.cpp order) starts a run just as well:
     # the same heads within f16's rounding, so a shipped heads file can be fine-tuned
-    _train(*common, "-o", tmp_path / "e.gguf", "--steps", 2, "--lr", 1e-30, "--init-heads", tmp_path / "a.gguf")
+    _train(*common, "-o", tmp_path / "e.gguf", "--steps", 2, "--lr", 1e-30, "--init-heads", a_gguf)
     e = load_file(tmp_path / "e.run" / "heads.safetensors")
     for name in a:
         np.testing.assert_allclose(e[name], a[name], rtol=2e-3, atol=1e-6, err_msg=name)
@@ -304,25 +340,37 @@ def test_fine_tuning_starts_from_the_given_heads(tiny, tmp_path):
         assert "Traceback" not in proc.stderr
 
 
-def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path):
+def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path, monkeypatch):
     """Heads from a short run on SmolLM2 go through the converter; llama.cpp's scores in its graph match the
     trainer's own scores (its backbone's captured Q/K/V through its own head module)."""
     import torch
     import locret  # noqa: F401
     import llama_cpp
+    from locret.train import trainer
     from locret.train.backbone import load_backbone
     from locret.train.heads_model import RetainingHeads
     from safetensors.torch import load_file
 
     from locret import heads as runtime_heads
 
+    # Dequantizing SmolLM2 into transformers is most of this test's time: it is done once, by load_backbone as
+    # the trainer calls it, and the trainer's call is handed that backbone.
+    backbone = load_backbone(model_path)
+    calls = []
+
+    def shared_backbone(source, threads=None, device="cpu"):
+        assert Path(source) == Path(model_path) and threads is None and device == "cpu", (source, threads, device)
+        calls.append(source)
+        return backbone
+
+    monkeypatch.setattr(trainer, "load_backbone", shared_backbone)
     out = tmp_path / "smol-heads.gguf"
     _train("--base", model_path, "-o", out, "--steps", 2, "--warmup-steps", 1, "--min-tokens", 128,
            "--max-tokens", 256, "--d-r", 64, "--seed", 5)
+    assert len(calls) == 1
     log = json.loads((tmp_path / "smol-heads.run" / "train-log.json").read_text())
     assert log["finished"] and log["backbone"]["architecture"] == "llama"
 
-    backbone = load_backbone(model_path)
     tensors = load_file(str(tmp_path / "smol-heads.run" / "heads.safetensors"))
     module = RetainingHeads(backbone.n_layer, backbone.d_in, 64, backbone.n_head_kv, backbone.activation, seed=0)
     with torch.no_grad():
@@ -351,15 +399,14 @@ def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path):
     assert corr > 0.99 and err < 0.05 * scale
 
 
-def test_frozen_layers_keep_the_given_heads(tiny, tmp_path):
+def test_frozen_layers_keep_the_given_heads(tiny, trained, tmp_path):
     """--freeze-layers: the named layers end exactly as --init-heads gave them while the others learn."""
     from safetensors.numpy import load_file
 
     hf_dir, gguf = tiny
     data = _data(tmp_path / "data.jsonl")
     common = ["--base", hf_dir, "--gguf", gguf, "--data", data, "--warmup-steps", 0, "--seed", 3, "--d-r", 32]
-    _train(*common, "-o", tmp_path / "a.gguf", "--steps", 5, "--lr", 0.01)
-    given = tmp_path / "a.run" / "heads.safetensors"
+    given = trained[1] / "heads.safetensors"  # the module's shared run
     _train(*common, "-o", tmp_path / "b.gguf", "--steps", 5, "--lr", 0.01, "--init-heads", given,
            "--freeze-layers", "0")
     a, b = load_file(given), load_file(tmp_path / "b.run" / "heads.safetensors")

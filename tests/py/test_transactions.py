@@ -15,7 +15,7 @@ import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
 from locret import eviction
 
-from test_eviction import B, NLOC, NS, UB, decode, heads_file, last_logits, make, prompt_tokens  # noqa: F401
+from test_eviction import B, NLOC, NS, UB, decode, last_logits, make, prompt_tokens  # noqa: F401 (shared fixture)
 
 LAYERS = (0, 13, 29)
 

@@ -169,7 +169,8 @@ def load_backbone(source: Path, threads: int | None = None, device: str = "cpu")
     AttentionInterface.register(ATTENTION_NAME, _labels_then_sdpa)
     try:
         tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kwargs)
+        # the configuration read above: from a GGUF, every read parses the whole file (vocabulary included)
+        model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch.float32, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise ConversionError(f"base model {source}: cannot load it with transformers ({first_line(e)})") from None
     try:
