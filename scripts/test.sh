@@ -31,7 +31,8 @@ echo "==> pytest"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 workers="${LOCRET_TEST_WORKERS:-2}"
 parallel=()
-[[ "$workers" != 0 ]] && parallel=(-n "$workers" --dist loadfile)
+# whole files, in the order tests/py/conftest.py gives them (the longest first), not xdist's by number of tests
+[[ "$workers" != 0 ]] && parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 read -r -a runner <<< "${LOCRET_PYTEST_RUNNER:-$VPY}"
 # --durations: the 15 slowest tests are listed at the end, to keep CI's time in view; a test
 # above 60 s carries a comment saying why it must be that long

@@ -66,7 +66,7 @@ def test_prefix_reuse_is_exact_under_eviction(model_path, tmp_path):
     from locret import passkey_eval
 
     setup = passkey_eval.Setup(model_path=str(model_path), heads=None, random_heads=None, n_ubatch=128)
-    single, reused = passkey_eval.check_prefix_reuse(setup, "streaming", length=1200, budget=256, seed=0,
+    single, reused = passkey_eval.check_prefix_reuse(setup, "streaming", length=800, budget=256, seed=0,
                                                      return_logits=True)
     assert np.abs(single - reused).max() <= 1e-4 * np.abs(single).max()
 
@@ -77,7 +77,7 @@ def test_trials_record_whether_the_cache_still_holds_the_key(model_path):
     from locret import passkey_eval
 
     setup = passkey_eval.Setup(model_path=str(model_path), heads=None, random_heads=None, n_ubatch=128)
-    trials = passkey_eval.run_length(setup, "streaming", length=1200, budget=256, trials=3, seed=0)
+    trials = passkey_eval.run_length(setup, "streaming", length=800, budget=256, trials=3, seed=0)
     assert [t.depth for t in trials] == [0.0, 0.5, 1.0]
     n_pairs = 30 * 3  # SmolLM2-135M: 30 layers, 3 KV heads
     for t in trials[:2]:
