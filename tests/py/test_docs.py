@@ -24,7 +24,7 @@ import pytest
 from conftest import REPO
 
 RUNNABLE_LANGS = {"bash", "sh", "shell", "python", "py"}
-LONG_TEXT_CHARS = 4_000  # about 1.1K tokens of the bundled document: more than b + B = 768 cells, so examples at b = 512 evict
+LONG_TEXT_CHARS = 3_200  # about 900 tokens of the bundled document: more than b + B = 768 cells, so examples at b = 512 evict
 BLOCK_TIMEOUT_S = 300
 
 

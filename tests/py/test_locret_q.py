@@ -87,12 +87,12 @@ def test_pinning_after_an_eviction_is_refused_until_the_sequence_is_emptied(mode
 def test_locret_query_reaches_the_cache_from_python(model_path, heads_file):
     ub = 64  # the prompt is processed four times below: chunks of 64 halve the time of UB's 32, with the same paths
     llm = make(model_path, heads_file, n_batch=256, n_ubatch=ub, locret_query=QUERY)
-    document = natural_text()[:4500]  # ~1K tokens: about 14 evictions at b = 96, ub = 64
+    document = natural_text()[:3000]  # ~700 tokens: about 9 evictions at b = 96, ub = 64
     out = llm.create_completion(document, max_tokens=4, temperature=0.0)
     assert out["choices"][0]["text"] is not None
     st = llm.locret_stats()
     prompt = llm.tokenize(place_query(QUERY, document).encode(), add_bos=True)
-    assert st["n_evictions"] >= (len(prompt) - B) // ub - 1 >= 10
+    assert st["n_evictions"] >= (len(prompt) - B) // ub - 1 >= 5
     n_pin = pinned_count(llm, prompt, QUERY, B)
     assert st["n_pinned"] == n_pin and _pinned_everywhere(llm, n_pin)
     assert llm.detokenize(llm.input_ids[:n_pin].tolist()).decode().strip().endswith(QUERY)

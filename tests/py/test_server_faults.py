@@ -15,6 +15,8 @@ HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
 
 
 def test_the_server_keeps_serving_under_load_and_faults_with_the_most_slots_that_fit(tmp_path, model_path):
+    # 50-70 s on 2 cores: one server, three slots, two rounds of every fault and bad request (the script's own
+    # checks); a slot's cells must overflow in each round, so the prompts cannot be shorter than b + B
     # a device with room for the model, its buffers and 3.5 slots of b = 256, ub = 64: the plan gives 3 slots. Prompts
     # of 800 tokens overflow each slot's 512 cells (b = 1024 with 1500-token prompts ran the same paths 3x longer)
     one = planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=256, ubatch=64, context=32768)
