@@ -33,6 +33,8 @@ def png_size(path: Path) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def side_by_side(tmp_path_factory, model_path):
+    # 45-60 s on 2 cores beside the other worker: `locret eval` end to end (three methods x two tasks, each run in its
+    # own worker process with the model loaded, plots and heatmaps); six of this file's tests read its outputs
     out = tmp_path_factory.mktemp("eval") / "run"
     cmd = locret_cmd("eval", "--model", model_path, "--tasks", "passkey,niah", "--lengths", LENGTH, "--depths", "0.5",
                      "--methods", "full,locret,streaming", *COMMON, "-o", out)
