@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import os
 from pathlib import Path
+from typing import Callable
 
 
 @contextlib.contextmanager
@@ -27,3 +28,13 @@ def held(target: str | os.PathLike):
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
+
+
+def build_once(target: str | os.PathLike, is_built: Callable[[], bool], build: Callable[[], None]) -> None:
+    """Run `build` unless `is_built()`: checked first without the lock (the usual case, already built), then again
+    under it (another process may have built it while this one waited)."""
+    if is_built():
+        return
+    with held(target):
+        if not is_built():
+            build()

@@ -194,10 +194,11 @@ def cached_random_heads(model_path: str | os.PathLike) -> str:
     cache = models.cache_dir() / "heads"
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"random-{Path(model_path).stem}-d256-seed0.gguf"
-    with cachelock.held(out):
-        if not out.exists():
-            partial = out.with_name(out.name + ".partial.gguf")
-            make_random(model_path, partial, d_r=256, seed=0)
-            partial.replace(out)
+    def build() -> None:
+        partial = out.with_name(out.name + ".partial.gguf")
+        make_random(model_path, partial, d_r=256, seed=0)
+        partial.replace(out)
+
+    cachelock.build_once(out, out.exists, build)
     return str(out)
 

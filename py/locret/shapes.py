@@ -517,14 +517,12 @@ def make_shape_models(shape_name: str | Shape, out_dir: str | os.PathLike | None
     under a folder named by the specification's key; found there at once when already made."""
     s = shape(shape_name)
     paths = build_paths(s, out_dir, weight_type=weight_type, seed=seed, d_r=d_r)
+
     def built() -> bool:
         return (paths.folder / "done.json").is_file() and paths.model.is_file() and paths.heads.is_file()
 
-    if built():
-        return paths.model, paths.heads
-    with cachelock.held(paths.folder):
-        if not built():  # another process may have written it while this one waited
-            _write_into(s, paths, weight_type=weight_type, seed=seed, d_r=d_r, progress=progress, log=log)
+    cachelock.build_once(paths.folder, built, lambda: _write_into(s, paths, weight_type=weight_type, seed=seed,
+                                                                    d_r=d_r, progress=progress, log=log))
     return paths.model, paths.heads
 
 

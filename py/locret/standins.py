@@ -145,11 +145,7 @@ def build(name: str, *, log=None) -> Standin:
     spec = SPECS[name]
     folder = cache_folder() / f"{name}-{_key(spec)}"
     standin = Standin(name, spec, folder)
-    if (folder / "done").is_file():
-        return standin
-    with cachelock.held(folder):
-        if not (folder / "done").is_file():  # another process may have built it while this one waited
-            _build_into(standin, log)
+    cachelock.build_once(folder, (folder / "done").is_file, lambda: _build_into(standin, log))
     return standin
 
 
