@@ -16,11 +16,17 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-settings.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-heads.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-random.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-streaming.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-lagkv.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-sage.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-lagkv.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-sage.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-layer-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-select.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-plan.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-query.cpp

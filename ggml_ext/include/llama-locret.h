@@ -123,8 +123,17 @@ enum llama_locret_policy {
 #define LLAMA_LOCRET_SAGE_SINK_DIV   4
 #define LLAMA_LOCRET_SAGE_RECENT_DIV 4
 
+// The policies are 0 .. llama_locret_policy_count() - 1, in this enum's order.
+LLAMA_API int32_t llama_locret_policy_count(void);
+
 // "heads", "random", "streaming", "lagkv" or "sage" (NULL for a value that is not a policy).
 LLAMA_API const char * llama_locret_policy_name(enum llama_locret_policy policy);
+
+// One line saying what scores the units under a policy (the tools' help); NULL for a value that is not a policy.
+LLAMA_API const char * llama_locret_policy_help(enum llama_locret_policy policy);
+
+// The help of --locret-policy: one line per policy, from the same registry.
+LLAMA_API const char * llama_locret_policies_help(void);
 
 // Parse a policy name into *out. Returns 0, or -1 for an unknown name (llama_locret_last_error() says which
 // names are valid).
@@ -144,11 +153,42 @@ struct llama_locret_params {
                          // sentence or number) are kept with it. 0 or 1 = none; -1 = default (none: the paper's Locret)
     int32_t lag;         // LAGKV policy: units per partition (>= 2); 0 or -1 = default (LLAMA_LOCRET_LAGKV_LAG). The budget
                          // must hold the sinks, two partitions and the stabilizers.
+    const char * budget_schedule; // how the budget is spread over the layers: NULL or "uniform", "pyramid", or a file of
+                                  // per-layer budgets (see llama_locret_model_set_budget_schedule)
+    struct llama_locret_settings defaults; // the recommended values that settings left at -1 take when `heads` is NULL
+                                           // (a tool that has not loaded the heads yet fills them with
+                                           // llama_locret_file_recommended); zeros: the paper's
 };
 
-// heads NULL, budget 0, stabilizers, local, pool and lag -1, policy HEADS. Defaults, resolved when a context is created: the
-// heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped to n_ubatch, and n_s to b/2.
+// heads NULL, budget 0, stabilizers, local, pool and lag -1, policy HEADS, no schedule, no defaults. Defaults, resolved
+// when a context is created: the heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped
+// to n_ubatch, and n_s to b/2.
 LLAMA_API struct llama_locret_params llama_locret_params_default(void);
+
+// The settings recommended by the retaining heads in the GGUF file at `path` (a heads file or a model with embedded
+// heads), read from its metadata without loading anything. Returns 1 and fills *out, 0 when the file has no heads
+// (*out zeroed), -1 when it cannot be read (llama_locret_last_error).
+LLAMA_API int32_t llama_locret_file_recommended(const char * path, struct llama_locret_settings * out);
+
+//
+// The rule book: every refusal and every size is decided here, once; context creation, the tools (-fit), locret plan,
+// the evaluation runner and locret.Llama call these functions and keep no copy of the rules.
+//
+
+// 0 when a context created from `model` with `cparams` and these settings can evict (or params->budget is 0: nothing
+// to check), else -1 with the reason in llama_locret_last_error(), the same message context creation would give.
+// `model` may be loaded with no_alloc (its hyperparameters are all the rules read; vocab_only stops before them).
+// Heads are not required: a tool checks before it loads them (llama_locret_model_configure refuses a heads policy
+// without heads).
+LLAMA_API int32_t llama_locret_check_params(const struct llama_model * model, const struct llama_locret_params * params,
+                                            const struct llama_context_params * cparams);
+
+// KV cells per sequence that a context evicting with these settings allocates in its cache, for a context of n_ctx_seq
+// positions per sequence and a ubatch of n_ubatch: (largest layer budget) + n_ubatch padded to 256 (SAGE-KV: n_ctx_seq,
+// which its whole prompt must fit). -fit and locret plan size KV memory with it. -1 (llama_locret_last_error) for
+// settings that llama_locret_check_params refuses.
+LLAMA_API int64_t llama_locret_kv_cells(const struct llama_model * model, const struct llama_locret_params * params,
+                                        uint32_t n_ctx_seq, uint32_t n_ubatch);
 
 // Contexts created from `model` after this call (llama_init_from_model) use these settings: with a budget, their
 // memory is a Locret memory wrapping the model's own KV cache, which holds b + n_ubatch cells (padded to 256) per
@@ -172,6 +212,31 @@ LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, con
                                                  const char * heads_path, int32_t budget, int32_t stabilizers,
                                                  int32_t local, enum llama_locret_policy policy, int32_t pool,
                                                  int32_t lag, struct llama_locret_heads ** out);
+
+// What the rule book resolves for a context before its model is loaded (llama_locret_resolve_file).
+struct llama_locret_resolved {
+    uint32_t n_cells;     // KV cells per sequence the cache allocates
+    uint32_t n_seq;       // sequences (one KV stream each)
+    uint32_t budget_max;  // the largest layer budget (the budget without a schedule)
+    uint32_t stabilizers; // n_s as resolved (SAGE-KV: its recent window, b/4)
+    uint32_t local;       // n_loc as resolved
+    uint32_t n_ubatch;    // the chunk
+};
+
+// For tools that plan memory before they load the model (-fit, locret plan): the settings a context created with
+// `cparams` and these settings resolves to, read from the model file's hyperparameters (a no_alloc load) and, when
+// params->heads is NULL and the policy scores with heads, the recommended settings of the heads in `heads_path` (else
+// the model's embedded ones). The same rules as llama_locret_check_params. Returns 0, or -1 (llama_locret_last_error)
+// for settings they refuse.
+LLAMA_API int32_t llama_locret_resolve_file(const char * model_path, const char * heads_path,
+                                            const struct llama_locret_params * params,
+                                            const struct llama_context_params * cparams,
+                                            struct llama_locret_resolved * out);
+
+// The KV cells, over all sequences, that such a context holds: what -fit plans memory with (-1 on refused settings).
+LLAMA_API int64_t llama_locret_fit_n_ctx(const char * model_path, const char * heads_path,
+                                         const struct llama_locret_params * params,
+                                         const struct llama_context_params * cparams);
 
 // Budget schedules: how the units a context keeps are spread over the layers it evicts, for the contexts created from
 // `model` next. Call it after llama_locret_model_configure / llama_locret_configure_default (a new configuration
@@ -218,6 +283,9 @@ struct llama_locret_stats {
                                // (sequences evicting in the same ubatch share one, up to 4 per graph); not in states
 };
 
+// Whether the context evicts (was created with a Locret budget).
+LLAMA_API bool llama_locret_is_evicting(const struct llama_context * ctx);
+
 // Statistics of sequence 0 (n_cells_used, pos_logical, n_evictions and n_units_evicted are per sequence; kv_bytes is
 // the whole cache). All zero when the context does not evict.
 LLAMA_API struct llama_locret_stats llama_locret_get_stats(const struct llama_context * ctx);
@@ -236,78 +304,18 @@ LLAMA_API int32_t llama_locret_pin_query(struct llama_context * ctx, llama_seq_i
 // of the first user turn, before the template is applied). The heads trained for Locret-Q saw that layout.
 #define LLAMA_LOCRET_QUERY_SEPARATOR "\n\n"
 
+// Locret-Q's layout, built by this one function for every tool and for Python: the query (without surrounding white
+// space), the separator, the text.
+// Writes at most n_out - 1 bytes and a terminating NUL into out (when not NULL); returns the layout's length in bytes
+// (like snprintf: call with out NULL to size the buffer).
+LLAMA_API int32_t llama_locret_query_layout(const char * query, const char * text, char * out, int32_t n_out);
+
 // How many leading tokens of a prompt to pin for a query placed in it: through the end of the query's first occurrence
 // in the prompt's text (found in the detokenized text, since a tokenizer may split the query differently inside the
 // prompt). Searches the first `limit` tokens. Returns the count, or -1 (llama_locret_last_error) when the query is
 // empty or not there.
 LLAMA_API int32_t llama_locret_query_tokens(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
                                            const char * query, int32_t limit);
-
-// KV cells per sequence that a budget and a ubatch need: b + n_ubatch padded to 256 (0 for a budget or ubatch < 1).
-// Tools size their memory plans with it (-fit).
-LLAMA_API uint32_t llama_locret_kv_cells_per_seq(int32_t budget, int32_t n_ubatch);
-
-// Debug: logical positions of the units that layer il, KV head ih holds in sequence 0, in cell order (cell c has
-// physical position c). Copies them into logical_pos when it is not NULL (n_max must be large enough).
-// Returns the number of units, or -1 (see llama_locret_last_error()); -1 too for a window layer of an iSWA model,
-// which is not evicted.
-LLAMA_API int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih,
-                                        int32_t * logical_pos, int32_t n_max);
-
-// The same for sequence seq_id.
-LLAMA_API int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t ih,
-                                            int32_t * logical_pos, int32_t n_max);
-
-// Debug: layer il's K (read_v false) or V cache of sequence 0 for cells [0, n_cells), dequantized to F32 as
-// [n_cells][n_embd_gqa] (keys as stored: after RoPE at their physical positions). Returns n_embd_gqa, or -1.
-LLAMA_API int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool read_v, float * out, int32_t n_cells);
-
-// The same for sequence seq_id.
-LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, bool read_v,
-                                                 float * out, int32_t n_cells);
-
-// Debug (tests of budget schedules): write k_value into every K element and v_value into every V element of the cells
-// that a budget schedule masks in each layer of sequence seq_id, so that a test can show attention never reads them.
-// F16 or F32 caches only. Returns the cells written summed over layers, or -1.
-LLAMA_API int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id seq_id, float k_value,
-                                                 float v_value);
-
-// Debug: the scores that eviction ranks layer il's units of sequence seq_id by, for cells [0, n_cells), as
-// [n_cells][n_head_kv] (the heads' scores, pooled when the context pools; LagKV's scores, meaningless for the units
-// still waiting for their partition's successor, which the sequence keeps unscored).
-// Returns n_head_kv, or -1 when the context does not evict, evicts by a policy that keeps no scores (random,
-// streaming), or the layer, sequence or cell count is wrong.
-LLAMA_API int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
-                                                 int32_t n_cells);
-
-// Debug: the post-RoPE query of the last token placed for sequence seq_id in layer il, as the SAGE policy holds it
-// (F32, [d_head_k * n_head], query head h at out[h * d_head_k]), and the layer's attention scale in *kq_scale. Returns
-// d_head_k * n_head (copies only when n_max holds it), or -1 when the context does not evict with the SAGE policy, or
-// the sequence or layer is wrong.
-LLAMA_API int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
-                                                int32_t n_max, float * kq_scale);
-
-// Debug: the window cache of an evicting iSWA model (Gemma 3): for each cell of sequence seq_id that holds a token, in
-// cell order, the client's position of that token and the token itself, as the cache records them. Returns the number
-// of such cells (copies at most n_max), or -1 when the context does not evict an iSWA model.
-LLAMA_API int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id seq_id, int32_t * logical_pos,
-                                            llama_token * tokens, int32_t n_max);
-
-// Debug: bytes of the compute buffers of the context's scheduler (its graphs) and of an evicting memory's own
-// scheduler (the selection and compaction graphs), summed over backends. Both are sized when the context is made; a
-// size that changes later means a graph outgrew its reservation.
-LLAMA_API void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx_bytes, size_t * evict_bytes);
-
-// Test only: make the next matching operation of an evicting context fail, to check that every failure leaves the
-// context consistent and usable.
-enum llama_locret_fault {
-    LLAMA_LOCRET_FAULT_NONE          = 0,
-    LLAMA_LOCRET_FAULT_EVICT_ALLOC   = 1, // the next compaction graph cannot be allocated
-    LLAMA_LOCRET_FAULT_EVICT_COMPUTE = 2, // the next compaction graph fails to start
-    LLAMA_LOCRET_FAULT_UBATCH        = 3, // the next ubatch fails after it was placed in the cache and computed
-    LLAMA_LOCRET_FAULT_STATE_READ    = 4, // the next state load fails after the KV cells were restored
-};
-LLAMA_API int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_locret_fault fault);
 
 #ifdef __cplusplus
 }

@@ -1,9 +1,11 @@
 // A context's Locret state and the hooks around its ubatches: attached heads, the score recorder, the Locret memory's
 // creation, and the eviction before / scores after each ubatch.
 
+#include "llama-locret-debug.h"
 #include "locret-context.h"
 #include "locret-hooks.h"
 #include "locret-memory.h"
+#include "locret-policy.h"
 #include "locret-settings.h"
 
 #include "llama-batch.h"
@@ -14,6 +16,7 @@
 #include "llama-model.h"
 
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 static llama_locret_context & locret_of(llama_context * ctx) {
@@ -30,7 +33,7 @@ llama_locret_context * llama_locret_context_create(const llama_model & model) {
     }
     auto * lctx = new llama_locret_context();
     lctx->heads = p.heads; // with the random and streaming policies heads, if any, only score for the recorder
-    lctx->evicts_by_heads = p.budget > 0 && p.policy == LLAMA_LOCRET_POLICY_HEADS;
+    lctx->evicts_by_heads = p.budget > 0 && locret_policy_find(p.policy) != nullptr && locret_policy_find(p.policy)->needs_heads;
     return lctx;
 }
 
@@ -50,21 +53,8 @@ llama_memory_i * llama_locret_memory_create(const llama_model & model, const lla
         return nullptr;
     }
     try {
-        locret_config cfg = locret_settings_resolve(model, p, cparams, n_ubatch_requested, params.type_k);
-        const locret_schedule_spec schedule = locret_schedule_find(model);
-        if (schedule.kind != locret_schedule_spec::UNIFORM) {
-            // the layers the model's own cache will hold and the memory evicts: those with a KV cache, without the
-            // window layers of an iSWA model (the memory's constructor checks the count)
-            const auto & hp = model.hparams;
-            uint32_t n_evicting = 0;
-            for (uint32_t il = 0; il < hp.n_layer(); ++il) {
-                n_evicting += hp.has_kv(il) && (hp.swa_type == LLAMA_SWA_TYPE_NONE || !hp.is_swa(il));
-            }
-            cfg.layer_budget = locret_schedule_resolve(schedule, n_evicting, cfg.budget, cfg.stabilizers);
-            cfg.budget       = *std::max_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
-            cfg.capacity     = cfg.budget + cfg.n_ubatch;
-            cfg.n_cells      = locret_kv_cells(cfg.budget, cfg.n_ubatch);
-        }
+        const locret_config cfg = locret_config_make(model, p, locret_schedule_find(model), cparams, n_ubatch_requested,
+                params.type_k);
         // the model's own cache, made for the cells the budget needs, one stream per sequence
         llama_cparams cparams_mem = cparams;
         cparams_mem.n_ctx_seq  = cfg.n_cells;
@@ -140,8 +130,9 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         llama_locret_heads ** out) {
     *out = nullptr;
     locret_set_error("");
-    const char * policy_name = llama_locret_policy_name(policy);
-    if (policy_name == nullptr) {
+    const locret_policy_entry * entry = locret_policy_find(policy);
+    const char * policy_name = entry != nullptr ? entry->name : nullptr;
+    if (entry == nullptr) {
         locret_set_error(format("unknown Locret policy %d", (int) policy));
         return -1;
     }
@@ -158,16 +149,11 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         locret_set_error("--locret-lag needs --locret-budget and --locret-policy lagkv");
         return -1;
     }
-    if (lag >= 0 && policy != LLAMA_LOCRET_POLICY_LAGKV) {
-        locret_set_error(format("--locret-lag sets LagKV's partition; policy %s has none (use --locret-policy lagkv)",
-                policy_name));
+    if (lag == 0) {
+        locret_set_error("the LagKV partition (--locret-lag) must be at least 2 units (got 0)");
         return -1;
     }
-    if (lag != -1 && lag < 2) {
-        locret_set_error(format("the LagKV partition (--locret-lag) must be at least 2 units (got %d)", lag));
-        return -1;
-    }
-    if (budget == -1 && policy != LLAMA_LOCRET_POLICY_HEADS) {
+    if (budget == -1 && !entry->needs_heads) {
         locret_set_error(format("--locret-policy %s needs --locret-budget", policy_name));
         return -1;
     }
@@ -183,7 +169,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     params.policy      = policy;
     params.pool        = pool;
     params.lag         = lag;
-    if (policy != LLAMA_LOCRET_POLICY_HEADS) {
+    if (!entry->needs_heads) {
         // the scores come from the policy: loading the heads would only add their cost to every ubatch
         if (!path.empty()) {
             LLAMA_LOG_WARN("%s: Locret: policy %s does not use retaining heads; the heads in '%s' are not loaded\n",
@@ -211,6 +197,77 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     }
     *out = heads;
     return 0;
+}
+
+// only errors reach the log while the fit reads the model's hyperparameters
+static void locret_log_errors_only(ggml_log_level level, const char * text, void * user_data) {
+    const auto * prev = (const std::pair<ggml_log_callback, void *> *) user_data;
+    if (level == GGML_LOG_LEVEL_ERROR && prev->first != nullptr) {
+        prev->first(level, text, prev->second);
+    }
+}
+
+int32_t llama_locret_resolve_file(const char * model_path, const char * heads_path, const llama_locret_params * params,
+        const llama_context_params * cparams, llama_locret_resolved * out) {
+    locret_set_error("");
+    if (model_path == nullptr || params == nullptr || cparams == nullptr || out == nullptr) {
+        locret_set_error("llama_locret_resolve_file: model_path, params, cparams and out must not be NULL");
+        return -1;
+    }
+    *out = {};
+    // the rules read the model's hyperparameters only: a metadata load (no_alloc, as -fit's own) reads them without
+    // the weights (a vocab_only load would stop before them)
+    std::pair<ggml_log_callback, void *> prev;
+    llama_log_get(&prev.first, &prev.second);
+    llama_log_set(locret_log_errors_only, &prev);
+    llama_model_params mparams = llama_model_default_params();
+    mparams.no_alloc     = true;
+    mparams.load_mode    = LLAMA_LOAD_MODE_NONE;
+    mparams.n_gpu_layers = 0;
+    llama_model * model = llama_model_load_from_file(model_path, mparams);
+    llama_log_set(prev.first, prev.second);
+    if (model == nullptr) {
+        locret_set_error(format("cannot read the model '%s'", model_path));
+        return -1;
+    }
+    llama_locret_params p = *params;
+    const std::string heads = locret_default_heads_path(model, model_path, heads_path);
+    // the heads' recommendations are the defaults only where the heads will score (llama_locret_configure_default)
+    const locret_policy_entry * policy = locret_policy_find(p.policy);
+    const bool read_heads = p.heads == nullptr && !heads.empty() && policy != nullptr && policy->needs_heads;
+    int32_t ret = -1;
+    if (!read_heads || llama_locret_file_recommended(heads.c_str(), &p.defaults) >= 0) {
+        try {
+            const std::string problem = locret_params_problem(p);
+            if (!problem.empty()) {
+                throw std::runtime_error(problem);
+            }
+            uint32_t n_ubatch_requested = 0;
+            const llama_cparams c = locret_cparams_like_context(*model, *cparams, &n_ubatch_requested);
+            const locret_config cfg = locret_config_make(*model, p, locret_schedule_parse(p.budget_schedule), c,
+                    n_ubatch_requested, cparams->type_k);
+            out->n_cells     = cfg.n_cells;
+            out->n_seq       = c.n_seq_max;
+            out->budget_max  = cfg.budget;
+            out->stabilizers = cfg.stabilizers;
+            out->local       = cfg.local;
+            out->n_ubatch    = cfg.n_ubatch;
+            ret = 0;
+        } catch (const std::exception & e) {
+            locret_set_error(e.what());
+        }
+    }
+    llama_model_free(model);
+    return ret;
+}
+
+int64_t llama_locret_fit_n_ctx(const char * model_path, const char * heads_path, const llama_locret_params * params,
+        const llama_context_params * cparams) {
+    llama_locret_resolved r;
+    if (llama_locret_resolve_file(model_path, heads_path, params, cparams, &r) != 0) {
+        return -1;
+    }
+    return (int64_t) r.n_cells * r.n_seq;
 }
 
 const llama_locret_heads * llama_locret_get_heads(const llama_context * ctx) {

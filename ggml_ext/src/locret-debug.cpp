@@ -1,6 +1,7 @@
 // Read-outs of an evicting context for users, tests, heatmaps and outside checks: statistics, the units each
 // (layer, KV head) retains, the K/V cache itself, and fault injection.
 
+#include "llama-locret-debug.h"
 #include "locret-heads.h"
 #include "locret-memory.h"
 #include "locret-settings.h"
@@ -16,8 +17,8 @@ static const llama_locret_memory * locret_memory_of_ctx(const llama_context * ct
     return locret_memory_of(llama_get_memory(ctx));
 }
 
-uint32_t llama_locret_kv_cells_per_seq(int32_t budget, int32_t n_ubatch) {
-    return budget > 0 && n_ubatch > 0 ? locret_kv_cells((uint32_t) budget, (uint32_t) n_ubatch) : 0;
+bool llama_locret_is_evicting(const llama_context * ctx) {
+    return ctx != nullptr && locret_memory_of_ctx(ctx) != nullptr;
 }
 
 struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context * ctx, llama_seq_id seq_id) {

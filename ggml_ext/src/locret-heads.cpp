@@ -126,6 +126,16 @@ ggml_tensor * expect_tensor(ggml_context * meta, const std::string & path, const
     return t;
 }
 
+// the settings a heads file recommends (0 where it has none)
+llama_locret_settings read_recommended(const heads_meta_reader & kv) {
+    llama_locret_settings rec = {};
+    rec.budget      = kv.u32("locret.recommended.budget",      false);
+    rec.chunk       = kv.u32("locret.recommended.chunk",       false);
+    rec.stabilizers = kv.u32("locret.recommended.stabilizers", false);
+    rec.local       = kv.u32("locret.recommended.local",       false);
+    return rec;
+}
+
 std::string layer_tensor_name(int il, const char * suffix) {
     return format("%sblk.%d.%s", LOCRET_TENSOR_PREFIX, il, suffix);
 }
@@ -194,10 +204,7 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
     if (heads.d_r == 0) {
         throw std::runtime_error(format("%s: locret.hidden_size is 0", path.c_str()));
     }
-    heads.recommended.budget      = kv.u32("locret.recommended.budget",      false);
-    heads.recommended.chunk       = kv.u32("locret.recommended.chunk",       false);
-    heads.recommended.stabilizers = kv.u32("locret.recommended.stabilizers", false);
-    heads.recommended.local       = kv.u32("locret.recommended.local",       false);
+    heads.recommended = read_recommended(kv);
 
     // validate every layer's tensors before allocating anything
     const auto weight_types = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
@@ -340,6 +347,28 @@ int32_t llama_locret_file_has_heads(const char * path) {
         return -1;
     }
     return gguf_find_key(gguf.get(), "locret.format_version") >= 0 ? 1 : 0;
+}
+
+int32_t llama_locret_file_recommended(const char * path, llama_locret_settings * out) {
+    locret_set_error("");
+    *out = {};
+    gguf_init_params params = { /*.no_alloc =*/ true, /*.ctx =*/ nullptr };
+    gguf_ptr gguf(path != nullptr ? gguf_init_from_file(path, params) : nullptr);
+    if (!gguf) {
+        locret_set_error(format("%s: cannot read the file as GGUF (missing, truncated or not GGUF)", path ? path : "(null)"));
+        return -1;
+    }
+    if (gguf_find_key(gguf.get(), "locret.format_version") < 0) {
+        return 0;
+    }
+    try {
+        const std::string name = path;
+        *out = read_recommended(heads_meta_reader{ gguf.get(), name });
+    } catch (const std::exception & e) {
+        locret_set_error(e.what());
+        return -1;
+    }
+    return 1;
 }
 
 llama_locret_heads * llama_locret_heads_load(const llama_model * model, const char * path) {

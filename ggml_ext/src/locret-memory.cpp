@@ -341,29 +341,16 @@ uint64_t llama_locret_memory::kv_bytes() const {
 // planning
 //
 
-uint32_t llama_locret_memory::plan_eviction(uint32_t n_used, bool prev_output, bool sage_fresh, uint32_t n_tokens,
-        bool output, uint32_t & n_stab) const {
-    n_stab = 0;
-    if (policy->selects_once()) {
-        // SAGE-KV: never while a prompt is read; its one selection at the first part after the prompt's end; then the
-        // recent window slides when generation would pass the budget by a ubatch (evict() splits what stays)
-        if (!prev_output) {
-            return n_used;
-        }
-        if (sage_fresh || n_used + n_tokens > cfg.budget + cfg.n_ubatch) {
-            return std::min(cfg.budget, n_used);
-        }
-        return n_used;
-    }
-    if (!prev_output && n_used > cfg.budget) {
-        // after a prefill chunk; the chunk before the prompt's tail is the final one: no stabilizers
-        n_stab = output ? 0 : std::min(cfg.stabilizers, n_used);
-        return cfg.budget;
-    }
-    if (n_used + n_tokens > cfg.capacity) {
-        return std::min(cfg.budget, n_used);
-    }
-    return n_used;
+locret_plan_params llama_locret_memory::plan_params() const {
+    locret_plan_params p;
+    p.budget       = cfg.budget;
+    p.stabilizers  = cfg.stabilizers;
+    p.local        = cfg.local;
+    p.n_ubatch     = cfg.n_ubatch;
+    p.capacity     = cfg.capacity;
+    p.n_cells      = cfg.n_cells;
+    p.selects_once = policy->selects_once();
+    return p;
 }
 
 llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) {
@@ -373,24 +360,17 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     const llama_batch & batch = balloc.get_batch();
     const uint32_t n_tokens = balloc.get_n_tokens();
 
+    const locret_plan_params params = plan_params();
+
     // the batch's sequences: how many tokens each has and whether its last one asks for an output (a prompt end)
-    std::vector<uint32_t> count(streams.size(), 0);
-    std::vector<bool>     ends_with_output(streams.size(), false);
-    uint32_t n_seqs = 0;
-    for (uint32_t i = 0; i < n_tokens; ++i) {
-        if (batch.n_seq_id[i] != 1) {
-            LLAMA_LOG_ERROR("%s: Locret: a token belongs to %d sequences; an evicting cache keeps each sequence on its own\n",
-                    __func__, batch.n_seq_id[i]);
+    locret_batch_seqs seqs;
+    {
+        const locret_plan_error err = locret_plan_scan(n_tokens, batch.n_seq_id, batch.seq_id, batch.logits,
+                                                       (uint32_t) streams.size(), seqs);
+        if (!err.ok()) {
+            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, err.msg.c_str());
             return failed();
         }
-        const llama_seq_id s = batch.seq_id[i][0];
-        if (s < 0 || (size_t) s >= streams.size()) {
-            LLAMA_LOG_ERROR("%s: Locret: sequence %d is out of range (%zu sequences)\n", __func__, s, streams.size());
-            return failed();
-        }
-        n_seqs += count[s] == 0;
-        count[s]++;
-        ends_with_output[s] = batch.logits != nullptr && batch.logits[i] != 0;
     }
 
     // the ubatches: a sequence's tokens in parts of at most n_ubatch, the local tail of a prompt end in a part of its
@@ -398,8 +378,7 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     // goes in one ubatch
     balloc.split_reset();
     std::vector<llama_ubatch> ubatches;
-    const bool one_each = n_seqs > 1 && std::all_of(count.begin(), count.end(), [](uint32_t c) { return c <= 1; });
-    if (one_each) {
+    if (seqs.one_each) {
         while (true) {
             auto ubatch = balloc.split_equal(n_ubatch, true, 0);
             if (ubatch.n_tokens == 0) {
@@ -409,7 +388,7 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
         }
     } else {
         std::vector<bool> used(n_tokens, false);
-        std::vector<uint32_t> remaining = count;
+        std::vector<uint32_t> remaining = seqs.count;
         uint32_t first = 0;
         while (true) {
             while (first < n_tokens && used[first]) {
@@ -419,11 +398,8 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
                 break;
             }
             const llama_seq_id s = batch.seq_id[first][0];
-            uint32_t take = std::min(n_ubatch, remaining[s]);
-            if (cfg.local > 0 && ends_with_output[s] && remaining[s] > cfg.local) {
-                take = std::min(take, remaining[s] - cfg.local);
-            }
-            auto ubatch = n_seqs == 1 ? balloc.split_simple(take) : balloc.split_seq(take);
+            const uint32_t take = locret_plan_take(n_ubatch, cfg.local, remaining[s], seqs.ends_with_output[s]);
+            auto ubatch = seqs.n_seqs == 1 ? balloc.split_simple(take) : balloc.split_seq(take);
             if (ubatch.n_tokens == 0) {
                 break;
             }
@@ -440,11 +416,12 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     }
 
     // simulate the evictions and placements, per stream
-    struct sim_t { uint32_t n_used; bool prev_output; llama_pos offset; bool sage_fresh; };
-    std::vector<sim_t> sim(streams.size());
+    std::vector<locret_plan_stream> sim(streams.size());
     for (size_t s = 0; s < streams.size(); ++s) {
-        sim[s] = { streams[s].n_used, streams[s].prev_output, streams[s].logical_next - (llama_pos) streams[s].n_used,
-                   streams[s].sage_fresh };
+        sim[s].n_used      = streams[s].n_used;
+        sim[s].prev_output = streams[s].prev_output;
+        sim[s].offset      = streams[s].logical_next - (llama_pos) streams[s].n_used;
+        sim[s].sage_fresh  = streams[s].sage_fresh;
     }
 
     llama_kv_cache::slot_info_vec_t sinfos;
@@ -452,75 +429,41 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     std::vector<llama_ubatch> physical;
     std::vector<llama_ubatch> window_frame; // positions in the window cache's frame at the start of the batch
     for (const auto & ubatch : ubatches) {
-        locret_ubatch_plan plan;
-        plan.logical.assign(ubatch.pos, ubatch.pos + ubatch.n_tokens);
-        plan.strm.resize(ubatch.n_tokens);
-        plan.cell.resize(ubatch.n_tokens);
+        locret_plan_tokens toks;
+        toks.n_tokens = ubatch.n_tokens;
+        toks.pos      = ubatch.pos;
+        toks.seq_id   = ubatch.seq_id;
+        toks.output   = ubatch.output;
 
-        // the parts of the ubatch: tokens of one sequence are consecutive (split_simple / split_seq: one part;
-        // split_equal: n_seq_tokens per sequence)
-        std::vector<std::pair<uint32_t, uint32_t>> parts; // [first token, n tokens)
-        for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
-            if (i == 0 || ubatch.seq_id[i][0] != ubatch.seq_id[i - 1][0]) {
-                parts.push_back({ i, 0 });
+        locret_ubatch_plan     plan;
+        std::vector<llama_pos> pos_frame;
+        const locret_plan_error err = locret_plan_ubatch(params, toks, sim, plan, pos_frame);
+        if (!err.ok()) {
+            if (err.status == LOCRET_PLAN_SAGE_TOO_LONG) {
+                locret_set_error(err.msg); // the user's to fix: the reason goes to llama_locret_last_error
             }
-            parts.back().second++;
+            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, err.msg.c_str());
+            return failed();
         }
 
+        // the inner cache's slot: each part's stream and cells, streams [s0, s1] (consecutive: checked by the plan)
         llama_kv_cache::slot_info sinfo;
-        sinfo.resize(parts.size());
-        std::vector<llama_pos> pos_phys(ubatch.n_tokens);
-        std::vector<llama_pos> pos_frame(ubatch.n_tokens);
-        for (size_t p = 0; p < parts.size(); ++p) {
-            const auto [i0, n] = parts[p];
-            const uint32_t s = (uint32_t) ubatch.seq_id[i0][0];
-            bool output = false;
-            for (uint32_t i = i0; i < i0 + n; ++i) {
-                output = output || ubatch.output[i] != 0;
+        sinfo.resize(plan.steps.size());
+        for (size_t p = 0; p < plan.steps.size(); ++p) {
+            const locret_step & st = plan.steps[p];
+            sinfo.strm[p] = st.strm;
+            sinfo.idxs[p].resize(st.n_tokens);
+            for (uint32_t j = 0; j < st.n_tokens; ++j) {
+                sinfo.idxs[p][j] = st.first_cell + j;
             }
-            locret_step st;
-            st.strm          = s;
-            st.n_keep        = plan_eviction(sim[s].n_used, sim[s].prev_output, sim[s].sage_fresh, n, output, st.n_stab);
-            st.first_cell    = st.n_keep;
-            st.n_tokens      = n;
-            st.first_logical = ubatch.pos[i0];
-            st.output        = output;
-            if (policy->selects_once() && st.first_cell + n > cfg.capacity) {
-                const std::string msg = format("SAGE-KV keeps the whole prompt until its end: sequence %u would hold %u "
-                        "units, more than the context per sequence (%u); raise -c or shorten the prompt", s,
-                        st.first_cell + n, cfg.capacity);
-                locret_set_error(msg);
-                LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, msg.c_str());
-                return failed();
-            }
-            if (st.first_cell + n > cfg.n_cells) {
-                LLAMA_LOG_ERROR("%s: Locret: a part of %u tokens does not fit after %u retained units in %u cells\n",
-                        __func__, n, st.first_cell, cfg.n_cells);
-                return failed();
-            }
-            sinfo.strm[p] = s;
-            sinfo.idxs[p].resize(n);
-            for (uint32_t j = 0; j < n; ++j) {
-                sinfo.idxs[p][j]   = st.first_cell + j;
-                plan.strm[i0 + j]  = s;
-                plan.cell[i0 + j]  = st.first_cell + j;
-                pos_phys[i0 + j]   = (llama_pos) (st.first_cell + j);
-                pos_frame[i0 + j]  = ubatch.pos[i0 + j] - sim[s].offset;
-            }
-            if (policy->selects_once()) {
-                // as placed() and evict() will set it
-                const bool end = sage_prompt_end(sim[s].prev_output, n, output);
-                sim[s].sage_fresh = end ? st.first_cell + n > cfg.budget : sim[s].sage_fresh && st.n_keep == sim[s].n_used;
-            }
-            sim[s].n_used      = st.first_cell + n;
-            sim[s].prev_output = output;
-            plan.steps.push_back(st);
         }
         sinfo.s0 = *std::min_element(sinfo.strm.begin(), sinfo.strm.end());
         sinfo.s1 = *std::max_element(sinfo.strm.begin(), sinfo.strm.end());
-        if (sinfo.s1 - sinfo.s0 + 1 != parts.size()) {
-            LLAMA_LOG_ERROR("%s: Locret: a ubatch's sequences are not consecutive streams\n", __func__);
-            return failed();
+
+        // the graph's copy of the ubatch: a token's physical position is its cell
+        std::vector<llama_pos> pos_phys(ubatch.n_tokens);
+        for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+            pos_phys[i] = (llama_pos) plan.cell[i];
         }
         sinfos.push_back(std::move(sinfo));
         physical.push_back(locret_ubatch_with_pos(ubatch, pos_phys));
@@ -572,7 +515,7 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         s.undo.logical_next  = s.logical_next;
         s.undo.scored_to     = s.scored_to;
         s.undo.sage_fresh    = s.sage_fresh;
-        const bool prompt_end = sage_prompt_end(s.prev_output, st.n_tokens, st.output);
+        const bool prompt_end = locret_plan_sage_prompt_end(s.prev_output, st.n_tokens, st.output);
         s.n_used       = st.first_cell + st.n_tokens;
         s.prev_output  = st.output;
         if (policy->selects_once() && prompt_end) {

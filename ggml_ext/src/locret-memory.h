@@ -19,7 +19,9 @@
 // the window layers see the true distances.
 #pragma once
 
+#include "llama-locret-debug.h"
 #include "locret-compact.h"
+#include "locret-plan.h"
 #include "locret-policy.h"
 #include "locret-settings.h"
 
@@ -45,23 +47,7 @@ enum locret_fault {
     LOCRET_FAULT_STATE_READ     = 4, // the next state load fails after the KV cells were restored
 };
 
-// one sequence's part of a ubatch: the eviction due before it and the cells it goes to (decided when the batch is split)
-struct locret_step {
-    uint32_t  strm          = 0;    // the sequence's KV stream (== its seq_id)
-    uint32_t  n_keep        = 0;    // units per (layer, KV head) after the eviction before this part (== n_used: none)
-    uint32_t  n_stab        = 0;    // of which the last n_stab are kept as stabilizers
-    uint32_t  first_cell    = 0;    // the part goes to cells [first_cell, first_cell + n_tokens)
-    uint32_t  n_tokens      = 0;
-    llama_pos first_logical = 0;    // the client's position of its first token
-    bool      output        = false; // the part asks for an output (a prompt end, or generation)
-};
-
-struct locret_ubatch_plan {
-    std::vector<locret_step> steps;   // one per sequence of the ubatch, in the order of the ubatch's streams
-    std::vector<llama_pos>   logical; // per token: the client's position
-    std::vector<uint32_t>    strm;    // per token: its stream
-    std::vector<uint32_t>    cell;    // per token: its cell (== its physical position)
-};
+// locret_step and locret_ubatch_plan (a ubatch's plan) are in locret-plan.h, with the planning rules
 
 // one sequence's units: the invariant is that every (layer, KV head) holds its units in cells [0, n_used), in their
 // original order, and cell c has physical position c
@@ -290,14 +276,8 @@ private:
     // scored_to; false when the graph could not run
     bool score_from_cache(uint32_t strm);
 
-    // the eviction and placement that put a part of n_tokens after `s`'s current state; returns n_keep
-    uint32_t plan_eviction(uint32_t n_used, bool prev_output, bool sage_fresh, uint32_t n_tokens, bool output,
-                           uint32_t & n_stab) const;
-    // SAGE-KV: the part just placed ends a prompt (its last token asks for an output, and it is more than one token or
-    // follows a part without one)
-    static bool sage_prompt_end(bool prev_output, uint32_t n_tokens, bool output) {
-        return output && (n_tokens > 1 || !prev_output);
-    }
+    // the settings ubatch planning reads (locret-plan.h: the rules, as pure functions)
+    locret_plan_params plan_params() const;
 
     void reset_stream(locret_stream & s);
     void free_cells(uint32_t strm, uint32_t from);  // inner cells [from, n_used) of a stream become free

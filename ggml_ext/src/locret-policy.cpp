@@ -1,88 +1,79 @@
-// The scoring policies: the retaining heads (Locret), the paper's ablations random and streaming, and LagKV.
+// The policy registry: one row per policy, read by name lookup, the tools' help, Python's list and the rules.
 
 #include "locret-policy.h"
+#include "locret-heads.h"
 
-#include <cmath>
+#include "llama-impl.h"
 
-namespace {
+#include <cstring>
+#include <string>
 
-// Locret: the scores are the causal importance scores the graph stored beside the cache; never asked to score
-struct locret_policy_heads : locret_policy {
-    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_HEADS; }
-    bool uses_heads() const override { return true; }
-    void score(const locret_score_args &) const override {}
+// in enum order: row i is policy i
+static const locret_policy_entry LOCRET_POLICY_TABLE[] = {
+    //  id                             name         help                                                          heads  schedule factory
+    { LLAMA_LOCRET_POLICY_HEADS,     "heads",     "the retaining heads' causal importance scores (Locret)",        true,  true,  locret_policy_make_heads     },
+    { LLAMA_LOCRET_POLICY_RANDOM,    "random",    "a fixed pseudo-random score per unit (the paper's ablation)",  false, true,  locret_policy_make_random    },
+    { LLAMA_LOCRET_POLICY_STREAMING, "streaming", "StreamingLLM: the first 4 positions, then the most recent",    false, true,  locret_policy_make_streaming },
+    { LLAMA_LOCRET_POLICY_LAGKV,     "lagkv",     "LagKV: partitions scored against the next one's K/V ranges",   false, false, locret_policy_make_lagkv     },
+    { LLAMA_LOCRET_POLICY_SAGE,      "sage",      "SAGE-KV: the prompt read whole, then one selection by the "
+                                                  "attention of its last token",                                  false, false, locret_policy_make_sage      },
 };
 
-// the paper's random-eviction ablation: a fixed pseudo-random number per (layer, KV head, logical position)
-struct locret_policy_random : locret_policy {
-    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_RANDOM; }
-    void score(const locret_score_args & a) const override {
-        for (uint32_t c = 0; c < a.n; ++c) {
-            a.score[c] = locret_random_score(a.il, a.ih, a.pos[c]);
-        }
-    }
-};
-
-// StreamingLLM: the first logical positions (attention sinks) always win, then recency
-struct locret_policy_streaming : locret_policy {
-    static constexpr int32_t n_sinks = 4;
-
-    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_STREAMING; }
-    void score(const locret_score_args & a) const override {
-        for (uint32_t c = 0; c < a.n; ++c) {
-            // recency counted back from the next position, so that float rounding cannot tie recent units even at
-            // positions past 2^24
-            a.score[c] = a.pos[c] < n_sinks ? INFINITY : -(float) ((int64_t) a.logical_next - a.pos[c]);
-        }
-    }
-};
-
-// LagKV: attention-free scores that an eviction-time graph computes from the cached K and V (locret-lagkv.h) into the
-// memory's score store; never asked to score
-struct locret_policy_lagkv : locret_policy {
-    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_LAGKV; }
-    bool stores_scores() const override { return true; }
-    bool scores_from_cache() const override { return true; }
-    void score(const locret_score_args &) const override {}
-};
-
-// SAGE-KV: scores from the attention of a prompt's last token over the cache, computed by an eviction-time graph
-// (locret-sage.h) into the memory's score store once per prompt; never asked to score
-struct locret_policy_sage : locret_policy {
-    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_SAGE; }
-    bool stores_scores() const override { return true; }
-    bool selects_once() const override { return true; }
-    void score(const locret_score_args &) const override {}
-};
-
-// the SplitMix64 finalizer: a bijection of 64-bit words with full avalanche
-uint64_t locret_mix64(uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
+size_t locret_policy_count() {
+    return sizeof(LOCRET_POLICY_TABLE) / sizeof(LOCRET_POLICY_TABLE[0]);
 }
 
-const uint64_t LOCRET_RANDOM_SEED = 0x4c6f63726574ULL; // "Locret"
+const locret_policy_entry & locret_policy_at(size_t i) {
+    return LOCRET_POLICY_TABLE[i];
+}
 
-} // namespace
-
-// the top 24 bits of a 64-bit hash of (seed, layer, KV head, logical position): uniform in [0, 1), exact in a float,
-// the same on every run and machine
-float locret_random_score(uint32_t il, uint32_t ih, int32_t pos) {
-    const uint64_t key = ((uint64_t) (il & 0xffff) << 48) | ((uint64_t) (ih & 0xffff) << 32) | (uint64_t) (uint32_t) pos;
-    return (float) (locret_mix64(key ^ LOCRET_RANDOM_SEED) >> 40) * (1.0f / 16777216.0f);
+const locret_policy_entry * locret_policy_find(llama_locret_policy id) {
+    const size_t i = (size_t) id;
+    return i < locret_policy_count() && LOCRET_POLICY_TABLE[i].id == id ? &LOCRET_POLICY_TABLE[i] : nullptr;
 }
 
 std::unique_ptr<locret_policy> locret_policy_make(llama_locret_policy id) {
-    switch (id) {
-        case LLAMA_LOCRET_POLICY_HEADS:     return std::make_unique<locret_policy_heads>();
-        case LLAMA_LOCRET_POLICY_RANDOM:    return std::make_unique<locret_policy_random>();
-        case LLAMA_LOCRET_POLICY_STREAMING: return std::make_unique<locret_policy_streaming>();
-        case LLAMA_LOCRET_POLICY_LAGKV:     return std::make_unique<locret_policy_lagkv>();
-        case LLAMA_LOCRET_POLICY_SAGE:      return std::make_unique<locret_policy_sage>();
+    const locret_policy_entry * e = locret_policy_find(id);
+    return e != nullptr ? e->make() : nullptr;
+}
+
+int32_t llama_locret_policy_count(void) {
+    return (int32_t) locret_policy_count();
+}
+
+const char * llama_locret_policy_name(enum llama_locret_policy policy) {
+    const locret_policy_entry * e = locret_policy_find(policy);
+    return e != nullptr ? e->name : nullptr;
+}
+
+const char * llama_locret_policy_help(enum llama_locret_policy policy) {
+    const locret_policy_entry * e = locret_policy_find(policy);
+    return e != nullptr ? e->help : nullptr;
+}
+
+const char * llama_locret_policies_help(void) {
+    static const std::string text = [] {
+        std::string t = "Locret: what scores the units that eviction keeps (needs --locret-budget; default: heads):";
+        for (size_t i = 0; i < locret_policy_count(); ++i) {
+            const locret_policy_entry & e = LOCRET_POLICY_TABLE[i];
+            t += format("\n%s: %s%s", e.name, e.help, e.needs_heads ? "" : " (no heads needed)");
+        }
+        return t;
+    }();
+    return text.c_str();
+}
+
+int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out) {
+    locret_set_error("");
+    std::string valid;
+    for (size_t i = 0; i < locret_policy_count(); ++i) {
+        const locret_policy_entry & e = LOCRET_POLICY_TABLE[i];
+        if (name != nullptr && std::strcmp(name, e.name) == 0) {
+            *out = e.id;
+            return 0;
+        }
+        valid += std::string(valid.empty() ? "" : ", ") + e.name;
     }
-    return nullptr;
+    locret_set_error(format("unknown Locret policy '%s'; valid policies: %s", name ? name : "(null)", valid.c_str()));
+    return -1;
 }

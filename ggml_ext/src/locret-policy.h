@@ -5,6 +5,7 @@
 
 #include "llama-locret.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -40,6 +41,29 @@ struct locret_policy {
     // fill args.score for the units about to be selected from (not asked of a policy that stores its scores)
     virtual void score(const locret_score_args & args) const = 0;
 };
+
+// One row per policy. Adding a policy is one file (its locret_policy and a factory) and one row of the table in
+// locret-policy.cpp (plus its factory's declaration below and its value in the public enum); names, help, Python's list and the rules read the table.
+struct locret_policy_entry {
+    llama_locret_policy id;
+    const char * name;       // --locret-policy NAME
+    const char * help;       // one line: what scores the units (the tools' help, Python's list)
+    bool needs_heads;        // the scores come from retaining heads: a budget without heads is refused
+    bool per_layer_budgets;  // a budget schedule may give each layer its own budget
+    std::unique_ptr<locret_policy> (*make)();
+};
+
+// the factories, one per policy file (locret-policy-NAME.cpp)
+std::unique_ptr<locret_policy> locret_policy_make_heads();
+std::unique_ptr<locret_policy> locret_policy_make_random();
+std::unique_ptr<locret_policy> locret_policy_make_streaming();
+std::unique_ptr<locret_policy> locret_policy_make_lagkv();
+std::unique_ptr<locret_policy> locret_policy_make_sage();
+
+size_t                      locret_policy_count();
+const locret_policy_entry & locret_policy_at(size_t i);
+// the row of a policy, or NULL for a value from outside the enum (C callers, ctypes)
+const locret_policy_entry * locret_policy_find(llama_locret_policy id);
 
 std::unique_ptr<locret_policy> locret_policy_make(llama_locret_policy id);
 

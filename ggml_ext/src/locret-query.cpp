@@ -1,4 +1,5 @@
-// Locret-Q for tools: which leading tokens of a prompt hold its query (the part to pin). The same rule as
+// Locret-Q for tools: the layout of a prompt with its query, and which leading tokens hold the query (the part to
+// pin). The same rule as
 // py/locret/query.py's pinned_count, so that the tools and the Python API pin the same tokens.
 
 #include "llama-locret.h"
@@ -7,7 +8,22 @@
 
 #include "llama-impl.h"
 
+#include <cstring>
 #include <string>
+
+int32_t llama_locret_query_layout(const char * query, const char * text, char * out, int32_t n_out) {
+    // the query without surrounding white space (a query file's last line end would otherwise widen the separator)
+    std::string q = query != nullptr ? query : "";
+    const size_t first = q.find_first_not_of(" \t\r\n");
+    q = first == std::string::npos ? "" : q.substr(first, q.find_last_not_of(" \t\r\n") - first + 1);
+    const std::string placed = q + LLAMA_LOCRET_QUERY_SEPARATOR + (text != nullptr ? text : "");
+    if (out != nullptr && n_out > 0) {
+        const size_t n = std::min(placed.size(), (size_t) n_out - 1);
+        std::memcpy(out, placed.data(), n);
+        out[n] = '\0';
+    }
+    return (int32_t) placed.size();
+}
 
 int32_t llama_locret_query_tokens(const llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
         const char * query, int32_t limit) {

@@ -5,6 +5,7 @@
 #include "locret-heads.h"
 #include "locret-lagkv.h"
 #include "locret-hooks.h"
+#include "locret-policy.h"
 
 #include "llama-cparams.h"
 #include "llama-impl.h"
@@ -19,41 +20,6 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
-
-//
-// policy names
-//
-
-static const llama_locret_policy LOCRET_POLICIES[] = {
-    LLAMA_LOCRET_POLICY_HEADS, LLAMA_LOCRET_POLICY_RANDOM, LLAMA_LOCRET_POLICY_STREAMING, LLAMA_LOCRET_POLICY_LAGKV,
-    LLAMA_LOCRET_POLICY_SAGE,
-};
-
-const char * llama_locret_policy_name(enum llama_locret_policy policy) {
-    switch (policy) {
-        case LLAMA_LOCRET_POLICY_HEADS:     return "heads";
-        case LLAMA_LOCRET_POLICY_RANDOM:    return "random";
-        case LLAMA_LOCRET_POLICY_STREAMING: return "streaming";
-        case LLAMA_LOCRET_POLICY_LAGKV:     return "lagkv";
-        case LLAMA_LOCRET_POLICY_SAGE:      return "sage";
-    }
-    return nullptr; // a value from outside the enum (C callers, ctypes)
-}
-
-int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out) {
-    locret_set_error("");
-    std::string valid;
-    for (llama_locret_policy p : LOCRET_POLICIES) {
-        if (name != nullptr && std::strcmp(name, llama_locret_policy_name(p)) == 0) {
-            *out = p;
-            return 0;
-        }
-        valid += valid.empty() ? "" : ", ";
-        valid += llama_locret_policy_name(p);
-    }
-    locret_set_error(format("unknown Locret policy '%s'; valid policies: %s", name ? name : "(null)", valid.c_str()));
-    return -1;
-}
 
 //
 // settings registered per model, consumed by the contexts created from it
@@ -72,6 +38,8 @@ struct llama_locret_params llama_locret_params_default(void) {
     p.policy      = LLAMA_LOCRET_POLICY_HEADS;
     p.pool        = -1;
     p.lag         = -1;
+    p.budget_schedule = nullptr;
+    p.defaults    = {};
     return p;
 }
 
@@ -83,17 +51,19 @@ int32_t llama_locret_model_configure(struct llama_model * model, const struct ll
         g_config.erase(model);
         return 0;
     }
-    std::string err;
-    if (llama_locret_policy_name(params->policy) == nullptr) {
-        err = format("unknown Locret policy %d", (int) params->policy);
-    } else if (params->heads == nullptr && params->policy == LLAMA_LOCRET_POLICY_HEADS) {
+    std::string err = locret_params_problem(*params);
+    locret_schedule_spec schedule;
+    if (err.empty() && params->heads == nullptr && params->budget > 0 && locret_policy_find(params->policy)->needs_heads) {
         err = "a Locret budget needs retaining heads (--locret-heads, or a model with embedded heads)";
-    } else if (params->heads != nullptr && params->heads->model != model) {
+    } else if (err.empty() && params->heads != nullptr && params->heads->model != model) {
         err = format("retaining heads from '%s' were loaded for another model", params->heads->path.c_str());
-    } else if (params->budget < 0) {
-        err = format("the Locret budget must be at least 1 unit (got %d)", params->budget);
-    } else if (params->budget > 0 && params->stabilizers >= 0 && params->stabilizers >= params->budget) {
-        err = format("the Locret budget (%d) must be larger than the stabilizers (%d)", params->budget, params->stabilizers);
+    }
+    if (err.empty()) {
+        try {
+            schedule = locret_schedule_parse(params->budget_schedule);
+        } catch (const std::exception & e) {
+            err = e.what();
+        }
     }
     if (!err.empty()) {
         locret_set_error(err);
@@ -101,6 +71,10 @@ int32_t llama_locret_model_configure(struct llama_model * model, const struct ll
         return -1;
     }
     g_config[model] = *params;
+    g_config[model].budget_schedule = nullptr; // the caller's string; its parsed form is kept below
+    if (schedule.kind != locret_schedule_spec::UNIFORM) {
+        g_schedule[model] = schedule;
+    }
     return 0;
 }
 
@@ -166,38 +140,44 @@ static std::vector<uint32_t> locret_read_schedule_file(const char * path) {
     return out;
 }
 
+locret_schedule_spec locret_schedule_parse(const char * schedule) {
+    locret_schedule_spec spec;
+    if (schedule == nullptr || schedule[0] == '\0' || std::strcmp(schedule, "uniform") == 0) {
+        spec.kind = locret_schedule_spec::UNIFORM;
+    } else if (std::strcmp(schedule, "pyramid") == 0) {
+        spec.kind = locret_schedule_spec::PYRAMID;
+    } else {
+        spec.kind    = locret_schedule_spec::EXPLICIT;
+        spec.budgets = locret_read_schedule_file(schedule);
+        spec.source  = schedule;
+    }
+    return spec;
+}
+
 int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const char * schedule) {
     locret_set_error("");
     locret_schedule_spec spec;
+    std::string err;
     try {
-        if (schedule == nullptr || schedule[0] == '\0' || std::strcmp(schedule, "uniform") == 0) {
-            spec.kind = locret_schedule_spec::UNIFORM;
-        } else if (std::strcmp(schedule, "pyramid") == 0) {
-            spec.kind = locret_schedule_spec::PYRAMID;
-        } else {
-            spec.kind    = locret_schedule_spec::EXPLICIT;
-            spec.budgets = locret_read_schedule_file(schedule);
-            spec.source  = schedule;
-        }
+        spec = locret_schedule_parse(schedule);
     } catch (const std::exception & e) {
-        locret_set_error(e.what());
-        LLAMA_LOG_ERROR("%s: %s\n", __func__, e.what());
-        return -1;
+        err = e.what();
     }
     std::lock_guard<std::mutex> lock(g_config_mutex);
     auto it = g_config.find(model);
-    if (spec.kind != locret_schedule_spec::UNIFORM && (it == g_config.end() || it->second.budget <= 0)) {
-        locret_set_error("a budget schedule spreads the Locret budget over the layers: set a budget first "
-                "(--locret-budget, llama_locret_model_configure)");
-        LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
-        return -1;
+    if (err.empty() && spec.kind != locret_schedule_spec::UNIFORM) {
+        if (it == g_config.end() || it->second.budget <= 0) {
+            err = "a budget schedule spreads the Locret budget over the layers: set a budget first "
+                  "(--locret-budget, llama_locret_model_configure)";
+        } else {
+            llama_locret_params with = it->second;
+            with.budget_schedule = schedule;
+            err = locret_params_problem(with);
+        }
     }
-    if (spec.kind != locret_schedule_spec::UNIFORM && it->second.policy != LLAMA_LOCRET_POLICY_HEADS &&
-            it->second.policy != LLAMA_LOCRET_POLICY_RANDOM && it->second.policy != LLAMA_LOCRET_POLICY_STREAMING) {
-        // LagKV's partitions and SAGE-KV's one selection are defined on cells every layer shares
-        locret_set_error(format("a budget schedule works with the heads, random and streaming policies, not %s",
-                llama_locret_policy_name(it->second.policy)));
-        LLAMA_LOG_ERROR("%s: %s\n", __func__, llama_locret_last_error());
+    if (!err.empty()) {
+        locret_set_error(err);
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, err.c_str());
         return -1;
     }
     if (spec.kind == locret_schedule_spec::UNIFORM) {
@@ -282,8 +262,83 @@ uint32_t locret_kv_cells(uint32_t budget, uint32_t n_ubatch) {
 }
 
 //
-// resolution for a context
+// the rules
 //
+
+std::string locret_params_problem(const llama_locret_params & p) {
+    const locret_policy_entry * policy = locret_policy_find(p.policy);
+    if (policy == nullptr) {
+        return format("unknown Locret policy %d", (int) p.policy);
+    }
+    if (p.budget < 0) {
+        return format("the Locret budget must be at least 1 unit (got %d)", p.budget);
+    }
+    if (p.budget > 0 && p.stabilizers >= 0 && p.stabilizers >= p.budget) {
+        return format("the Locret budget (%d) must be larger than the stabilizers (%d)", p.budget, p.stabilizers);
+    }
+    // pooling averages the heads' scores over a window centred on each token: an even window has no centre
+    if (p.pool < -1) {
+        return format("the score pooling window must be a number of tokens (got %d)", p.pool);
+    }
+    if (p.pool > 1 && p.pool % 2 == 0) {
+        return format("the score pooling window must be odd, a window centred on each token (got %d)", p.pool);
+    }
+    if (p.pool > 1 && !policy->needs_heads) {
+        return format("score pooling averages the retaining heads' scores; policy %s has none", policy->name);
+    }
+    if (p.lag < -1 || p.lag == 1) {
+        return format("the LagKV partition (--locret-lag) must be at least 2 units (got %d)", p.lag);
+    }
+    if (p.lag > 0 && p.policy != LLAMA_LOCRET_POLICY_LAGKV) {
+        return format("--locret-lag sets LagKV's partition; policy %s has none (use --locret-policy lagkv)", policy->name);
+    }
+    if (p.policy == LLAMA_LOCRET_POLICY_SAGE && (p.stabilizers >= 0 || p.local >= 0)) {
+        return format("SAGE-KV keeps its own recent window (b/%d units); --locret-stabilizers and --locret-local do not "
+                "apply to it", LLAMA_LOCRET_SAGE_RECENT_DIV);
+    }
+    const bool scheduled = p.budget_schedule != nullptr && p.budget_schedule[0] != '\0' &&
+            std::strcmp(p.budget_schedule, "uniform") != 0;
+    if (scheduled && !policy->per_layer_budgets) {
+        // LagKV's partitions and SAGE-KV's one selection are defined on cells every layer shares
+        std::vector<std::string> names;
+        for (size_t i = 0; i < locret_policy_count(); ++i) {
+            if (locret_policy_at(i).per_layer_budgets) {
+                names.push_back(locret_policy_at(i).name);
+            }
+        }
+        std::string list;
+        for (size_t i = 0; i < names.size(); ++i) {
+            list += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+        }
+        return format("a budget schedule works with the %s policies, not %s", list.c_str(), policy->name);
+    }
+    return "";
+}
+
+llama_cparams locret_cparams_like_context(const llama_model & model, const llama_context_params & params,
+        uint32_t * n_ubatch_requested) {
+    // what llama_context's constructor derives from its parameters, for the fields the rules read (llama-context.cpp)
+    const auto & hp = model.hparams;
+    llama_cparams c = {};
+    c.n_seq_max   = std::max(1u, params.n_seq_max);
+    c.kv_unified  = params.kv_unified;
+    c.n_ctx       = GGML_PAD(params.n_ctx == 0 ? hp.n_ctx_train : params.n_ctx, 256);
+    c.n_ctx_seq   = c.kv_unified ? c.n_ctx : GGML_PAD(c.n_ctx / c.n_seq_max, 256);
+    c.causal_attn = params.attention_type == LLAMA_ATTENTION_TYPE_UNSPECIFIED ? hp.causal_attn
+                                                                               : params.attention_type == LLAMA_ATTENTION_TYPE_CAUSAL;
+    c.n_batch     = c.causal_attn ? std::min(c.n_ctx, params.n_batch) : params.n_batch;
+    c.n_ubatch    = std::min(c.n_batch, params.n_ubatch == 0 ? params.n_batch : params.n_ubatch);
+    c.embeddings  = params.embeddings;
+    c.pooling_type = params.pooling_type == LLAMA_POOLING_TYPE_UNSPECIFIED ?
+            (hp.pooling_type == LLAMA_POOLING_TYPE_UNSPECIFIED ? LLAMA_POOLING_TYPE_NONE : hp.pooling_type) : params.pooling_type;
+    const llama_rope_scaling_type scaling = params.rope_scaling_type == LLAMA_ROPE_SCALING_TYPE_UNSPECIFIED ?
+            hp.rope_scaling_type_train : params.rope_scaling_type;
+    c.yarn_ext_factor  = params.yarn_ext_factor >= 0.0f ? params.yarn_ext_factor
+                                                        : (scaling == LLAMA_ROPE_SCALING_TYPE_YARN ? 1.0f : 0.0f);
+    c.yarn_attn_factor = params.yarn_attn_factor >= 0.0f ? params.yarn_attn_factor : hp.yarn_attn_factor;
+    *n_ubatch_requested = params.n_ubatch;
+    return c;
+}
 
 // an explicit setting (>= 0) must fit in one ubatch; a default (-1) is `recommended` (else `paper`) fitted to `cap`.
 // Sets err (if still empty) when the explicit value does not fit.
@@ -298,11 +353,20 @@ static uint32_t locret_setting(int32_t requested, uint32_t recommended, uint32_t
     return (uint32_t) requested;
 }
 
-locret_config locret_settings_resolve(const llama_model & model, const llama_locret_params & p,
+locret_config locret_config_make(const llama_model & model, const llama_locret_params & p, const locret_schedule_spec & schedule,
         const llama_cparams & cparams, uint32_t n_ubatch_requested, ggml_type type_k) {
     const auto & hp = model.hparams;
     auto fail = [](const std::string & msg) { throw std::runtime_error(msg); };
 
+    {
+        const std::string problem = locret_params_problem(p);
+        if (!problem.empty()) {
+            fail(problem);
+        }
+    }
+    if (p.budget <= 0) {
+        fail("the Locret budget must be at least 1 unit (got 0)");
+    }
     if (hp.rope_type == LLAMA_ROPE_TYPE_MROPE || hp.rope_type == LLAMA_ROPE_TYPE_IMROPE || hp.rope_type == LLAMA_ROPE_TYPE_VISION) {
         fail("multi-dimensional RoPE (M-RoPE) models are not supported by Locret eviction");
     }
@@ -322,8 +386,8 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     }
     if (type_k == GGML_TYPE_Q4_0 || type_k == GGML_TYPE_Q4_1 || type_k == GGML_TYPE_IQ4_NL) {
         // every compaction re-rotates and quantizes again the keys that move, and a key kept long moves at nearly
-        // every eviction: at 4 bits the error compounds until retrieval fails (README, "Eviction"); V is moved
-        // without rounding and may stay 4-bit
+        // every eviction: at 4 bits the error compounds until retrieval fails (docs/memory.md); V is moved without
+        // rounding and may stay 4-bit
         fail(format("a %s K cache loses what it holds under repeated eviction (each move re-quantizes the key); "
                 "use -ctk q8_0 (or f16) with a Locret budget; the V cache may stay %s", ggml_type_name(type_k),
                 ggml_type_name(type_k)));
@@ -349,7 +413,7 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
 
     const uint32_t budget   = (uint32_t) p.budget;
     const uint32_t n_ubatch = cparams.n_ubatch;
-    const llama_locret_settings rec = llama_locret_heads_recommended(p.heads);
+    const llama_locret_settings rec = p.heads != nullptr ? llama_locret_heads_recommended(p.heads) : p.defaults;
 
     // defaults: the file's recommendation, else the paper's n_s = 2500 and n_loc = 100; n_s also to half the budget
     std::string err;
@@ -362,32 +426,14 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     if (n_s >= budget) {
         fail(format("the budget (%u) must be larger than the stabilizers (%u)", budget, n_s));
     }
-    // pooling averages the heads' scores over a window centred on each token: an even window has no centre
     const uint32_t pool = p.pool <= 1 ? 0 : (uint32_t) p.pool;
-    if (p.pool < -1) {
-        fail(format("the score pooling window must be a number of tokens (got %d)", p.pool));
-    }
-    if (pool > 0 && pool % 2 == 0) {
-        fail(format("the score pooling window must be odd, a window centred on each token (got %u)", pool));
-    }
     if (pool > n_ubatch) {
         fail(format("the score pooling window (%u) must fit in one ubatch (-ub %u)", pool, n_ubatch));
-    }
-    if (pool > 0 && p.policy != LLAMA_LOCRET_POLICY_HEADS) {
-        fail(format("score pooling averages the retaining heads' scores; policy %s has none",
-                llama_locret_policy_name(p.policy)));
     }
 
     // LagKV scores a partition of `lag` units against the next one: the budget must keep the sinks, the partitions not
     // yet scored (fewer than two) and the stabilizers whatever the scores say
     uint32_t lag = 0;
-    if (p.lag < -1 || p.lag == 1) {
-        fail(format("the LagKV partition (--locret-lag) must be at least 2 units (got %d)", p.lag));
-    }
-    if (p.lag > 0 && p.policy != LLAMA_LOCRET_POLICY_LAGKV) {
-        fail(format("--locret-lag sets LagKV's partition; policy %s has none (use --locret-policy lagkv)",
-                llama_locret_policy_name(p.policy)));
-    }
     if (p.policy == LLAMA_LOCRET_POLICY_LAGKV) {
         lag = p.lag > 0 ? (uint32_t) p.lag : LLAMA_LOCRET_LAGKV_LAG;
         const uint64_t kept = locret_lagkv_unscored(lag) + n_s;
@@ -403,10 +449,6 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     // to protect during a prefill that never evicts
     const bool sage = p.policy == LLAMA_LOCRET_POLICY_SAGE;
     if (sage) {
-        if (p.stabilizers >= 0 || p.local >= 0) {
-            fail(format("SAGE-KV keeps its own recent window (b/%d units); --locret-stabilizers and --locret-local do not "
-                    "apply to it", LLAMA_LOCRET_SAGE_RECENT_DIV));
-        }
         if (budget < 8) {
             fail(format("with SAGE-KV the budget (%u) must be at least 8 units: b/4 sinks, b/4 recent units and the "
                     "units chosen by attention", budget));
@@ -429,5 +471,77 @@ locret_config locret_settings_resolve(const llama_model & model, const llama_loc
     cfg.n_ubatch    = n_ubatch;
     cfg.capacity    = sage ? cparams.n_ctx_seq : budget + n_ubatch;
     cfg.n_cells     = GGML_PAD(cfg.capacity, 256);
+
+    if (schedule.kind != locret_schedule_spec::UNIFORM) {
+        // the layers the model's own cache holds and the memory evicts: those with a KV cache, without the window
+        // layers of an iSWA model (the memory's constructor checks the count); the cache is sized for the largest
+        // layer budget, and evictions run when that would overflow
+        uint32_t n_evicting = 0;
+        for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+            n_evicting += hp.has_kv(il) && (hp.swa_type == LLAMA_SWA_TYPE_NONE || !hp.is_swa(il));
+        }
+        cfg.layer_budget = locret_schedule_resolve(schedule, n_evicting, cfg.budget, cfg.stabilizers);
+        if (!cfg.layer_budget.empty()) {
+            cfg.budget = *std::max_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
+        }
+        cfg.capacity = cfg.budget + cfg.n_ubatch;
+        cfg.n_cells  = locret_kv_cells(cfg.budget, cfg.n_ubatch);
+    }
     return cfg;
+}
+
+//
+// the rule book's C API
+//
+
+int32_t llama_locret_check_params(const llama_model * model, const llama_locret_params * params,
+        const llama_context_params * cparams) {
+    locret_set_error("");
+    if (model == nullptr || params == nullptr || cparams == nullptr) {
+        locret_set_error("llama_locret_check_params: model, params and cparams must not be NULL");
+        return -1;
+    }
+    try {
+        if (params->budget == 0) {
+            const std::string problem = locret_params_problem(*params);
+            if (!problem.empty()) {
+                throw std::runtime_error(problem);
+            }
+            return 0;
+        }
+        uint32_t n_ubatch_requested = 0;
+        const llama_cparams c = locret_cparams_like_context(*model, *cparams, &n_ubatch_requested);
+        locret_config_make(*model, *params, locret_schedule_parse(params->budget_schedule), c, n_ubatch_requested,
+                cparams->type_k);
+    } catch (const std::exception & e) {
+        locret_set_error(e.what());
+        return -1;
+    }
+    return 0;
+}
+
+int64_t llama_locret_kv_cells(const llama_model * model, const llama_locret_params * params, uint32_t n_ctx_seq,
+        uint32_t n_ubatch) {
+    locret_set_error("");
+    if (model == nullptr || params == nullptr) {
+        locret_set_error("llama_locret_kv_cells: model and params must not be NULL");
+        return -1;
+    }
+    llama_context_params cp = llama_context_default_params();
+    cp.n_ctx     = n_ctx_seq;
+    cp.n_batch   = n_ubatch;
+    cp.n_ubatch  = n_ubatch;
+    cp.n_seq_max = 1;
+    if (llama_locret_check_params(model, params, &cp) != 0) {
+        return -1;
+    }
+    try {
+        uint32_t n_ubatch_requested = 0;
+        const llama_cparams c = locret_cparams_like_context(*model, cp, &n_ubatch_requested);
+        return locret_config_make(*model, *params, locret_schedule_parse(params->budget_schedule), c, n_ubatch_requested,
+                GGML_TYPE_F16).n_cells;
+    } catch (const std::exception & e) {
+        locret_set_error(e.what());
+        return -1;
+    }
 }

@@ -58,11 +58,24 @@ std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec,
 // the settings registered for `model`; false when there are none
 bool locret_settings_find(const llama_model & model, llama_locret_params & out);
 
-// The settings for a context that evicts (p.budget > 0), checked against the model, the context parameters and the
-// K cache type. n_ubatch_requested is the ubatch the caller asked for, before llama.cpp clamped it to n_ctx. Throws
-// std::runtime_error (message without prefix) for settings that cannot work.
-locret_config locret_settings_resolve(const llama_model & model, const llama_locret_params & p,
-                                      const llama_cparams & cparams, uint32_t n_ubatch_requested, ggml_type type_k);
+// the rules that need neither a model nor a context: "" when `p` passes them, else the refusal (message without
+// prefix). llama_locret_model_configure, llama_locret_check_params and every context creation call it.
+std::string locret_params_problem(const llama_locret_params & p);
+
+// a budget schedule by name or file (NULL, "" or "uniform": UNIFORM); throws std::runtime_error for a file that cannot
+// be read or parsed
+locret_schedule_spec locret_schedule_parse(const char * schedule);
+
+// The settings of a context that evicts, checked against the model, the context parameters and the K cache type: every
+// refusal, the defaults, the schedule's per-layer budgets and the cells the cache holds, written once. n_ubatch_requested
+// is the ubatch the caller asked for, before llama.cpp clamped it to n_ctx. Throws std::runtime_error (message without
+// prefix) for settings that cannot work.
+locret_config locret_config_make(const llama_model & model, const llama_locret_params & p, const locret_schedule_spec & schedule,
+                                 const llama_cparams & cparams, uint32_t n_ubatch_requested, ggml_type type_k);
+
+// the fields of llama_cparams the rules read, derived from a context's parameters as llama_context's constructor does
+llama_cparams locret_cparams_like_context(const llama_model & model, const llama_context_params & params,
+                                          uint32_t * n_ubatch_requested);
 
 // KV cells per sequence for a budget and a ubatch: b + B padded to 256
 uint32_t locret_kv_cells(uint32_t budget, uint32_t n_ubatch);

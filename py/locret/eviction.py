@@ -10,14 +10,21 @@ import numpy as np
 from .heads import Heads, HeadsError, _lib, _last_error
 
 
-# enum llama_locret_policy, in value order
-POLICIES = ("heads", "random", "streaming", "lagkv", "sage")
+class _Settings(ctypes.Structure):
+    _fields_ = [("budget", ctypes.c_uint32), ("chunk", ctypes.c_uint32), ("stabilizers", ctypes.c_uint32),
+                ("local", ctypes.c_uint32)]
+
+
+class _Resolved(ctypes.Structure):
+    _fields_ = [("n_cells", ctypes.c_uint32), ("n_seq", ctypes.c_uint32), ("budget_max", ctypes.c_uint32),
+                ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32), ("n_ubatch", ctypes.c_uint32)]
 
 
 class _Params(ctypes.Structure):
     _fields_ = [("heads", ctypes.c_void_p), ("budget", ctypes.c_int32),
                 ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32),
-                ("policy", ctypes.c_int), ("pool", ctypes.c_int32), ("lag", ctypes.c_int32)]
+                ("policy", ctypes.c_int), ("pool", ctypes.c_int32), ("lag", ctypes.c_int32),
+                ("budget_schedule", ctypes.c_char_p), ("defaults", _Settings)]
 
 
 class _Stats(ctypes.Structure):
@@ -38,6 +45,16 @@ _SIGNATURES = {
                                         ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
     "llama_locret_policy_from_name": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int32),
     "llama_locret_policy_name": ([ctypes.c_int], ctypes.c_char_p),
+    "llama_locret_policy_count": ([], ctypes.c_int32),
+    "llama_locret_policy_help": ([ctypes.c_int], ctypes.c_char_p),
+    "llama_locret_resolve_file": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
+                                   ctypes.POINTER(_Resolved)], ctypes.c_int32),
+    "llama_locret_check_params": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_void_p], ctypes.c_int32),
+    "llama_locret_kv_cells": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_uint32, ctypes.c_uint32],
+                              ctypes.c_int64),
+    "llama_locret_file_recommended": ([ctypes.c_char_p, ctypes.POINTER(_Settings)], ctypes.c_int32),
+    "llama_locret_query_layout": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_is_evicting": ([ctypes.c_void_p], ctypes.c_bool),
     "llama_locret_model_configure": ([ctypes.c_void_p, ctypes.POINTER(_Params)], ctypes.c_int32),
     "llama_locret_get_stats": ([ctypes.c_void_p], _Stats),
     "llama_locret_retained": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32,
@@ -57,7 +74,6 @@ _SIGNATURES = {
     "llama_locret_pin_query": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_query_tokens": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_char_p,
                                    ctypes.c_int32], ctypes.c_int32),
-    "llama_locret_kv_cells_per_seq": ([ctypes.c_int32, ctypes.c_int32], ctypes.c_uint32),
     "llama_locret_model_set_budget_schedule": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int32),
     "llama_locret_layer_budget": ([ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_fill_masked": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_float],
@@ -85,6 +101,61 @@ def _api() -> ctypes.CDLL:
     return lib
 
 
+def policies() -> tuple[str, ...]:
+    """The eviction policies, in `enum llama_locret_policy` order, from the library's registry."""
+    api = _api()
+    return tuple(api.llama_locret_policy_name(i).decode() for i in range(api.llama_locret_policy_count()))
+
+
+def policy_help(name: str) -> str:
+    """One line saying what scores the units under a policy (the tools' --locret-policy help)."""
+    return _api().llama_locret_policy_help(policy_value(name)).decode()
+
+
+def __getattr__(name: str):
+    # POLICIES reads the registry when first asked for, so that importing this module loads no library
+    if name == "POLICIES":
+        return policies()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None, budget: int,
+                 stabilizers: int | None = None, local: int | None = None, policy: str = "heads",
+                 pool: int | None = None, lag: int | None = None, budget_schedule: str | os.PathLike | None = None,
+                 n_ctx: int, n_ubatch: int, n_batch: int | None = None, n_seq: int = 1,
+                 kv_type: str = "f16") -> dict:
+    """What a context evicting with these settings resolves to, decided by the library's rule book
+    (llama_locret_resolve_file: the function context creation uses) from the model file's hyperparameters and the
+    heads' recommended settings (`heads`, else those embedded in the model): n_cells (per sequence), n_seq,
+    budget_max (the largest layer budget), stabilizers, local, n_ubatch. Settings the rule book refuses raise
+    HeadsError with the same message context creation would give."""
+    import llama_cpp
+    from gguf import GGMLQuantizationType
+
+    try:
+        type_k = int(GGMLQuantizationType[kv_type.upper()])
+    except KeyError:
+        raise HeadsError(f"unknown KV cache type '{kv_type}'") from None
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx, cp.n_ubatch, cp.n_seq_max, cp.type_k = n_ctx, n_ubatch, n_seq, type_k
+    cp.n_batch = max(n_ubatch, n_seq) if n_batch is None else n_batch
+    p = _Params(heads=None, budget=budget, stabilizers=_arg(stabilizers), local=_arg(local),
+                policy=policy_value(policy), pool=_arg(pool), lag=_arg(lag),
+                budget_schedule=None if budget_schedule is None else os.fsencode(budget_schedule))
+    out = _Resolved()
+    if _api().llama_locret_resolve_file(os.fsencode(model_path), os.fsencode(heads) if heads is not None else b"",
+                                        ctypes.byref(p), ctypes.byref(cp), ctypes.byref(out)) != 0:
+        raise HeadsError(_last_error())
+    return {name: int(getattr(out, name)) for name, _ in _Resolved._fields_}
+
+
+def planned_kv_cells(model_path: str | os.PathLike, **settings) -> int:
+    """The KV cells, over all sequences, that a context evicting with these settings allocates (`resolve_file`'s
+    settings; what -fit plans memory with)."""
+    r = resolve_file(model_path, **settings)
+    return r["n_cells"] * r["n_seq"]
+
+
 def _arg(value: int | None) -> int:
     return -1 if value is None else int(value)
 
@@ -94,7 +165,7 @@ def policy_value(name: str) -> int:
     value = ctypes.c_int(0)
     if not isinstance(name, str) or _api().llama_locret_policy_from_name(name.encode(), ctypes.byref(value)) != 0:
         raise HeadsError(_last_error() if isinstance(name, str) else
-                         f"the Locret policy must be a name, one of {', '.join(POLICIES)} (got {name!r})")
+                         f"the Locret policy must be a name, one of {', '.join(policies())} (got {name!r})")
     return value.value
 
 
@@ -242,11 +313,6 @@ def window(ctx: int, seq_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
         _api().llama_locret_debug_window(ctx, seq_id, pos.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
                                          tok.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n)
     return pos, tok
-
-
-def kv_cells_per_seq(budget: int, n_ubatch: int) -> int:
-    """KV cells a sequence holds with this budget and ubatch: b + n_ubatch padded to 256."""
-    return int(_api().llama_locret_kv_cells_per_seq(budget, n_ubatch))
 
 
 def compute_buffers(ctx: int) -> tuple[int, int]:

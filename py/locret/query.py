@@ -3,8 +3,8 @@ user turn, then a blank line, then the user's own text (which may end with the s
 
 Every eviction then sees the query: its tokens are pinned (never evicted, counted in the budget),
 and the heads trained on this layout score the rest of the context against it (paper sec. 5.4).
-Training and inference must build the same text, so both call `place_query` (the tools follow the
-same layout: LLAMA_LOCRET_QUERY_SEPARATOR in llama-locret.h). Which tokens to pin is found by
+Training and inference must build the same text, so both call `place_query`, which asks the C
+library's llama_locret_query_layout, the one function the llama.cpp tools call too. Which tokens to pin is found by
 `locret.eviction.query_tokens`, the C library's rule that the tools use too.
 """
 from __future__ import annotations
@@ -14,8 +14,14 @@ SEPARATOR = "\n\n"
 
 def place_query(query: str, content: str) -> str:
     """The user turn's text with `query` in front."""
-    query = query.strip()
-    if not query:
+    if not query.strip():
         raise ValueError("the Locret-Q query is empty")
-    return query + SEPARATOR + content
+    import ctypes
+
+    from .eviction import _api
+    q, text = query.encode(), content.encode()
+    n = _api().llama_locret_query_layout(q, text, None, 0)   # the library builds the layout for every tool
+    out = ctypes.create_string_buffer(n + 1)
+    _api().llama_locret_query_layout(q, text, out, n + 1)
+    return out.raw[:n].decode()
 

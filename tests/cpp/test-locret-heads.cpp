@@ -11,6 +11,7 @@
 // - heads loaded for one model cannot be attached to another model's context.
 #include "heads-header.h"
 #include "llama-locret.h"
+#include "llama-locret-debug.h"
 
 #include "ggml.h"
 #include "gguf.h"

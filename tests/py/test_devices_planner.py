@@ -52,10 +52,14 @@ def profile_copy(tmp_path: Path, source: str, name: str, edit=lambda text: text)
 def fake_model(path: Path, *, n_layer=40, n_embd=5120, n_head=40, n_head_kv=8, n_ff=13824, n_vocab=152064,
                heads=True) -> Path:
     """A 12.6B-parameter f16 llama-shaped GGUF whose tensor data is a sparse hole: the header is real, the
-    23 GiB of data take no disk space and are never read (the planner reads headers only)."""
+    23 GiB of data take no disk space and are never read (the planner reads headers, and llama.cpp's metadata load
+    for the rule book reads no tensor data; a placeholder vocabulary of the right size stands for the tokenizer)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("no_vocab")
+    w.add_vocab_size(n_vocab)
+    w.add_layer_norm_rms_eps(1e-5)
     w.add_block_count(n_layer)
     w.add_embedding_length(n_embd)
     w.add_head_count(n_head)
@@ -254,7 +258,7 @@ def test_predicted_kv_and_weight_bytes_match_llama_cpp(model_path, capfd, kv_typ
     model_log = sum(float(x) for x in re.findall(r"model buffer size = +([0-9.]+) MiB", log)) * MIB
     heads_log = float(re.search(r"load_heads: .*, ([0-9.]+) MiB", log).group(1)) * MIB
     assert stats["n_cells"] == 1536
-    for reported in (stats["kv_bytes"], kv_log, p.measured.kv_bytes, p.measured.kv_log_bytes):
+    for reported in (stats["kv_bytes"], kv_log, p.measured.kv_bytes):
         assert abs(kv_pred - reported) <= 0.05 * reported, (kv_pred, reported)
     for reported in (model_size, model_log, p.measured.model_size):
         assert abs(weights_pred - reported) <= 0.05 * reported, (weights_pred, reported)
@@ -299,9 +303,9 @@ def test_a_sage_plan_caches_the_whole_context_and_llama_cpp_agrees(model_path):
                          measure_buffers=False)
     kv = [next(x for x in p.parts if x.what == "KV cache").host_bytes for p in (small, large)]
     assert kv[0] == kv[1] > 0 and small.settings.stabilizers == 64
-    for kw, msg in ((dict(stabilizers=8), "does not apply"), (dict(context="1k", budget=1024, ubatch=256),
-                                                              "must be at least the budget plus the ubatch"),
-                    (dict(budget=4), "at least 8 units"), (dict(policy="sag"), "unknown eviction policy")):
+    for kw, msg in ((dict(stabilizers=8), "do not apply"), (dict(context="1k", budget=1024, ubatch=256),
+                                                              "must be larger than the budget plus the ubatch"),
+                    (dict(budget=4), "at least 8 units"), (dict(policy="sag"), "unknown Locret policy 'sag'")):
         args = dict(policy="sage", budget=1024, ubatch=256, context="8k") | kw
         with pytest.raises(planner.PlanError, match=msg):
             planner.plan("cpu-2core", str(model_path), measure_buffers=False, **args)
@@ -337,9 +341,10 @@ def test_slots_multiply_the_cache_and_llama_cpp_agrees(model_path):
     assert three.measured.kv_bytes == kv[1]            # llama.cpp's own context with n_seq_max 3, non-unified
     assert "-np 3" in " ".join(three.settings.llama_args(HEADS)) and "-c 24576" in " ".join(three.settings.llama_args(HEADS))
     assert "1280 cells = pad(1024 + 128, 256) x 3 slots" in planner.format_plan(three)
-    # Locret's own buffers (its creation log): the score store is a float per cell, KV head and layer of every
-    # stream, and the host keeps the units' positions in the same shape; the eviction graphs and move tables are sized
-    # for the sequences of one compaction, at most planner.COMPACT_MAX_SEQ whatever the slots
+    # Locret's own buffers (the eviction graphs' from the C API, the rest from its creation log): the score store is a
+    # float per cell, KV head and layer of every stream, and the host keeps the units' positions in the same shape; the
+    # eviction graphs and move tables are sized for the sequences of one compaction, at most planner.COMPACT_MAX_SEQ
+    # whatever the slots
     n_max = planner.COMPACT_MAX_SEQ
     at_max, twice = (planner.plan("cpu-2core", str(model_path), heads=str(HEADS), budget=1024, ubatch=128,
                                   context=8192, slots=n) for n in (n_max, 2 * n_max))
@@ -352,7 +357,7 @@ def test_slots_multiply_the_cache_and_llama_cpp_agrees(model_path):
         assert part.host_bytes == p.measured.locret["eviction graphs"] + p.measured.locret["move tables"]
     assert three.measured.locret["move tables"] > 2.5 * one.measured.locret["move tables"] > 0
     assert twice.measured.locret["move tables"] == at_max.measured.locret["move tables"]
-    assert twice.measured.locret["eviction graphs"] == at_max.measured.locret["eviction graphs"]
+    assert twice.measured.locret["eviction graphs"] == at_max.measured.locret["eviction graphs"] > 0
     # every sequence's sampler: arrays over the vocabulary (llama-server's RSS per slot, see planner.SAMPLING_PART)
     for p, n in ((one, 1), (three, 3), (twice, 2 * n_max)):
         sampling = next(x for x in p.parts if x.what == planner.SAMPLING_PART)
@@ -450,10 +455,10 @@ def test_on_a_discrete_gpu_fewer_gpu_layers_are_suggested(tmp_path):
     (["--budget", "1024", "--ubatch", "2048"], "the ubatch (2048) is larger than the budget (1024)"),
     (["--ubatch", "0"], "the ubatch (chunk) must be at least 1"),
     (["--context", "lots"], "context 'lots' is not a number of tokens"),
-    (["--context", "100"], "the ubatch (512) is larger than the context (100)"),
-    (["--stabilizers", "600"], "the stabilizers (600) must be"),
+    (["--context", "100"], "the ubatch (-ub 512) is larger than the context"),
+    (["--stabilizers", "600"], "the stabilizers (600) must fit in one ubatch"),
     (["--kv-type", "q3"], "unknown KV cache type 'q3'"),
-    (["--kv-type", "q4_0"], "refuses a 4-bit K cache"),
+    (["--kv-type", "q4_0"], "K cache loses what it holds under repeated eviction"),
     (["--gpu-layers", "4"], "cpu-2core has no GPU"),
     (["--heads", "MODEL"], "is not a retaining heads file"),
     (["--model", "HEADS"], "is a retaining heads file, not a model"),

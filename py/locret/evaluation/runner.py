@@ -113,21 +113,14 @@ def validate(cfg: EvalConfig) -> None:
         raise EvalError("lengths, budgets, samples, ubatch and threads must be positive")
     if cfg.heatmaps < 0 or (cfg.limit is not None and cfg.limit <= 0):
         raise EvalError("--heatmaps must be at least 0 and --limit positive")
-    for b in cfg.budgets:
-        if cfg.stabilizers is not None and not 0 <= cfg.stabilizers < b:
-            raise EvalError(f"stabilizers ({cfg.stabilizers}) must be at least 0 and below the budget ({b})")
-    if cfg.stabilizers is not None and cfg.stabilizers > cfg.ubatch:
-        raise EvalError(f"stabilizers ({cfg.stabilizers}) must fit in one chunk (ubatch {cfg.ubatch})")
-    if cfg.pool is not None and (cfg.pool < 0 or (cfg.pool > 1 and cfg.pool % 2 == 0) or cfg.pool > cfg.ubatch):
-        raise EvalError(f"the score pooling window ({cfg.pool}) must be odd and at most the ubatch ({cfg.ubatch})")
-    if cfg.lag is not None and (cfg.lag < 2 or "lagkv" not in cfg.methods):
+    # the values themselves (stabilizers, pooling window, partition, local tail) are checked by the library's rule
+    # book when the runs are planned (check_runs); these are the runner's own rules about which options go together
+    if cfg.lag is not None and "lagkv" not in cfg.methods:
         raise EvalError(f"--lag is LagKV's partition (at least 2 units): give the method lagkv (got {cfg.lag})")
     if cfg.pool and not any(m in HEADS_METHODS for m in cfg.methods):
         raise EvalError(f"--pool smooths the retaining heads' scores: give one of {', '.join(HEADS_METHODS)}")
     if "locret-q" in cfg.methods and not cfg.tasks:
         raise EvalError("locret-q places each task's question at the start; benchmark records have none here")
-    if cfg.local is not None and not 0 <= cfg.local <= cfg.ubatch:
-        raise EvalError(f"the local tail ({cfg.local}) must be between 0 and the ubatch ({cfg.ubatch})")
     for d in cfg.datasets:
         if not Path(d).is_file():
             raise EvalError(f"dataset file {d} does not exist")
@@ -203,6 +196,24 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                 run_name = f"{spec.name}/{group}" if cfg.tasks else spec.name
                 runs.append((replace(spec, labels={"method": method, "budget": budget, "run": run_name}), chosen))
     return runs, skipped
+
+
+def check_runs(runs: list[tuple[RunSpec, list[Item]]]) -> None:
+    """Every evicting run's settings, checked by the library's rule book (the function context creation uses), so
+    that a run that would be refused stops the evaluation before any worker starts, with the same message."""
+    from ..eviction import resolve_file
+    from ..heads import HeadsError
+    from .worker import locret_settings
+
+    for spec, _ in runs:
+        if spec.method == "full":
+            continue
+        settings = {k.removeprefix("locret_"): v for k, v in locret_settings(spec).items()}
+        try:
+            resolve_file(spec.model_path, n_ctx=spec.n_ctx, n_ubatch=spec.ubatch, kv_type=spec.kv_type or "f16",
+                         **settings)
+        except HeadsError as e:
+            raise EvalError(f"{spec.labels['run']}: {e}") from None
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -293,6 +304,7 @@ def run(cfg: EvalConfig) -> int:
         vocab.close()
 
     runs, skipped = plan_runs(cfg, items, model_path, facts, heads, random_heads, out)
+    check_runs(runs)
     samples_path, runs_path = out / "samples.jsonl", out / "runs.jsonl"
     done_samples = {(r["run"], r["item"]) for r in _read_jsonl(samples_path)}
     done_runs = {r["run"] for r in _read_jsonl(runs_path)}

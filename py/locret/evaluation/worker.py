@@ -56,14 +56,18 @@ def make_llm(spec: RunSpec):
         kwargs["type_k"] = kwargs["type_v"] = getattr(llama_cpp, f"GGML_TYPE_{spec.kv_type.upper()}")
     if spec.method == "full":
         return Llama(spec.model_path, **kwargs)
-    kwargs.update(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
+    return Llama(spec.model_path, **locret_settings(spec), **kwargs)
+
+
+def locret_settings(spec: RunSpec) -> dict:
+    """The Locret settings (locret.Llama's locret_* arguments) of an evicting method's run."""
+    out = dict(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
     if spec.method in HEADS_METHODS:
-        schedule = "pyramid" if spec.method == "locret-pyramid" else None
-        return Llama(spec.model_path, locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool,
-                     locret_budget_schedule=schedule, **kwargs)
+        return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool,
+                          locret_budget_schedule="pyramid" if spec.method == "locret-pyramid" else None)
     if spec.method == "lagkv":
-        return Llama(spec.model_path, locret_policy="lagkv", locret_lag=spec.lag, **kwargs)
-    return Llama(spec.model_path, locret_policy=spec.method, **kwargs)
+        return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
+    return out | dict(locret_policy=spec.method)
 
 
 def kv_heads(llm) -> tuple[int, int]:

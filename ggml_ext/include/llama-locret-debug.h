@@ -1,0 +1,76 @@
+// Debug and test API of the Locret extension: what tests and inspection tools read out of an evicting context (kept
+// units, cached K/V, scores, captured queries, the window cache, buffer sizes) and fault injection. Users need only
+// llama-locret.h; these calls may change with the memory's internals.
+#pragma once
+
+#include "llama-locret.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Debug: logical positions of the units that layer il, KV head ih holds in sequence 0, in cell order (cell c has
+// physical position c). Copies them into logical_pos when it is not NULL (n_max must be large enough).
+// Returns the number of units, or -1 (see llama_locret_last_error()); -1 too for a window layer of an iSWA model,
+// which is not evicted.
+LLAMA_API int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih,
+                                        int32_t * logical_pos, int32_t n_max);
+
+// The same for sequence seq_id.
+LLAMA_API int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t ih,
+                                            int32_t * logical_pos, int32_t n_max);
+
+// Debug: layer il's K (read_v false) or V cache of sequence 0 for cells [0, n_cells), dequantized to F32 as
+// [n_cells][n_embd_gqa] (keys as stored: after RoPE at their physical positions). Returns n_embd_gqa, or -1.
+LLAMA_API int32_t llama_locret_debug_read_kv(struct llama_context * ctx, int32_t il, bool read_v, float * out, int32_t n_cells);
+
+// The same for sequence seq_id.
+LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, bool read_v,
+                                                 float * out, int32_t n_cells);
+
+// Debug (tests of budget schedules): write k_value into every K element and v_value into every V element of the cells
+// that a budget schedule masks in each layer of sequence seq_id, so that a test can show attention never reads them.
+// F16 or F32 caches only. Returns the cells written summed over layers, or -1.
+LLAMA_API int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id seq_id, float k_value,
+                                                 float v_value);
+
+// Debug: the scores that eviction ranks layer il's units of sequence seq_id by, for cells [0, n_cells), as
+// [n_cells][n_head_kv] (the heads' scores, pooled when the context pools; LagKV's scores, meaningless for the units
+// still waiting for their partition's successor, which the sequence keeps unscored).
+// Returns n_head_kv, or -1 when the context does not evict, evicts by a policy that keeps no scores (random,
+// streaming), or the layer, sequence or cell count is wrong.
+LLAMA_API int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
+                                                 int32_t n_cells);
+
+// Debug: the post-RoPE query of the last token placed for sequence seq_id in layer il, as the SAGE policy holds it
+// (F32, [d_head_k * n_head], query head h at out[h * d_head_k]), and the layer's attention scale in *kq_scale. Returns
+// d_head_k * n_head (copies only when n_max holds it), or -1 when the context does not evict with the SAGE policy, or
+// the sequence or layer is wrong.
+LLAMA_API int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
+                                                int32_t n_max, float * kq_scale);
+
+// Debug: the window cache of an evicting iSWA model (Gemma 3): for each cell of sequence seq_id that holds a token, in
+// cell order, the client's position of that token and the token itself, as the cache records them. Returns the number
+// of such cells (copies at most n_max), or -1 when the context does not evict an iSWA model.
+LLAMA_API int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id seq_id, int32_t * logical_pos,
+                                            llama_token * tokens, int32_t n_max);
+
+// Debug: bytes of the compute buffers of the context's scheduler (its graphs) and of an evicting memory's own
+// scheduler (the selection and compaction graphs), summed over backends. Both are sized when the context is made; a
+// size that changes later means a graph outgrew its reservation.
+LLAMA_API void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx_bytes, size_t * evict_bytes);
+
+// Test only: make the next matching operation of an evicting context fail, to check that every failure leaves the
+// context consistent and usable.
+enum llama_locret_fault {
+    LLAMA_LOCRET_FAULT_NONE          = 0,
+    LLAMA_LOCRET_FAULT_EVICT_ALLOC   = 1, // the next compaction graph cannot be allocated
+    LLAMA_LOCRET_FAULT_EVICT_COMPUTE = 2, // the next compaction graph fails to start
+    LLAMA_LOCRET_FAULT_UBATCH        = 3, // the next ubatch fails after it was placed in the cache and computed
+    LLAMA_LOCRET_FAULT_STATE_READ    = 4, // the next state load fails after the KV cells were restored
+};
+LLAMA_API int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_locret_fault fault);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,156 @@
+// Ubatch planning of the Locret memory (see locret-plan.h): pure functions of the streams' state and the batch.
+
+#include "locret-plan.h"
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+
+static std::string plan_format(const char * fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+static locret_plan_error plan_fail(locret_plan_status status, std::string msg) {
+    locret_plan_error e;
+    e.status = status;
+    e.msg    = std::move(msg);
+    return e;
+}
+
+locret_plan_error locret_plan_scan(uint32_t n_tokens, const int32_t * n_seq_id, const llama_seq_id * const * seq_id,
+                                   const int8_t * logits, uint32_t n_streams, locret_batch_seqs & out) {
+    out.count.assign(n_streams, 0);
+    out.ends_with_output.assign(n_streams, false);
+    out.n_seqs   = 0;
+    out.one_each = false;
+    for (uint32_t i = 0; i < n_tokens; ++i) {
+        if (n_seq_id[i] != 1) {
+            return plan_fail(LOCRET_PLAN_MULTI_SEQ, plan_format("a token belongs to %d sequences; an evicting cache keeps "
+                    "each sequence on its own", n_seq_id[i]));
+        }
+        const llama_seq_id s = seq_id[i][0];
+        if (s < 0 || (uint32_t) s >= n_streams) {
+            return plan_fail(LOCRET_PLAN_SEQ_RANGE, plan_format("sequence %d is out of range (%u sequences)", s, n_streams));
+        }
+        out.n_seqs += out.count[s] == 0;
+        out.count[s]++;
+        // the last token of the sequence decides: a batch ends a prompt when that token asks for an output
+        out.ends_with_output[s] = logits != nullptr && logits[i] != 0;
+    }
+    out.one_each = out.n_seqs > 1 && std::all_of(out.count.begin(), out.count.end(), [](uint32_t c) { return c <= 1; });
+    return {};
+}
+
+uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining, bool ends_with_output) {
+    uint32_t take = std::min(n_ubatch, remaining);
+    if (local > 0 && ends_with_output && remaining > local) {
+        // the prompt's local tail goes alone, after the compression of what precedes it
+        take = std::min(take, remaining - local);
+    }
+    return take;
+}
+
+uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool sage_fresh,
+                              uint32_t n_tokens, bool output, uint32_t * n_stab) {
+    *n_stab = 0;
+    if (p.selects_once) {
+        // SAGE-KV: never while a prompt is read; its one selection at the first part after the prompt's end; then the
+        // recent window slides when generation would pass the budget by a ubatch (evict() splits what stays)
+        if (!prev_output) {
+            return n_used;
+        }
+        if (sage_fresh || n_used + n_tokens > p.budget + p.n_ubatch) {
+            return std::min(p.budget, n_used);
+        }
+        return n_used;
+    }
+    if (!prev_output && n_used > p.budget) {
+        // after a prefill chunk; the chunk before the prompt's tail is the final one: no stabilizers
+        *n_stab = output ? 0 : std::min(p.stabilizers, n_used);
+        return p.budget;
+    }
+    if (n_used + n_tokens > p.capacity) {
+        return std::min(p.budget, n_used);
+    }
+    return n_used;
+}
+
+locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_plan_tokens & ub,
+                                     std::vector<locret_plan_stream> & streams, locret_ubatch_plan & plan,
+                                     std::vector<llama_pos> & frame) {
+    if (ub.n_tokens == 0) {
+        return plan_fail(LOCRET_PLAN_EMPTY, "a ubatch without tokens");
+    }
+    plan.steps.clear();
+    plan.logical.assign(ub.pos, ub.pos + ub.n_tokens);
+    plan.strm.resize(ub.n_tokens);
+    plan.cell.resize(ub.n_tokens);
+    frame.resize(ub.n_tokens);
+
+    // the parts of the ubatch: tokens of one sequence are consecutive (split_simple / split_seq: one part;
+    // split_equal: n_seq_tokens per sequence)
+    uint32_t s_min = UINT32_MAX;
+    uint32_t s_max = 0;
+    uint32_t i0    = 0;
+    while (i0 < ub.n_tokens) {
+        const llama_seq_id seq = ub.seq_id[i0][0];
+        if (seq < 0 || (size_t) seq >= streams.size()) {
+            return plan_fail(LOCRET_PLAN_SEQ_RANGE, plan_format("sequence %d is out of range (%u sequences)", seq,
+                    (uint32_t) streams.size()));
+        }
+        const uint32_t s = (uint32_t) seq;
+        uint32_t n = 1;
+        while (i0 + n < ub.n_tokens && ub.seq_id[i0 + n][0] == seq) {
+            ++n;
+        }
+        bool output = false;
+        for (uint32_t i = i0; i < i0 + n; ++i) {
+            output = output || ub.output[i] != 0;
+        }
+        locret_plan_stream & sim = streams[s];
+
+        locret_step st;
+        st.strm          = s;
+        st.n_keep        = locret_plan_eviction(p, sim.n_used, sim.prev_output, sim.sage_fresh, n, output, &st.n_stab);
+        st.first_cell    = st.n_keep;
+        st.n_tokens      = n;
+        st.first_logical = ub.pos[i0];
+        st.output        = output;
+        if (p.selects_once && st.first_cell + n > p.capacity) {
+            return plan_fail(LOCRET_PLAN_SAGE_TOO_LONG, plan_format("SAGE-KV keeps the whole prompt until its end: "
+                    "sequence %u would hold %u units, more than the context per sequence (%u); raise -c or shorten the "
+                    "prompt", s, st.first_cell + n, p.capacity));
+        }
+        if (st.first_cell + n > p.n_cells) {
+            return plan_fail(LOCRET_PLAN_NO_ROOM, plan_format("a part of %u tokens does not fit after %u retained units "
+                    "in %u cells", n, st.first_cell, p.n_cells));
+        }
+        for (uint32_t j = 0; j < n; ++j) {
+            plan.strm[i0 + j] = s;
+            plan.cell[i0 + j] = st.first_cell + j;
+            frame[i0 + j]     = ub.pos[i0 + j] - sim.offset;
+        }
+        if (p.selects_once) {
+            // as placed() and evict() will set it
+            const bool end = locret_plan_sage_prompt_end(sim.prev_output, n, output);
+            sim.sage_fresh = end ? st.first_cell + n > p.budget : sim.sage_fresh && st.n_keep == sim.n_used;
+        }
+        sim.n_used      = st.first_cell + n;
+        sim.prev_output = output;
+        plan.steps.push_back(st);
+
+        s_min = std::min(s_min, s);
+        s_max = std::max(s_max, s);
+        i0 += n;
+    }
+    // llama.cpp's slot_info holds the streams [s0, s1] of a ubatch, one part each
+    if (s_max - s_min + 1 != plan.steps.size()) {
+        return plan_fail(LOCRET_PLAN_NOT_CONSECUTIVE, "a ubatch's sequences are not consecutive streams");
+    }
+    return {};
+}

@@ -1,0 +1,114 @@
+// Ubatch planning of the Locret memory, as pure functions: which sequences evict before a ubatch, how many units they
+// keep, and the cells (physical positions) the ubatch's tokens go to.
+//
+// The memory (locret-memory.cpp, init_batch) scans a batch (locret_plan_scan), splits it into ubatches with llama.cpp's
+// splitter, taking locret_plan_take tokens of a sequence at a time, and plans every ubatch in turn (locret_plan_ubatch)
+// from a copy of its streams' state that each plan advances. Nothing here touches a context, a cache, a backend or a
+// model: the rules can be tested with hand-computed expectations (tests/cpp/test-locret-plan.cpp).
+#pragma once
+
+#include "llama.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+// one sequence's part of a ubatch: the eviction due before it and the cells it goes to (decided when the batch is split)
+struct locret_step {
+    uint32_t  strm          = 0;    // the sequence's KV stream (== its seq_id)
+    uint32_t  n_keep        = 0;    // units per (layer, KV head) after the eviction before this part (== n_used: none)
+    uint32_t  n_stab        = 0;    // of which the last n_stab are kept as stabilizers
+    uint32_t  first_cell    = 0;    // the part goes to cells [first_cell, first_cell + n_tokens)
+    uint32_t  n_tokens      = 0;
+    llama_pos first_logical = 0;    // the client's position of its first token
+    bool      output        = false; // the part asks for an output (a prompt end, or generation)
+};
+
+struct locret_ubatch_plan {
+    std::vector<locret_step> steps;   // one per sequence of the ubatch, in the order of the ubatch's streams
+    std::vector<llama_pos>   logical; // per token: the client's position
+    std::vector<uint32_t>    strm;    // per token: its stream
+    std::vector<uint32_t>    cell;    // per token: its cell (== its physical position)
+};
+
+// the settings planning reads (from locret_config; a budget schedule plans with its largest layer budget)
+struct locret_plan_params {
+    uint32_t budget       = 0;     // b
+    uint32_t stabilizers  = 0;     // n_s (SAGE-KV: its recent window)
+    uint32_t local        = 0;     // n_loc: a prompt end's last n_loc tokens form their own ubatch (0: none)
+    uint32_t n_ubatch     = 0;     // B
+    uint32_t capacity     = 0;     // b + B (SAGE-KV: the context per sequence, which a prompt must fit)
+    uint32_t n_cells      = 0;     // KV cells per sequence
+    bool     selects_once = false; // SAGE-KV: one selection after the prompt's end, then a sliding recent window
+};
+
+// what planning needs of a stream, advanced by each planned part as placed() and evict() will advance the stream
+struct locret_plan_stream {
+    uint32_t  n_used      = 0;     // units held (cells [0, n_used))
+    bool      prev_output = true;  // the last part placed asked for an output
+    llama_pos offset      = 0;     // logical_next - n_used at the batch's start: a token's position in the window
+                                   // cache's frame is its logical one minus this (constant over a batch)
+    bool      sage_fresh  = false; // SAGE-KV: a prompt ended and its one selection has not run yet
+};
+
+// one ubatch as llama.cpp's splitter made it: a sequence's tokens are consecutive
+struct locret_plan_tokens {
+    uint32_t                     n_tokens = 0;
+    const llama_pos            * pos      = nullptr; // [n_tokens] the client's (logical) positions
+    const llama_seq_id * const * seq_id   = nullptr; // [n_tokens] a token's sequence is seq_id[i][0]
+    const int8_t               * output   = nullptr; // [n_tokens] != 0: the token asks for an output
+};
+
+enum locret_plan_status {
+    LOCRET_PLAN_OK = 0,
+    LOCRET_PLAN_MULTI_SEQ,       // a token belongs to several sequences (or none)
+    LOCRET_PLAN_SEQ_RANGE,       // a sequence id outside [0, n_streams)
+    LOCRET_PLAN_EMPTY,           // a ubatch without tokens
+    LOCRET_PLAN_SAGE_TOO_LONG,   // SAGE-KV: a prompt would pass the context per sequence (a user error)
+    LOCRET_PLAN_NO_ROOM,         // a part does not fit after the retained units in the stream's cells
+    LOCRET_PLAN_NOT_CONSECUTIVE, // a ubatch's sequences are not consecutive streams (one slot_info cannot hold them)
+};
+
+struct locret_plan_error {
+    locret_plan_status status = LOCRET_PLAN_OK;
+    std::string        msg;    // why, without a prefix (empty when OK)
+
+    bool ok() const { return status == LOCRET_PLAN_OK; }
+};
+
+// a batch's sequences, from its tokens
+struct locret_batch_seqs {
+    std::vector<uint32_t> count;            // per stream: the batch's tokens of that sequence
+    std::vector<bool>     ends_with_output; // per stream: its last token in the batch asks for an output (a prompt end)
+    uint32_t              n_seqs   = 0;     // sequences with tokens in the batch
+    bool                  one_each = false; // several sequences, one token each (generation): one ubatch for them all
+};
+
+// scans a batch of n_tokens (llama_batch's n_seq_id, seq_id and logits; logits may be NULL: no outputs) for n_streams
+// streams; an error for a token of several sequences or a sequence out of range (out is then incomplete)
+locret_plan_error locret_plan_scan(uint32_t n_tokens, const int32_t * n_seq_id, const llama_seq_id * const * seq_id,
+                                   const int8_t * logits, uint32_t n_streams, locret_batch_seqs & out);
+
+// how many of a sequence's `remaining` tokens its next ubatch takes: at most n_ubatch, and when the batch ends its
+// prompt (ends_with_output), never the last `local` tokens together with others (they form their own ubatch)
+uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining, bool ends_with_output);
+
+// Algorithm 1's rule for a part of n_tokens placed after a stream of n_used units whose last part asked for an output
+// (prev_output): the units kept per (layer, KV head) by the eviction before it (== n_used: none), and in *n_stab how
+// many of them are stabilizers
+uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool sage_fresh,
+                              uint32_t n_tokens, bool output, uint32_t * n_stab);
+
+// SAGE-KV: a part ends a prompt (its last token asks for an output, and it is more than one token or follows a part
+// without one)
+static inline bool locret_plan_sage_prompt_end(bool prev_output, uint32_t n_tokens, bool output) {
+    return output && (n_tokens > 1 || !prev_output);
+}
+
+// Plans one ubatch after `streams` (one per sequence, the state the batch's earlier ubatches leave) and advances the
+// streams it touches. On success fills `plan` (its steps, and per token: logical position, stream, cell) and `frame`
+// (per token: its position in the window cache's frame). On an error `plan`, `frame` and `streams` may be partly
+// written: the caller discards them.
+locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_plan_tokens & ub,
+                                     std::vector<locret_plan_stream> & streams, locret_ubatch_plan & plan,
+                                     std::vector<llama_pos> & frame);

@@ -1,0 +1,18 @@
+// Locret's own policy: the scores are the retaining heads' causal importance scores, which the graph computes with the
+// units (locret-graph.cpp) and stores beside the cache.
+
+#include "locret-policy.h"
+
+namespace {
+
+struct locret_policy_heads : locret_policy {
+    llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_HEADS; }
+    bool uses_heads() const override { return true; }
+    void score(const locret_score_args &) const override {} // never asked: the scores are in the store
+};
+
+} // namespace
+
+std::unique_ptr<locret_policy> locret_policy_make_heads() {
+    return std::make_unique<locret_policy_heads>();
+}

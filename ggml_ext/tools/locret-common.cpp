@@ -1,0 +1,123 @@
+// Locret in llama.cpp's common library: the options (from the one table), the refusals of features an evicting cache
+// cannot serve, -fit's sizing, the configuration before the context, and Locret-Q.
+
+#include "locret-common.h"
+
+#include "arg.h"
+#include "common.h"
+#include "log.h"
+
+#include <algorithm>
+#include <utility>
+
+// common_arg takes plain function pointers: one instantiation per row of the option table
+static constexpr size_t LOCRET_MAX_OPTIONS = 24;
+
+template <size_t I>
+static void locret_set_option(common_params & params, const std::string & value) {
+    locret_option_at(I).set(params.locret, value);
+}
+
+template <size_t... I>
+static std::vector<common_arg> locret_make_args(std::index_sequence<I...>) {
+    using setter = void (*)(common_params &, const std::string &);
+    static const setter setters[] = { locret_set_option<I>... };
+    GGML_ASSERT(locret_option_count() <= sizeof...(I) && "raise LOCRET_MAX_OPTIONS");
+    std::vector<common_arg> args;
+    for (size_t i = 0; i < locret_option_count(); ++i) {
+        const locret_option & o = locret_option_at(i);
+        common_arg arg({ o.name }, o.value_hint, o.help, setters[i]);
+        if (o.env != nullptr) {
+            arg.set_env(o.env);
+        }
+        args.push_back(std::move(arg));
+    }
+    return args;
+}
+
+std::vector<common_arg> locret_common_args() {
+    return locret_make_args(std::make_index_sequence<LOCRET_MAX_OPTIONS>());
+}
+
+static void locret_stop(const std::string & reason) {
+    LOG_ERR("Locret: %s\n", reason.c_str());
+    // the tools exit right after this: make sure the reason reaches the user
+    common_log_flush(common_log_main());
+}
+
+bool locret_common_before_load(const common_params & params, llama_context_params * cparams_fit) {
+    const locret_options & o = params.locret;
+    if (o.budget < 0) {
+        return true;
+    }
+    // these features move or reuse positions of a cache that keeps every token; an evicting cache has compacted
+    // them, so they are refused rather than silently ignored
+    const bool speculative = params.speculative.has_dft() ||
+            std::any_of(params.speculative.types.begin(), params.speculative.types.end(),
+                    [](auto t) { return t != COMMON_SPECULATIVE_TYPE_NONE; });
+    const char * refused = params.ctx_shift         ? "--context-shift" :
+                           params.n_keep != 0       ? "--keep" :
+                           params.n_cache_reuse > 0 ? "--cache-reuse" :
+                           speculative              ? "speculative decoding" : nullptr;
+    if (refused != nullptr) {
+        locret_stop(string_format("%s cannot be used with --locret-budget: the evicting cache compacts positions, so "
+                "there is no context to shift or reuse, and rejected draft tokens cannot always be taken back", refused));
+        return false;
+    }
+    if (cparams_fit == nullptr || o.budget == 0) {
+        return true;
+    }
+    // -fit plans memory for the cells the cache holds (the rule book's count), whatever -c is
+    const llama_locret_params p = o.params();
+    const int64_t n_cells = llama_locret_fit_n_ctx(params.model.path.c_str(), o.heads.c_str(), &p, cparams_fit);
+    if (n_cells < 0) {
+        locret_stop(llama_locret_last_error());
+        return false;
+    }
+    LOG_TRC("Locret: fitting with %u KV cells instead of -c %u\n", (uint32_t) n_cells, cparams_fit->n_ctx);
+    cparams_fit->n_ctx = (uint32_t) n_cells;
+    return true;
+}
+
+void locret_common_after_fit(const common_params & params, uint32_t n_ctx_asked, llama_context_params & cparams) {
+    if (params.locret.budget > 0) {
+        cparams.n_ctx = n_ctx_asked; // the limit on logical positions
+    }
+}
+
+bool locret_common_configure(const common_params & params, llama_model * model, llama_locret_heads ** heads) {
+    const std::string failed = locret_options_configure(params.locret, model, params.model.path, heads);
+    if (!failed.empty()) {
+        locret_stop(failed);
+        return false;
+    }
+    if (*heads != nullptr) {
+        LOG_INF("attached Locret retaining heads (d_R = %d) from '%s'\n", llama_locret_heads_hidden_size(*heads),
+                params.locret.heads.empty() ? params.model.path.c_str() : params.locret.heads.c_str());
+    }
+    return true;
+}
+
+std::string locret_common_place_query(const common_params & params, const std::string & prompt) {
+    return params.locret.query.empty() ? prompt : locret_query_layout(params.locret.query, prompt);
+}
+
+bool locret_common_pin_query(const common_params & params, llama_context * ctx, llama_seq_id seq_id,
+        const std::vector<llama_token> & prompt) {
+    const std::string & query = params.locret.query;
+    if (query.empty()) {
+        return true;
+    }
+    if (!llama_locret_is_evicting(ctx)) {
+        LOG_ERR("--locret-query needs an evicting cache (--locret-budget)\n");
+        return false;
+    }
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+    const int32_t n_pin = llama_locret_query_tokens(vocab, prompt.data(), (int32_t) prompt.size(), query.c_str(),
+            (int32_t) llama_locret_get_stats(ctx).budget);
+    if (n_pin < 0 || llama_locret_pin_query(ctx, seq_id, n_pin) != 0) {
+        LOG_ERR("--locret-query: %s\n", llama_locret_last_error());
+        return false;
+    }
+    return true;
+}

@@ -1,0 +1,38 @@
+// The doors through which llama.cpp's common library (llama-cli, llama-completion, llama-server) reaches Locret: the
+// options, the checks before the memory is planned, the configuration before the context is created, and Locret-Q's
+// pin. The hook patches call these; everything they decide lives here and in libllama's rule book.
+#pragma once
+
+#include "locret-options.h"
+
+#include <vector>
+
+struct common_arg;
+struct common_params;
+struct llama_context;
+struct llama_context_params;
+struct llama_model;
+
+// the --locret-* options, made from the one table (locret-options.cpp), for common_params_parser_init
+std::vector<common_arg> locret_common_args();
+
+// Before anything is loaded: the llama.cpp features an evicting cache cannot serve are refused, and -fit's context
+// becomes the cells the cache will hold (cparams_fit, when fitting). Returns false, with the reason logged, when the
+// tool must stop.
+bool locret_common_before_load(const common_params & params, llama_context_params * cparams_fit);
+
+// After -fit: the logical context stays what the user asked for (-c limits positions, not cells)
+void locret_common_after_fit(const common_params & params, uint32_t n_ctx_asked, llama_context_params & cparams);
+
+// Before the context is created: heads (--locret-heads, else the model's embedded ones) and the settings registered for
+// the model. *heads gets the heads loaded (free them after the context). Returns false, with the reason logged.
+bool locret_common_configure(const common_params & params, llama_model * model, llama_locret_heads ** heads);
+
+// Locret-Q: the prompt with the query in front (unchanged without a query)
+std::string locret_common_place_query(const common_params & params, const std::string & prompt);
+
+// Locret-Q: pin the tokens through the query in sequence seq_id, before anything of the prompt is evicted. Returns
+// false, with the reason logged, when the context does not evict or the query is not at the prompt's start; true
+// without a query.
+bool locret_common_pin_query(const common_params & params, llama_context * ctx, llama_seq_id seq_id,
+                             const std::vector<llama_token> & prompt);

@@ -1,0 +1,145 @@
+// The Locret options of the llama.cpp tools: one table, read by common's parser (locret-common.cpp) and llama-bench's
+// (locret-bench.cpp).
+
+#include "locret-options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+#include <vector>
+
+llama_locret_params locret_options::params() const {
+    llama_locret_params p = llama_locret_params_default();
+    p.budget          = budget < 0 ? 0 : budget;
+    p.stabilizers     = stabilizers;
+    p.local           = local;
+    p.policy          = policy;
+    p.pool            = pool;
+    p.lag             = lag;
+    p.budget_schedule = budget_schedule.empty() ? nullptr : budget_schedule.c_str();
+    return p;
+}
+
+// a whole number, all of `value` (a trailing word or an overflow is an error, not a silent truncation)
+static int32_t locret_parse_int(const char * option, const std::string & value) {
+    char * end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX) {
+        throw std::invalid_argument(std::string(option) + ": '" + value + "' is not a whole number");
+    }
+    return (int32_t) v;
+}
+
+static std::string locret_query_checked(const char * option, const std::string & text) {
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw std::invalid_argument(std::string(option) + ": the query is empty");
+    }
+    return text;
+}
+
+static std::vector<locret_option> locret_make_options() {
+    return {
+        { "--locret-heads", "FNAME", "LLAMA_ARG_LOCRET_HEADS",
+          "Locret retaining heads (GGUF made by convert/heads_to_gguf.py) that score every KV unit;\n"
+          "default: the heads embedded in the model file, if any",
+          [](locret_options & o, const std::string & v) { o.heads = v; } },
+        { "--locret-budget", "N", "LLAMA_ARG_LOCRET_BUDGET",
+          "Locret: evict the KV cache to the N units per layer and KV head that the retaining heads score highest;\n"
+          "KV memory then holds N + ubatch cells whatever -c is, and -c becomes the limit on logical positions\n"
+          "(default: no eviction)",
+          [](locret_options & o, const std::string & v) { o.budget = locret_parse_int("--locret-budget", v); } },
+        { "--locret-stabilizers", "N", "LLAMA_ARG_LOCRET_STABILIZERS",
+          "Locret: last units of each prefill chunk that are always kept (at most -ub, below the budget;\n"
+          "default: the heads file's value, else 2500, fitted to the ubatch and half the budget)",
+          [](locret_options & o, const std::string & v) { o.stabilizers = locret_parse_int("--locret-stabilizers", v); } },
+        { "--locret-local", "N", "LLAMA_ARG_LOCRET_LOCAL",
+          "Locret: last prompt tokens processed after the compression and never evicted with it\n"
+          "(at most -ub; default: the heads file's value, else 100)",
+          [](locret_options & o, const std::string & v) { o.local = locret_parse_int("--locret-local", v); } },
+        { "--locret-policy", "NAME", "LLAMA_ARG_LOCRET_POLICY", llama_locret_policies_help(),
+          [](locret_options & o, const std::string & v) {
+              if (llama_locret_policy_from_name(v.c_str(), &o.policy) != 0) {
+                  throw std::invalid_argument(llama_locret_last_error());
+              }
+          } },
+        { "--locret-pool", "N", "LLAMA_ARG_LOCRET_POOL",
+          "Locret: score each unit by the mean of the heads' scores over the N tokens around it (odd, at most -ub),\n"
+          "so that a sentence or a number tends to be kept whole rather than a few of its tokens; needs\n"
+          "--locret-budget (default: 0, none, the paper's Locret; the main job uses 15 with --locret-query)",
+          [](locret_options & o, const std::string & v) { o.pool = locret_parse_int("--locret-pool", v); } },
+        { "--locret-lag", "N", "LLAMA_ARG_LOCRET_LAG",
+          "Locret: LagKV's partition in units (--locret-policy lagkv; at least 2; the budget must hold 16 sinks,\n"
+          "two partitions and the stabilizers) (default: 128, the paper's)",
+          [](locret_options & o, const std::string & v) { o.lag = locret_parse_int("--locret-lag", v); } },
+        { "--locret-budget-schedule", "uniform|pyramid|FILE", "LLAMA_ARG_LOCRET_BUDGET_SCHEDULE",
+          "Locret: how the budget is spread over the evicting layers: uniform (each keeps --locret-budget), pyramid\n"
+          "(PyramidKV: the first layer about 2b, the last b/20 (at least the stabilizers + 1), linear between) or a\n"
+          "FILE of per-layer budgets (one whole number per evicting layer) summing to the budget times the layers;\n"
+          "the KV cache is sized for the largest layer budget; heads, random and streaming policies (default: uniform)",
+          [](locret_options & o, const std::string & v) { o.budget_schedule = v; } },
+        { "--locret-query", "TEXT", nullptr,
+          "Locret-Q: a question placed at the start of the prompt (of the first user turn with a chat template),\n"
+          "then a blank line; its tokens are never evicted and count in the budget, so every eviction sees it.\n"
+          "Use retaining heads trained for it (heads/*.query.gguf); needs --locret-budget",
+          [](locret_options & o, const std::string & v) { o.query = locret_query_checked("--locret-query", v); } },
+        { "--locret-query-file", "FNAME", nullptr,
+          "Locret-Q: --locret-query read from a file",
+          [](locret_options & o, const std::string & v) {
+              std::ifstream file(v, std::ios::binary);
+              if (!file) {
+                  throw std::invalid_argument("--locret-query-file: cannot read '" + v + "'");
+              }
+              const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+              o.query = locret_query_checked("--locret-query-file", text);
+          } },
+    };
+}
+
+static const std::vector<locret_option> & locret_options_table() {
+    static const std::vector<locret_option> table = locret_make_options();
+    return table;
+}
+
+size_t locret_option_count() {
+    return locret_options_table().size();
+}
+
+const locret_option & locret_option_at(size_t i) {
+    return locret_options_table().at(i);
+}
+
+const locret_option * locret_option_find(const std::string & name) {
+    for (const locret_option & o : locret_options_table()) {
+        if (name == o.name) {
+            return &o;
+        }
+    }
+    return nullptr;
+}
+
+std::string locret_options_configure(const locret_options & o, llama_model * model, const std::string & model_path,
+        llama_locret_heads ** heads) {
+    *heads = nullptr;
+    if (llama_locret_configure_default(model, model_path.c_str(), o.heads.c_str(), o.budget, o.stabilizers, o.local,
+            o.policy, o.pool, o.lag, heads) != 0) {
+        return llama_locret_last_error();
+    }
+    if (!o.budget_schedule.empty() && llama_locret_model_set_budget_schedule(model, o.budget_schedule.c_str()) != 0) {
+        const std::string reason = llama_locret_last_error();
+        llama_locret_model_configure(model, nullptr);
+        llama_locret_heads_free(*heads);
+        *heads = nullptr;
+        return reason;
+    }
+    return "";
+}
+
+std::string locret_query_layout(const std::string & query, const std::string & text) {
+    const int32_t n = llama_locret_query_layout(query.c_str(), text.c_str(), nullptr, 0);
+    std::string out((size_t) n, '\0');
+    llama_locret_query_layout(query.c_str(), text.c_str(), out.data(), n + 1);
+    return out;
+}

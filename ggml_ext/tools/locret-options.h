@@ -1,0 +1,50 @@
+// The Locret options of the llama.cpp tools, written once: common's parser (llama-cli, llama-completion, llama-server)
+// and llama-bench's own parser both read this table, so adding an option is one row here and needs no patch.
+// Compiled into llama-common by tools.cmake (included from common/CMakeLists.txt by a hook patch).
+#pragma once
+
+#include "llama-locret.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+// what the options set; common_params and llama-bench's cmd_params each hold one
+struct locret_options {
+    std::string heads;                          // --locret-heads (empty: the model's embedded heads, if any)
+    int32_t     budget      = -1;               // --locret-budget (-1: not given, no eviction)
+    int32_t     stabilizers = -1;               // -1: the heads file's value, fitted to the ubatch
+    int32_t     local       = -1;               // -1: the heads file's value, fitted to the ubatch
+    llama_locret_policy policy = LLAMA_LOCRET_POLICY_HEADS;
+    int32_t     pool        = -1;               // -1: none
+    int32_t     lag         = -1;               // -1: LagKV's default
+    std::string budget_schedule;                // empty: uniform
+    std::string query;                          // Locret-Q: placed at the prompt's start and pinned
+
+    // the settings as the library takes them (budget_schedule points into this object)
+    llama_locret_params params() const;
+};
+
+struct locret_option {
+    const char * name;       // e.g. "--locret-budget"
+    const char * value_hint; // e.g. "N"
+    const char * env;        // the environment variable common reads it from
+    const char * help;       // may span lines ('\n'); common prints it as is, llama-bench indents it
+    // parses `value` into `o`; throws std::invalid_argument with the reason
+    void (*set)(locret_options & o, const std::string & value);
+};
+
+size_t                locret_option_count();
+const locret_option & locret_option_at(size_t i);
+
+// the option named `name`, or NULL
+const locret_option * locret_option_find(const std::string & name);
+
+// Registers the options' heads and settings for the contexts created next from `model`, as every tool does: heads from
+// --locret-heads, else the ones embedded in model_path (only for a policy that needs them). *heads gets the heads loaded
+// (free them after those contexts). Returns "" or the reason it failed (nothing stays registered then).
+std::string locret_options_configure(const locret_options & o, llama_model * model, const std::string & model_path,
+                                     llama_locret_heads ** heads);
+
+// Locret-Q's layout (llama_locret_query_layout): the query, a blank line, then the text
+std::string locret_query_layout(const std::string & query, const std::string & text);

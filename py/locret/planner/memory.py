@@ -1,0 +1,202 @@
+"""`locret plan`'s memory model: the settings (the profile's defaults and the caller's overrides), the KV cache's
+bytes per layer and the placement of weights, heads and cache between GPU memory and host RAM."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .. import devices
+from ..devices import Device
+from .inputs import _LAYER, ModelFacts, PlanError, _type_sizes, parse_context, parse_gpu_layers, row_size
+
+MIB = 1 << 20
+GIB = 1 << 30
+MAX_SLOTS = 256              # LLAMA_MAX_SEQ: the most sequences (server slots) a llama.cpp context takes
+KV_PAD = 256                 # llama.cpp pads the KV cache to 256 cells; Locret sizes it pad(b + B, 256)
+DEFAULT_CONTEXT = 131072     # logical context when none is given ("128k"); memory does not depend on it
+
+
+# --- settings -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    size_class: str
+    size_class_covers: bool      # False: the model is above every class of the profile
+    context: int
+    budget: int
+    ubatch: int
+    stabilizers: int
+    kv_type: str
+    gpu_layers: int              # -1: all
+    overridden: tuple[str, ...]  # which ones the caller set
+    policy: str = "heads"        # eviction policy; "sage" (SAGE-KV) reads each prompt whole before it evicts
+    schedule: str = "uniform"    # budget schedule: uniform, pyramid, or a file of per-layer budgets
+    largest_budget: int = 0      # the largest layer budget of a schedule (0: uniform, the budget itself)
+    slots: int = 1               # sequences served at once (llama-server -np): one stream of n_cells each
+    n_cells: int = 0             # cells of one sequence's stream, as the library's rule book sizes it
+
+    @property
+    def n_ctx(self) -> int:
+        """llama.cpp's -c: with several slots it is split between them (non-unified KV), so each gets `context`."""
+        return self.context * self.slots
+
+    def llama_args(self, heads: Path | None) -> list[str]:
+        """The same settings as llama.cpp tool flags."""
+        args = [f"--locret-heads {heads}"] if heads is not None and self.policy == "heads" else []
+        args += [f"--locret-budget {self.budget}", f"-ub {self.ubatch}"]
+        if self.policy != "heads":
+            args.append(f"--locret-policy {self.policy}")
+        if max(self.ubatch, self.slots) > 2048:
+            # llama.cpp caps the ubatch at the batch (-b, 2048 by default in the tools) and asserts when the
+            # context has more sequences than the batch has tokens
+            args.append(f"-b {max(self.ubatch, self.slots)}")
+        if self.policy != "sage":   # SAGE-KV's recent window is its own (b/4)
+            args.append(f"--locret-stabilizers {self.stabilizers}")
+        if self.schedule != "uniform":
+            args.append(f"--locret-budget-schedule {self.schedule}")
+        if self.slots > 1:
+            args.append(f"-np {self.slots}")
+        return args + [f"-ctk {self.kv_type}", f"-ctv {self.kv_type}",
+                       f"-ngl {'all' if self.gpu_layers < 0 else self.gpu_layers}", f"-c {self.n_ctx}"]
+
+
+def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=None, ubatch=None,
+                     stabilizers=None, kv_type=None, gpu_layers=None, policy=None, schedule=None,
+                     slots: int = 1) -> Settings:
+    """The profile's defaults for the model's size class, with the given overrides; PlanError for
+    settings that cannot work."""
+    sc, covers = device.size_class_for(facts.n_params)
+    given = dict(context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
+                 gpu_layers=gpu_layers)
+    overridden = tuple(k for k, v in given.items() if v is not None)
+    policy = "heads" if policy is None else str(policy)
+    ctx = parse_context(context) if context is not None else DEFAULT_CONTEXT
+    b = sc.budget if budget is None else int(budget)
+    ub = sc.ubatch if ubatch is None else int(ubatch)
+    if b < 1:
+        raise PlanError(f"the budget must be at least 1 retained unit (got {b})")
+    if ub < 1:
+        raise PlanError(f"the ubatch (chunk) must be at least 1 token (got {ub})")
+    if b + ub > 0x7FFFFFFF:
+        raise PlanError(f"the budget ({b}) plus the ubatch ({ub}) exceeds what llama.cpp can address (2^31 - 1 cells)")
+    if ub > b and policy != "sage":   # SAGE-KV compresses no chunk: it reads the prompt whole
+        raise PlanError(f"the ubatch ({ub}) is larger than the budget ({b}): each chunk is compressed into the "
+                        "budget, so give a budget of at least one ubatch (or a smaller --ubatch)")
+    if policy == "sage":
+        # SAGE-KV's own recent window; one given is passed on for the rule book to refuse
+        n_s = b // 4 if stabilizers is None else int(stabilizers)
+    elif stabilizers is None:
+        # the profile's value, fitted to the chunk and half the budget as llama.cpp fits its defaults
+        n_s = min(sc.stabilizers, ub, b // 2)
+    else:
+        n_s = int(stabilizers)
+    kv = (sc.kv_type if kv_type is None else str(kv_type)).lower()
+    if kv not in devices.KV_TYPES:
+        raise PlanError(f"unknown KV cache type '{kv}': one of {', '.join(devices.KV_TYPES)}")
+    block = _type_sizes()[0][_type_sizes()[1][kv.upper()]][0]
+    bad = [w for w in set(facts.n_embd_k_gqa + facts.n_embd_v_gqa) if w % block]
+    if bad:
+        raise PlanError(f"KV cache type {kv} stores rows in blocks of {block}, but this model's K/V rows are "
+                        f"{sorted(bad)[0]} wide: use f16")
+    ngl = sc.gpu_layers if gpu_layers is None else parse_gpu_layers(gpu_layers)
+    if device.build.backend == "cpu" and ngl != 0:
+        raise PlanError(f"{device.name} has no GPU: GPU layers must be 0")
+    schedule = "uniform" if schedule is None else str(schedule)
+    slots = int(slots)
+    if not 1 <= slots <= MAX_SLOTS:
+        raise PlanError(f"slots must be between 1 and {MAX_SLOTS} (llama.cpp's limit on sequences), got {slots}")
+    if ctx * slots > 0xFFFFFFFF:
+        raise PlanError(f"{slots} slots of {ctx} tokens exceed llama.cpp's context size (2^32 - 1 in all)")
+    settings = Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
+                        stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy,
+                        schedule=schedule, slots=slots)
+    return sized(facts, settings, sage_stabilizers_given=policy == "sage" and stabilizers is not None)
+
+
+def sized(facts: ModelFacts, settings: Settings, *, sage_stabilizers_given: bool = False) -> Settings:
+    """`settings` with the cells (and a schedule's largest layer budget) that the library's rule book gives them;
+    PlanError with the rule book's message for settings a context would refuse. Every refusal and size of an
+    evicting context is written there once (llama_locret_resolve_file): the planner keeps no copy."""
+    from ..eviction import resolve_file
+    from ..heads import HeadsError
+
+    s = settings
+    try:
+        r = resolve_file(facts.path, budget=s.budget, policy=s.policy, n_ctx=s.n_ctx, n_ubatch=s.ubatch,
+                         n_batch=max(s.ubatch, s.slots), n_seq=s.slots, kv_type=s.kv_type,
+                         stabilizers=s.stabilizers if s.policy != "sage" or sage_stabilizers_given else None,
+                         budget_schedule=None if s.schedule == "uniform" else s.schedule)
+    except HeadsError as e:
+        raise PlanError(str(e)) from None
+    return replace(s, n_cells=r["n_cells"], largest_budget=0 if s.schedule == "uniform" else r["budget_max"])
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+def kv_bytes_per_layer(facts: ModelFacts, n_cells: int, kv_type: str, slots: int = 1) -> list[int]:
+    """Per layer, what llama_kv_cache allocates: a K tensor [n_embd_k_gqa, cells, streams] and a V tensor
+    [n_embd_v_gqa, cells, streams] of the cache type, one stream per slot (Locret refuses unified KV with several
+    sequences)."""
+    return [slots * n_cells * (row_size(kv_type, k) + row_size(kv_type, v))
+            for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+
+
+def predict_kv_bytes(facts: ModelFacts, settings: Settings) -> int:
+    return sum(kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type, settings.slots))
+
+
+def _on_gpu(n_layer: int, gpu_layers: int, backend: str) -> tuple[set[int], bool]:
+    """Repeating layers and whether the output layer go to the GPU, as llama.cpp assigns them: with N GPU
+    layers, layers il >= n_layer + 1 - N (the output layer counting as il = n_layer); -1 is all."""
+    if backend == "cpu":
+        return set(), False
+    n = n_layer + 1 if gpu_layers < 0 else min(gpu_layers, n_layer + 1)
+    start = n_layer + 1 - n
+    return {il for il in range(n_layer) if il >= start}, n >= 1
+
+
+@dataclass
+class Part:
+    what: str
+    device_bytes: int   # in GPU memory (discrete devices only)
+    host_bytes: int     # in system RAM (everything, on unified and CPU devices)
+    how: str
+
+
+def place(facts: ModelFacts, heads: tuple[tuple[str, int], ...], settings: Settings, device: Device,
+          kv_per_layer: list[int]) -> list[Part]:
+    """Weights, heads and KV cache split between GPU memory and host RAM."""
+    gpu_layers, output_on_gpu = _on_gpu(facts.n_layer, settings.gpu_layers, device.build.backend)
+
+    def on_gpu(name: str) -> bool:
+        m = _LAYER.match(name)
+        if m:
+            return int(m.group(1)) in gpu_layers
+        return name.startswith("output") and output_on_gpu  # token_embd (input layer) stays on the CPU
+
+    w_dev = sum(b for n, b in facts.tensors if on_gpu(n))
+    w_host = facts.weight_bytes - w_dev
+    how = f"tensor bytes in {facts.path.name}"
+    if facts.tied_output and output_on_gpu:
+        # the output layer reuses token_embd: llama.cpp loads a second copy of it on the output device
+        w_dev += sum(b for n, b in facts.tensors if n == "token_embd.weight")
+        how += " + the tied output matrix's GPU copy"
+    h_dev = sum(b for n, b in heads if on_gpu(n))
+    kv_dev = sum(b for il, b in enumerate(kv_per_layer) if il in gpu_layers)
+    parts = [Part("weights", w_dev, w_host, how),
+             Part("retaining heads", h_dev, sum(b for _, b in heads) - h_dev, "tensor bytes of the heads"),
+             Part("KV cache", kv_dev, sum(kv_per_layer) - kv_dev,
+                  f"{settings.n_cells} cells = pad("
+                  f"{settings.context if settings.policy == 'sage' else f'{max(settings.budget, settings.largest_budget)} + {settings.ubatch}'}, "
+                  f"{KV_PAD}) x "
+                  + (f"{settings.slots} slots x " if settings.slots > 1 else "")
+                  + f"{facts.n_layer} layers x (K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {settings.kv_type}")]
+    if device.memory.kind != "discrete":
+        # one memory: what llama.cpp puts in CUDA buffers is the same RAM
+        for p in parts:
+            p.host_bytes, p.device_bytes = p.host_bytes + p.device_bytes, 0
+    return parts
+
+
+def _fmt(n: int) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.2f} MiB"
