@@ -509,12 +509,7 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         GGML_ASSERT(st.first_cell == s.n_used && "Locret: ubatch placement does not follow the eviction plan");
         s.undo.valid         = true;
         s.undo.first_logical = st.first_logical;
-        s.undo.n_used        = s.n_used;
-        s.undo.uniform_from  = s.uniform_from;
-        s.undo.prev_output   = s.prev_output;
-        s.undo.logical_next  = s.logical_next;
-        s.undo.scored_to     = s.scored_to;
-        s.undo.sage_fresh    = s.sage_fresh;
+        s.undo.before        = s.snapshot();
         const bool prompt_end = locret_plan_sage_prompt_end(s.prev_output, st.n_tokens, st.output);
         s.n_used       = st.first_cell + st.n_tokens;
         s.prev_output  = st.output;
@@ -1204,14 +1199,9 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
             std::fill(s.pos[i].begin() + (size_t) h * cfg.n_cells + first, s.pos[i].begin() + (size_t) h * cfg.n_cells + s.n_used, -1);
         }
     }
-    if (s.undo.valid && s.undo.first_logical == p0 && s.undo.n_used == first) {
+    if (s.undo.valid && s.undo.first_logical == p0 && s.undo.before.n_used == first) {
         // exactly the last part placed (a failed ubatch taken back): the state before it
-        s.n_used       = s.undo.n_used;
-        s.uniform_from = s.undo.uniform_from;
-        s.prev_output  = s.undo.prev_output;
-        s.logical_next = s.undo.logical_next;
-        s.scored_to    = s.undo.scored_to;
-        s.sage_fresh   = s.undo.sage_fresh;
+        s.restore(s.undo.before);
     } else {
         s.n_used       = first;
         s.logical_next = p0;

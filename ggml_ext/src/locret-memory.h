@@ -76,16 +76,30 @@ struct locret_stream {
     // units' scores live beside the cache, on its device (llama_locret_memory::scores)
     std::vector<std::vector<int32_t>> pos;
 
+    // the bookkeeping a placed part changes (the units' positions are restored by freeing its cells)
+    struct marks {
+        uint32_t  n_used;
+        uint32_t  uniform_from;
+        bool      prev_output;
+        llama_pos logical_next;
+        uint32_t  scored_to;
+        bool      sage_fresh;
+    };
+    marks snapshot() const { return { n_used, uniform_from, prev_output, logical_next, scored_to, sage_fresh }; }
+    void restore(const marks & m) {
+        n_used       = m.n_used;
+        uniform_from = m.uniform_from;
+        prev_output  = m.prev_output;
+        logical_next = m.logical_next;
+        scored_to    = m.scored_to;
+        sage_fresh   = m.sage_fresh;
+    }
+
     // the state before the last part placed, so that a failed ubatch is taken back exactly
     struct {
         bool      valid = false;
         llama_pos first_logical = 0;
-        uint32_t  n_used = 0;
-        uint32_t  uniform_from = 0;
-        bool      prev_output = true;
-        llama_pos logical_next = 0;
-        uint32_t  scored_to = 0;
-        bool      sage_fresh = false;
+        marks     before = {};
     } undo;
 };
 
