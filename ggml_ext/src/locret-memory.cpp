@@ -22,6 +22,7 @@
 #include <typeinfo>
 #include <atomic>
 #include <thread>
+#include <utility>
 
 //
 // memory contexts: llama.cpp's own (the graph reads them as such) plus the plan of each ubatch
@@ -38,66 +39,37 @@ struct locret_batch {
     size_t i_plan = 0;
 };
 
-class locret_kv_context : public llama_kv_cache_context, public locret_batch {
+// llama.cpp's memory context of type Base (llama_kv_cache_context, llama_kv_cache_iswa_context: the graph reads it as
+// such) carrying the plan of every ubatch; without plans, a full-cache view (graph reservation) through which the graph
+// still finds the memory (its score store)
+template <typename Base>
+class locret_context : public Base, public locret_batch {
 public:
-    locret_kv_context(llama_locret_memory * mem, llama_kv_cache * kv, slot_info_vec_t sinfos,
-            std::vector<llama_ubatch> ubatches, std::vector<locret_ubatch_plan> plans)
-        : llama_kv_cache_context(kv, std::move(sinfos), std::move(ubatches)) {
+    template <typename... Args>
+    locret_context(llama_locret_memory * mem, std::vector<locret_ubatch_plan> plans, Args &&... args)
+        : Base(std::forward<Args>(args)...) {
         this->mem   = mem;
         this->plans = std::move(plans);
     }
 
     bool next() override {
         ++i_plan;
-        return llama_kv_cache_context::next();
+        return Base::next();
     }
 
     bool apply() override {
-        if (!llama_kv_cache_context::apply()) {
+        if (!Base::apply()) {
             return false;
         }
-        mem->placed(plans[i_plan]);
+        if (i_plan < plans.size()) {
+            mem->placed(plans[i_plan]);
+        }
         return true;
     }
 };
 
-class locret_iswa_context : public llama_kv_cache_iswa_context, public locret_batch {
-public:
-    locret_iswa_context(llama_locret_memory * mem, llama_kv_cache_iswa * kv, slot_info_vec_t sinfos_base,
-            slot_info_vec_t sinfos_swa, std::vector<llama_ubatch> ubatches, std::vector<locret_ubatch_plan> plans)
-        : llama_kv_cache_iswa_context(kv, std::move(sinfos_base), std::move(sinfos_swa), std::move(ubatches)) {
-        this->mem   = mem;
-        this->plans = std::move(plans);
-    }
-
-    bool next() override {
-        ++i_plan;
-        return llama_kv_cache_iswa_context::next();
-    }
-
-    bool apply() override {
-        if (!llama_kv_cache_iswa_context::apply()) {
-            return false;
-        }
-        mem->placed(plans[i_plan]);
-        return true;
-    }
-};
-
-// the contexts of a full-cache view (graph reservation): no plans, but the graph finds the memory (its score store)
-class locret_kv_full_context : public llama_kv_cache_context, public locret_batch {
-public:
-    locret_kv_full_context(llama_locret_memory * mem, llama_kv_cache * kv) : llama_kv_cache_context(kv) {
-        this->mem = mem;
-    }
-};
-
-class locret_iswa_full_context : public llama_kv_cache_iswa_context, public locret_batch {
-public:
-    locret_iswa_full_context(llama_locret_memory * mem, llama_kv_cache_iswa * kv) : llama_kv_cache_iswa_context(kv) {
-        this->mem = mem;
-    }
-};
+using locret_kv_context   = locret_context<llama_kv_cache_context>;
+using locret_iswa_context = locret_context<llama_kv_cache_iswa_context>;
 
 // a copy of `u` whose positions are `pos`: the graph gets physical positions, the client's batch keeps its own
 llama_ubatch locret_ubatch_with_pos(const llama_ubatch & u, const std::vector<llama_pos> & pos) {
@@ -474,7 +446,7 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     }
 
     if (kv_swa == nullptr) {
-        return std::make_unique<locret_kv_context>(this, kv, std::move(sinfos), std::move(physical), std::move(plans));
+        return std::make_unique<locret_kv_context>(this, std::move(plans), kv, std::move(sinfos), std::move(physical));
     }
     // the window cache chooses its own cells, simulated in the frame it has now; the shifts that evictions apply before
     // each ubatch move the cells and the ubatch alike, so the choice stays valid
@@ -483,15 +455,15 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
         LLAMA_LOG_ERROR("%s: Locret: no room in the window cache\n", __func__);
         return std::make_unique<llama_kv_cache_iswa_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE);
     }
-    return std::make_unique<locret_iswa_context>(this, iswa, std::move(sinfos), std::move(sinfos_swa), std::move(physical),
-            std::move(plans));
+    return std::make_unique<locret_iswa_context>(this, std::move(plans), iswa, std::move(sinfos), std::move(sinfos_swa),
+            std::move(physical));
 }
 
 llama_memory_context_ptr llama_locret_memory::init_full() {
     if (iswa != nullptr) {
-        return std::make_unique<locret_iswa_full_context>(this, iswa);
+        return std::make_unique<locret_iswa_context>(this, std::vector<locret_ubatch_plan>(), iswa);
     }
-    return std::make_unique<locret_kv_full_context>(this, kv);
+    return std::make_unique<locret_kv_context>(this, std::vector<locret_ubatch_plan>(), kv);
 }
 
 llama_memory_context_ptr llama_locret_memory::init_update(llama_context * lctx, bool optimize) {
