@@ -60,6 +60,23 @@ LLAMA_API int32_t llama_locret_debug_window(const struct llama_context * ctx, ll
 // size that changes later means a graph outgrew its reservation.
 LLAMA_API void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx_bytes, size_t * evict_bytes);
 
+// Bytes of an evicting context's own buffers, for memory plans (locret plan): the eviction graphs' compute buffers, the
+// compaction's move tables, the score store, and the most sequences one compaction moves. All zero when the context
+// does not evict.
+struct llama_locret_buffers {
+    size_t   evict_compute;
+    size_t   move_tables;
+    size_t   score_store;
+    uint32_t compact_seq;
+};
+LLAMA_API struct llama_locret_buffers llama_locret_debug_buffers(const struct llama_context * ctx);
+
+// The context's compute buffers by buffer type, as llama.cpp's memory breakdown counts them (the expected sizes when the
+// model was loaded with no_alloc): entry i's buffer type name (copied into name, at most name_size bytes with the NUL)
+// and *bytes. Returns the number of entries (0 when there is none and i is 0), or -1 when i is not one of them.
+LLAMA_API int32_t llama_locret_debug_compute_buffer(struct llama_context * ctx, int32_t i, char * name, size_t name_size,
+                                                   size_t * bytes);
+
 // Test only: make the next matching operation of an evicting context fail, to check that every failure leaves the
 // context consistent and usable.
 enum llama_locret_fault {

@@ -10,7 +10,9 @@
 #include "llama-impl.h"
 #include "llama-kv-cache.h"
 
+#include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 static const llama_locret_memory * locret_memory_of_ctx(const llama_context * ctx) {
@@ -286,6 +288,40 @@ void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx
     if (evict_bytes != nullptr) {
         *evict_bytes = mem != nullptr ? mem->evict_buffer_size() : 0;
     }
+}
+
+struct llama_locret_buffers llama_locret_debug_buffers(const struct llama_context * ctx) {
+    llama_locret_buffers b = {};
+    const llama_locret_memory * mem = ctx != nullptr ? locret_memory_of_ctx(ctx) : nullptr;
+    if (mem != nullptr) {
+        b.evict_compute = mem->evict_buffer_size();
+        b.move_tables   = mem->move_tables_size();
+        b.score_store   = mem->score_store_size();
+        b.compact_seq   = mem->compact_seq();
+    }
+    return b;
+}
+
+int32_t llama_locret_debug_compute_buffer(struct llama_context * ctx, int32_t i, char * name, size_t name_size,
+        size_t * bytes) {
+    // llama.cpp's own breakdown: the scheduler's buffers, or their expected sizes when the model was loaded with
+    // no_alloc (a memory plan), the buffer types llama.cpp's creation log lists
+    std::vector<std::pair<const char *, size_t>> compute;
+    for (const auto & [buft, data] : ctx->memory_breakdown()) {
+        if (data.compute > 1) {
+            compute.emplace_back(ggml_backend_buft_name(buft), data.compute);
+        }
+    }
+    if (i < 0 || i >= (int32_t) compute.size()) {
+        return i == 0 && compute.empty() ? 0 : -1;
+    }
+    if (name != nullptr && name_size > 0) {
+        snprintf(name, name_size, "%s", compute[i].first);
+    }
+    if (bytes != nullptr) {
+        *bytes = compute[i].second;
+    }
+    return (int32_t) compute.size();
 }
 
 int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_locret_fault fault) {

@@ -603,8 +603,8 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     }
     LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB, "
             "up to %u sequences per compaction\n", __func__,
-            evict_buffer_size() / 1024.0 / 1024.0, moves.device_bytes() / 1024.0 / 1024.0,
-            scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) / 1024.0 / 1024.0 : 0.0, evict_turn_seq);
+            evict_buffer_size() / 1024.0 / 1024.0, move_tables_size() / 1024.0 / 1024.0,
+            score_store_size() / 1024.0 / 1024.0, compact_seq());
     return true;
 }
 

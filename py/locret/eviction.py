@@ -20,6 +20,11 @@ class _Resolved(ctypes.Structure):
                 ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32), ("n_ubatch", ctypes.c_uint32)]
 
 
+class _Buffers(ctypes.Structure):
+    _fields_ = [("evict_compute", ctypes.c_size_t), ("move_tables", ctypes.c_size_t), ("score_store", ctypes.c_size_t),
+                ("compact_seq", ctypes.c_uint32)]
+
+
 class _Params(ctypes.Structure):
     _fields_ = [("heads", ctypes.c_void_p), ("budget", ctypes.c_int32),
                 ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32),
@@ -80,6 +85,9 @@ _SIGNATURES = {
                                        ctypes.c_int32),
     "llama_locret_debug_compute_buffers": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                             ctypes.POINTER(ctypes.c_size_t)], None),
+    "llama_locret_debug_buffers": ([ctypes.c_void_p], _Buffers),
+    "llama_locret_debug_compute_buffer": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t,
+                                           ctypes.POINTER(ctypes.c_size_t)], ctypes.c_int32),
     "llama_locret_debug_window": ([ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
                                    ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
 }
@@ -320,6 +328,27 @@ def compute_buffers(ctx: int) -> tuple[int, int]:
     main, evict = ctypes.c_size_t(0), ctypes.c_size_t(0)
     _api().llama_locret_debug_compute_buffers(ctx, ctypes.byref(main), ctypes.byref(evict))
     return int(main.value), int(evict.value)
+
+
+def locret_buffers(ctx: int) -> dict:
+    """Debug: bytes of an evicting context's own buffers: evict_compute (the eviction graphs), move_tables,
+    score_store, and compact_seq (the most sequences one compaction moves); zeros when it does not evict."""
+    b = _api().llama_locret_debug_buffers(ctx)
+    return {name: int(getattr(b, name)) for name, _ in _Buffers._fields_}
+
+
+def compute_buffers_by_type(ctx: int) -> dict[str, int]:
+    """Debug: the context's compute buffer bytes per buffer type ("CPU", "CUDA0", "CUDA_Host", ...)."""
+    out: dict[str, int] = {}
+    name, size = ctypes.create_string_buffer(128), ctypes.c_size_t(0)
+    i, n = 0, 1
+    while i < n:
+        n = _api().llama_locret_debug_compute_buffer(ctx, i, name, len(name), ctypes.byref(size))
+        if n <= 0:
+            break
+        out[name.value.decode()] = out.get(name.value.decode(), 0) + int(size.value)
+        i += 1
+    return out
 
 
 def inject_fault(ctx: int, fault: str) -> None:

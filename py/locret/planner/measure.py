@@ -26,7 +26,7 @@ _RESULT_MARK = "LOCRET_PLAN_MEASURE "
 class Measured:
     """What llama.cpp reported for a no_alloc model + context with the plan's settings."""
 
-    compute: dict[str, int]       # buffer type -> bytes ("CPU", "CUDA0", "CUDA_Host", ...), from the creation log
+    compute: dict[str, int]       # buffer type -> bytes ("CPU", "CUDA0", "CUDA_Host", ...), llama_locret_debug_compute_buffer
     output: dict[str, int]        # the same for the output buffer (logits), from the creation log
     kv_bytes: int                 # ggml_nbytes of the cache's K and V tensors (llama_locret_get_stats)
     n_cells: int
@@ -124,27 +124,23 @@ def _measure_main(request: dict) -> dict:
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         return {"error": _last_error() or errors()}
-    # the KV cache's bytes and cells, the model's size, the eviction graphs' compute buffers: the C API's own numbers
+    # the KV cache's bytes and cells, the model's size, the compute buffers per buffer type and Locret's own buffers:
+    # the C API's numbers
     stats = eviction.stats(ctx)
-    _, evict_bytes = eviction.compute_buffers(ctx)     # llama_locret_debug_compute_buffers
-    # no API gives the rest, so the creation log does: the context's compute and output buffers per buffer type
-    # (llama_locret_debug_compute_buffers sums the compute buffers over the backends; the plan needs the GPU's and
-    # the host's apart), and Locret's move tables, score store and sequences per compaction
+    compute = eviction.compute_buffers_by_type(ctx)
+    own = eviction.locret_buffers(ctx)
+    # no API gives the output buffer (logits): the creation log does
     text = "".join(t for _, t in lines)
-    compute: dict[str, int] = {}
     output: dict[str, int] = {}
-    for name, mib in re.findall(r"(\S+) compute buffer size = +([0-9.]+) MiB", text):
-        compute[name] = compute.get(name, 0) + round(float(mib) * MIB)
     for name, mib in re.findall(r"(\S+) +output buffer size = +([0-9.]+) MiB", text):
         output[name] = output.get(name, 0) + round(float(mib) * MIB)
-    evict = re.findall(r"Locret eviction graphs: compute buffers [0-9.]+ MiB, move tables ([0-9.]+) MiB, "
-                       r"score store ([0-9.]+) MiB, up to ([0-9]+) sequences per compaction", text)
+    evicting = bool(stats["enabled"])
     result = dict(compute=compute, output=output, kv_bytes=int(stats["kv_bytes"]), n_cells=int(stats["n_cells"]),
                   stabilizers=int(stats["stabilizers"]), local=int(stats["local"]),
                   model_size=int(L.llama_model_size(model)), n_params=int(L.llama_model_n_params(model)),
-                  locret={"eviction graphs": int(evict_bytes), "move tables": round(float(evict[-1][0]) * MIB),
-                          "score store": round(float(evict[-1][1]) * MIB)} if evict else {},
-                  compact_seq=int(evict[-1][2]) if evict else 1,
+                  locret={"eviction graphs": own["evict_compute"], "move tables": own["move_tables"],
+                          "score store": own["score_store"]} if evicting else {},
+                  compact_seq=own["compact_seq"] if evicting else 1,
                   n_vocab=int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))))
     L.llama_free(ctx)
     del heads
