@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <typeinfo>
 #include <atomic>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -668,19 +669,11 @@ bool llama_locret_memory::score_from_cache(uint32_t strm) {
         s.scored_to = start; // no partition has a complete successor yet
         return true;
     }
-    const int64_t p0 = ggml_time_us();
-    ggml_backend_sched_t sched = evict_sched.get();
-    ggml_backend_sched_reset(sched);
-    evict_res->reset();
-    ggml_cgraph * gf = evict_res->get_gf();
-    locret_build_lagkv(evict_res->get_ctx(), gf, layers, v_trans, cfg.n_cells, strm, start, n_part - 1, lag);
-    if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
-        LLAMA_LOG_ERROR("%s: Locret: the LagKV scoring graph failed\n", __func__);
+    const bool ok = run_score_graph("LagKV", format("%u partitions", n_part - 1), [&](ggml_context * ctx, ggml_cgraph * gf) {
+        locret_build_lagkv(ctx, gf, layers, v_trans, cfg.n_cells, strm, start, n_part - 1, lag);
+    });
+    if (!ok) {
         return false;
-    }
-    if (locret_profile()) {
-        fprintf(stderr, "locret-profile: LagKV scores of %u partitions %.2f ms (splits %d)\n", n_part - 1,
-                (ggml_time_us() - p0) / 1e3, ggml_backend_sched_get_n_splits(sched));
     }
     s.scored_to = start + (n_part - 1) * lag;
     return true;
@@ -695,20 +688,26 @@ bool llama_locret_memory::score_sage(uint32_t strm) {
             return false;
         }
     }
+    return run_score_graph("SAGE-KV", format("%u units", streams[strm].n_used), [&](ggml_context * ctx, ggml_cgraph * gf) {
+        locret_build_sage(ctx, gf, layers, queries_of_layer, query_scale, cfg.n_cells, strm, streams[strm].n_used);
+    });
+}
+
+bool llama_locret_memory::run_score_graph(const char * policy_name, const std::string & what,
+        const std::function<void(ggml_context *, ggml_cgraph *)> & build) {
     const int64_t p0 = ggml_time_us();
     ggml_backend_sched_t sched = evict_sched.get();
     ggml_backend_sched_reset(sched);
     evict_res->reset();
     ggml_cgraph * gf = evict_res->get_gf();
-    locret_build_sage(evict_res->get_ctx(), gf, layers, queries_of_layer, query_scale, cfg.n_cells, strm,
-            streams[strm].n_used);
+    build(evict_res->get_ctx(), gf);
     if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
-        locret_set_error("the SAGE-KV scoring graph could not run; the cache is unchanged");
-        LLAMA_LOG_ERROR("%s: Locret: the SAGE-KV scoring graph failed\n", __func__);
+        locret_set_error(format("the %s scoring graph could not run; the cache is unchanged", policy_name));
+        LLAMA_LOG_ERROR("%s: Locret: the %s scoring graph failed\n", __func__, policy_name);
         return false;
     }
     if (locret_profile()) {
-        fprintf(stderr, "locret-profile: SAGE-KV scores of %u units %.2f ms (splits %d)\n", streams[strm].n_used,
+        fprintf(stderr, "locret-profile: %s scores of %s %.2f ms (splits %d)\n", policy_name, what.c_str(),
                 (ggml_time_us() - p0) / 1e3, ggml_backend_sched_get_n_splits(sched));
     }
     return true;

@@ -34,6 +34,8 @@
 
 #include <cmath>
 #include <memory>
+#include <functional>
+#include <string>
 #include <vector>
 
 struct llama_context;
@@ -289,6 +291,10 @@ private:
     // SAGE-KV: score every unit of stream strm by the attention of its captured query (one graph for every layer);
     // false when the graph could not run or a layer's query was never captured
     bool score_sage(uint32_t strm);
+    // builds one eviction-time scoring graph on the memory's own scheduler and runs it; false (the reason logged and
+    // in llama_locret_last_error) when it cannot run. `what` names what it scored, for LOCRET_PROFILE.
+    bool run_score_graph(const char * policy_name, const std::string & what,
+                         const std::function<void(ggml_context *, ggml_cgraph *)> & build);
     // LagKV: score stream strm's partitions that have a complete successor (one graph for every layer) and advance its
     // scored_to; false when the graph could not run
     bool score_from_cache(uint32_t strm);
