@@ -127,7 +127,28 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None, budget: int,
+def resolve_file(model_path: str | os.PathLike, **settings) -> dict:
+    """What a context evicting with these settings resolves to (`_resolve_file`), remembered per model file (its
+    path, size and modification time) and settings: `locret plan` asks again for the same settings while it weighs
+    what to change, and each answer reads the model's metadata."""
+    try:
+        st = os.stat(model_path)
+        heads = settings.get("heads")
+        hst = os.stat(heads) if heads else None
+    except OSError as e:
+        raise HeadsError(f"cannot read '{e.filename}': {e.strerror}") from None
+    key = (os.fspath(model_path), st.st_size, st.st_mtime_ns,
+           None if hst is None else (os.fspath(heads), hst.st_size, hst.st_mtime_ns),
+           tuple(sorted((k, os.fspath(v) if isinstance(v, os.PathLike) else v) for k, v in settings.items())))
+    if key not in _RESOLVED:
+        _RESOLVED[key] = _resolve_file(model_path, **settings)
+    return dict(_RESOLVED[key])
+
+
+_RESOLVED: dict = {}
+
+
+def _resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None, budget: int,
                  stabilizers: int | None = None, local: int | None = None, policy: str = "heads",
                  pool: int | None = None, lag: int | None = None, budget_schedule: str | os.PathLike | None = None,
                  n_ctx: int, n_ubatch: int, n_batch: int | None = None, n_seq: int = 1,
