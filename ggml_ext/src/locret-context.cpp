@@ -238,10 +238,6 @@ int32_t llama_locret_resolve_file(const char * model_path, const char * heads_pa
     int32_t ret = -1;
     if (!read_heads || llama_locret_file_recommended(heads.c_str(), &p.defaults) >= 0) {
         try {
-            const std::string problem = locret_params_problem(p);
-            if (!problem.empty()) {
-                throw std::runtime_error(problem);
-            }
             uint32_t n_ubatch_requested = 0;
             const llama_cparams c = locret_cparams_like_context(*model, *cparams, &n_ubatch_requested);
             const locret_config cfg = locret_config_make(*model, p, locret_schedule_parse(p.budget_schedule), c,

@@ -532,9 +532,6 @@ int64_t llama_locret_kv_cells(const llama_model * model, const llama_locret_para
     cp.n_batch   = n_ubatch;
     cp.n_ubatch  = n_ubatch;
     cp.n_seq_max = 1;
-    if (llama_locret_check_params(model, params, &cp) != 0) {
-        return -1;
-    }
     try {
         uint32_t n_ubatch_requested = 0;
         const llama_cparams c = locret_cparams_like_context(*model, cp, &n_ubatch_requested);
