@@ -16,11 +16,6 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-settings.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-heads.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-random.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-streaming.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-lagkv.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-sage.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-lagkv.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-sage.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-layer-mask.cpp
@@ -31,6 +26,11 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-query.cpp
 )
+
+# one file per policy (locret-policy.h): a new policy's file is compiled without a line here
+file(GLOB LOCRET_POLICY_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy-*.cpp)
+list(SORT LOCRET_POLICY_SOURCES)
+list(APPEND LOCRET_EXT_SOURCES ${LOCRET_POLICY_SOURCES})
 
 configure_file(${CMAKE_CURRENT_LIST_DIR}/src/locret-build-config.h.in
                ${CMAKE_CURRENT_BINARY_DIR}/locret/locret-build-config.h @ONLY)

@@ -42,10 +42,10 @@ LLAMA_API int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, lla
 LLAMA_API int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
                                                  int32_t n_cells);
 
-// Debug: the post-RoPE query of the last token placed for sequence seq_id in layer il, as the SAGE policy holds it
-// (F32, [d_head_k * n_head], query head h at out[h * d_head_k]), and the layer's attention scale in *kq_scale. Returns
-// d_head_k * n_head (copies only when n_max holds it), or -1 when the context does not evict with the SAGE policy, or
-// the sequence or layer is wrong.
+// Debug: the post-RoPE queries the policy captured for sequence seq_id in layer il (SAGE-KV: the last token placed;
+// SnapKV: the last w tokens of the last ubatch), F32 [rows][d_head_k * n_head], the newest row last, query head h of a
+// row at h * d_head_k; and the layer's attention scale in *kq_scale. Returns rows * d_head_k * n_head (copies only when
+// n_max holds it), or -1 when the context's policy captures no queries, or the sequence or layer is wrong.
 LLAMA_API int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,
                                                 int32_t n_max, float * kq_scale);
 

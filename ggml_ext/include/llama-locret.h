@@ -113,6 +113,10 @@ enum llama_locret_policy {
                                        // selection per KV head by the attention of the prompt's last token (post-RoPE
                                        // query, max over the KV head's query heads): b/4 sinks, b/2 chosen units, b/4
                                        // recent units; generation then slides the recent window over that fixed set
+    LLAMA_LOCRET_POLICY_SNAPKV    = 5, // SnapKV per chunk: at each eviction the queries of the last part's last
+                                       // LLAMA_LOCRET_SNAPKV_WINDOW tokens (post-RoPE, causal) score every cached unit
+                                       // by their attention, averaged over the window and the KV head's query heads,
+                                       // pooled over neighbouring units (--locret-pool, default 5); the window is kept
 };
 
 // Units LagKV always keeps at the start of a sequence (its attention sinks; the paper's S = 16).
@@ -122,11 +126,15 @@ enum llama_locret_policy {
 // SAGE-KV's split of the budget b (the paper's appendix): b/4 sink units, b/4 recent units, the rest chosen by score.
 #define LLAMA_LOCRET_SAGE_SINK_DIV   4
 #define LLAMA_LOCRET_SAGE_RECENT_DIV 4
+// SnapKV's observation window: the queries of a part's last 32 tokens (fewer in a shorter part).
+#define LLAMA_LOCRET_SNAPKV_WINDOW 32
+// SnapKV's default pooling window over neighbouring units (kvpress's kernel_size).
+#define LLAMA_LOCRET_SNAPKV_POOL 5
 
 // The policies are 0 .. llama_locret_policy_count() - 1, in this enum's order.
 LLAMA_API int32_t llama_locret_policy_count(void);
 
-// "heads", "random", "streaming", "lagkv" or "sage" (NULL for a value that is not a policy).
+// "heads", "random", "streaming", "lagkv", "sage" or "snapkv" (NULL for a value that is not a policy).
 LLAMA_API const char * llama_locret_policy_name(enum llama_locret_policy policy);
 
 // One line saying what scores the units under a policy (the tools' help); NULL for a value that is not a policy.

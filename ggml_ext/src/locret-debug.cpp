@@ -219,8 +219,8 @@ int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id s
         int32_t n_max, float * kq_scale) {
     locret_set_error("");
     const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
-    if (mem == nullptr || !mem->get_policy().selects_once()) {
-        locret_set_error("llama_locret_debug_read_query: the context does not evict with the SAGE-KV policy");
+    if (mem == nullptr || mem->query_rows() == 0) {
+        locret_set_error("llama_locret_debug_read_query: the context does not evict with a policy that captures queries");
         return -1;
     }
     const int32_t i = il >= 0 ? mem->layer_index((uint32_t) il) : -1;
@@ -230,9 +230,9 @@ int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id s
     }
     llama_synchronize(ctx);
     const ggml_tensor * store = mem->query_store(i);
-    const int32_t width = (int32_t) store->ne[0];
+    const int32_t width = (int32_t) (store->ne[0] * mem->query_rows()); // the sequence's rows, the newest last
     if (out != nullptr && n_max >= width) {
-        ggml_backend_tensor_get(store, out, (size_t) seq_id * store->nb[1], sizeof(float) * width);
+        ggml_backend_tensor_get(store, out, (size_t) seq_id * mem->query_block_bytes(store), sizeof(float) * width);
     }
     if (kq_scale != nullptr) {
         *kq_scale = mem->get_query_scale(i);

@@ -1,5 +1,6 @@
 // Locret's nodes in llama.cpp's graph, from existing ggml ops only, so that every backend (CPU, CUDA on the RTX 4090
-// and Jetson Orin) runs the same graph: the causal importance scores (CIS) of the heads, and SAGE-KV's query capture.
+// and Jetson Orin) runs the same graph: the causal importance scores (CIS) of the heads, and the query capture of the
+// policies that score by attention (SAGE-KV, SnapKV).
 
 #include "locret-heads.h"
 #include "locret-hooks.h"
@@ -9,6 +10,7 @@
 #include "llama-batch.h"
 #include "llama-impl.h"
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -149,50 +151,56 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
 }
 
 //
-// SAGE-KV: the post-RoPE query of each sequence's last token, captured into the memory's query store
+// queries for the policies that score by attention (SAGE-KV: each sequence's last token; SnapKV: its last w tokens):
+// the post-RoPE queries of the end of each sequence's run in the ubatch, captured into the memory's query store
 //
 
 namespace {
 
-// the ubatch's runs of one sequence (split_simple / split_seq: one run; split_equal: one per sequence)
-uint32_t locret_count_runs(const llama_ubatch & ubatch) {
-    if (ubatch.seq_id == nullptr || ubatch.n_tokens == 0) {
-        return 1;
+// the ubatch's rows to capture: for each run of one sequence (split_simple / split_seq: one run; split_equal: one per
+// sequence), its last min(n_rows, run length) tokens, into the store rows of its stream, the newest last:
+// row stream*n_rows + n_rows - k + j for the j-th of the k captured tokens
+void locret_query_rows(const llama_ubatch & ubatch, uint32_t n_rows, std::vector<int32_t> * idx, std::vector<int64_t> * row) {
+    idx->clear();
+    row->clear();
+    uint32_t start = 0;
+    for (uint32_t t = 0; t < ubatch.n_tokens; ++t) {
+        if (t + 1 < ubatch.n_tokens && ubatch.seq_id[t + 1][0] == ubatch.seq_id[t][0]) {
+            continue;
+        }
+        // the run [start, t]
+        const uint32_t k    = std::min(n_rows, t + 1 - start);
+        const int64_t  strm = ubatch.seq_id[t][0];
+        for (uint32_t j = 0; j < k; ++j) {
+            idx->push_back((int32_t) (t + 1 - k + j));
+            row->push_back(strm * n_rows + n_rows - k + j);
+        }
+        start = t + 1;
     }
-    uint32_t n = 1;
-    for (uint32_t t = 1; t < ubatch.n_tokens; ++t) {
-        n += ubatch.seq_id[t][0] != ubatch.seq_id[t - 1][0];
-    }
-    return n;
 }
 
-// for the query store: the ubatch index of each run's last token, and the store row (the sequence's stream) it goes to
 class locret_query_rows_input : public llm_graph_input_i {
 public:
-    locret_query_rows_input(ggml_tensor * last, ggml_tensor * rows) : last(last), rows(rows) {}
+    locret_query_rows_input(ggml_tensor * idx, ggml_tensor * rows, uint32_t n_rows) : idx(idx), rows(rows), n_rows(n_rows) {}
 
     void set_input(const llama_ubatch * ubatch) override {
-        GGML_ASSERT(ubatch != nullptr && locret_count_runs(*ubatch) == (uint32_t) last->ne[0]);
-        idx.clear();
-        seq.clear();
-        for (uint32_t t = 0; t < ubatch->n_tokens; ++t) {
-            if (t + 1 == ubatch->n_tokens || ubatch->seq_id[t + 1][0] != ubatch->seq_id[t][0]) {
-                idx.push_back((int32_t) t);
-                seq.push_back((int64_t) ubatch->seq_id[t][0]);
-            }
-        }
-        ggml_backend_tensor_set(last, idx.data(), 0, ggml_nbytes(last));
-        ggml_backend_tensor_set(rows, seq.data(), 0, ggml_nbytes(rows));
+        GGML_ASSERT(ubatch != nullptr);
+        locret_query_rows(*ubatch, n_rows, &v_idx, &v_row);
+        GGML_ASSERT(v_idx.size() == (size_t) idx->ne[0]);
+        ggml_backend_tensor_set(idx, v_idx.data(), 0, ggml_nbytes(idx));
+        ggml_backend_tensor_set(rows, v_row.data(), 0, ggml_nbytes(rows));
     }
 
     bool can_reuse(const llm_graph_params & params) override {
-        return locret_count_runs(params.ubatch) == (uint32_t) last->ne[0];
+        locret_query_rows(params.ubatch, n_rows, &v_idx, &v_row);
+        return v_idx.size() == (size_t) idx->ne[0];
     }
 
-    ggml_tensor * last; // I32 [n_runs]
-    ggml_tensor * rows; // I64 [n_runs]
-    std::vector<int32_t> idx;
-    std::vector<int64_t> seq;
+    ggml_tensor * idx;  // I32 [n_captured]: the ubatch index of each captured token
+    ggml_tensor * rows; // I64 [n_captured]: its row in the store
+    uint32_t n_rows;
+    std::vector<int32_t> v_idx;
+    std::vector<int64_t> v_row;
 };
 
 } // namespace
@@ -200,11 +208,11 @@ public:
 void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
         const llama_memory_context_i * mctx, ggml_tensor * q, float kq_scale, const llama_ubatch & ubatch, int il) {
     llama_locret_memory * mem = locret_memory_of_context(mctx);
-    if (mem == nullptr || !mem->get_policy().selects_once() || il < 0 || ubatch.n_tokens == 0) {
+    if (mem == nullptr || mem->query_rows() == 0 || il < 0 || ubatch.n_tokens == 0) {
         return;
     }
     const int32_t i = mem->layer_index((uint32_t) il);
-    ggml_tensor * store = i >= 0 ? mem->query_store(i) : nullptr; // F32 [d_k*n_head, n_stream]
+    ggml_tensor * store = i >= 0 ? mem->query_store(i) : nullptr; // F32 [d_k*n_head, n_rows*n_stream]
     if (store == nullptr) {
         return;
     }
@@ -216,18 +224,20 @@ void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_grap
     // q: [d_k, n_head, n_tokens] after RoPE (and after the Hadamard rotation the keys get, if any)
     ggml_tensor * q2 = ggml_reshape_2d(ctx, ggml_is_contiguous(q) ? q : ggml_cont(ctx, q), store->ne[0], n_tokens);
     if (res->t_locret_q_last == nullptr) {
-        const int64_t n_runs = locret_count_runs(ubatch);
-        ggml_tensor * last = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_runs);
-        ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_runs);
-        ggml_set_input(last);
-        ggml_set_input(rows);
-        ggml_set_name(last, "locret_query_last");
-        ggml_set_name(rows, "locret_query_rows");
-        res->add_input(std::make_unique<locret_query_rows_input>(last, rows));
-        res->t_locret_q_last = last;
-        res->t_locret_q_rows = rows;
+        std::vector<int32_t> idx;
+        std::vector<int64_t> row;
+        locret_query_rows(ubatch, mem->query_rows(), &idx, &row);
+        ggml_tensor * t_idx  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) idx.size());
+        ggml_tensor * t_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, (int64_t) row.size());
+        ggml_set_input(t_idx);
+        ggml_set_input(t_rows);
+        ggml_set_name(t_idx, "locret_query_last");
+        ggml_set_name(t_rows, "locret_query_rows");
+        res->add_input(std::make_unique<locret_query_rows_input>(t_idx, t_rows, mem->query_rows()));
+        res->t_locret_q_last = t_idx;
+        res->t_locret_q_rows = t_rows;
     }
-    ggml_tensor * last_q = ggml_get_rows(ctx, q2, res->t_locret_q_last); // F32 [d_k*n_head, n_runs]
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, last_q, res->t_locret_q_rows));
+    ggml_tensor * captured = ggml_get_rows(ctx, q2, res->t_locret_q_last); // F32 [d_k*n_head, n_captured]
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, captured, res->t_locret_q_rows));
     mem->set_query_scale(i, kq_scale);
 }

@@ -2,8 +2,6 @@
 // and state save/load of the eviction bookkeeping.
 
 #include "locret-memory.h"
-#include "locret-lagkv.h"
-#include "locret-sage.h"
 #include "locret-heads.h"
 #include "locret-select.h"
 
@@ -188,14 +186,13 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
         // a schedule keeps a different count per layer and skips each layer's masked cells: the host selects
         select_graph = select_graph && cfg.layer_budget.empty();
     }
-    if (policy->selects_once()) {
+    n_query_rows = policy->query_rows(cfg);
+    if (n_query_rows > 0) {
         make_query_store(n_seq);
     }
 
-    const std::string pooling = cfg.pool > 0 ? format(", score pooling %u", cfg.pool) :
-                                cfg.lag  > 0 ? format(", lag %u, %d sinks", cfg.lag, LLAMA_LOCRET_LAGKV_SINKS) :
-                                policy->selects_once() ? format(", %u sinks and %u recent units, the whole prompt kept until "
-                                        "its end", locret_sage_sinks(cfg.budget), cfg.stabilizers) : std::string();
+    const std::string pooling = (cfg.pool > 0 ? format(", score pooling %u", cfg.pool) : std::string()) +
+                                policy->describe(cfg);
     std::string budget = format("budget %u", cfg.budget);
     if (!cfg.layer_budget.empty()) {
         budget = format("budget %u per layer on average, scheduled from %u (layer %u) to %u (layer %u) units (the cache "
@@ -259,14 +256,14 @@ void llama_locret_memory::make_query_store(uint32_t n_seq) {
     query_scale.assign(layers.size(), NAN);
     for (size_t i = 0; i < layers.size(); ++i) {
         const int64_t width = (int64_t) layers[i].d_k * hp.n_head(layers[i].il);
-        queries_of_layer[i] = ggml_new_tensor_2d(queries_ctx.get(), GGML_TYPE_F32, width, n_seq);
+        queries_of_layer[i] = ggml_new_tensor_2d(queries_ctx.get(), GGML_TYPE_F32, width, (int64_t) n_query_rows * n_seq);
         ggml_format_name(queries_of_layer[i], "locret_query-%u", layers[i].il);
     }
     // beside the keys the query is compared with
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(layers[0].k->buffer);
     queries_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(queries_ctx.get(), buft));
     if (!queries_buf) {
-        throw std::runtime_error("failed to allocate the SAGE-KV query store");
+        throw std::runtime_error("failed to allocate the Locret query store");
     }
     ggml_backend_buffer_clear(queries_buf.get(), 0);
 }
@@ -322,7 +319,7 @@ locret_plan_params llama_locret_memory::plan_params() const {
     p.n_ubatch     = cfg.n_ubatch;
     p.capacity     = cfg.capacity;
     p.n_cells      = cfg.n_cells;
-    p.selects_once = policy->selects_once();
+    p.selects_once = policy->reads_prompt_whole();
     return p;
 }
 
@@ -394,7 +391,7 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
         sim[s].n_used      = streams[s].n_used;
         sim[s].prev_output = streams[s].prev_output;
         sim[s].offset      = streams[s].logical_next - (llama_pos) streams[s].n_used;
-        sim[s].sage_fresh  = streams[s].sage_fresh;
+        sim[s].sage_fresh  = policy->selection_due(streams[s].policy_state);
     }
 
     llama_kv_cache::slot_info_vec_t sinfos;
@@ -486,14 +483,7 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         const bool prompt_end = locret_plan_sage_prompt_end(s.prev_output, st.n_tokens, st.output);
         s.n_used       = st.first_cell + st.n_tokens;
         s.prev_output  = st.output;
-        if (policy->selects_once() && prompt_end) {
-            // SAGE-KV: a prompt that passes the budget is chosen from at the next part, with this part's last query; one
-            // within the budget stays whole, all but the recent window kept like the chosen set of a selection
-            s.sage_fresh = s.n_used > cfg.budget;
-            if (!s.sage_fresh) {
-                s.scored_to = s.n_used - std::min(cfg.stabilizers, s.n_used);
-            }
-        }
+        policy->placed(cfg, s.policy_state, s.n_used, st.n_tokens, prompt_end);
     }
     for (size_t t = 0; t < plan.cell.size(); ++t) {
         locret_stream & s = streams[plan.strm[t]];
@@ -533,9 +523,7 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         backends.push_back(ggml_backend_sched_get_backend(ctx_sched, i));
         bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
     }
-    const size_t max_nodes = std::max({ 32 * layers.size() + 64,
-            policy->scores_from_cache() ? locret_lagkv_n_nodes(layers.size()) : 0,
-            policy->selects_once() ? locret_sage_n_nodes(layers.size()) : 0 });
+    const size_t max_nodes = std::max(32 * layers.size() + 64, policy->score_graph_nodes(layers.size()));
     evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
     evict_res.reset(new llm_graph_result((int64_t) max_nodes));
 
@@ -578,21 +566,11 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
         ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
     }
-    if (ok && policy->scores_from_cache()) {
-        // LagKV's largest scoring graph: a full cache after the sinks, all but its last partition scored
-        const uint32_t n_part = (cfg.capacity - LLAMA_LOCRET_LAGKV_SINKS) / cfg.lag;
+    if (ok && policy->score_graph_nodes(layers.size()) > 0) {
+        // the policy's largest scoring graph
         evict_res->reset();
         gf = evict_res->get_gf();
-        locret_build_lagkv(evict_res->get_ctx(), gf, layers, v_trans, cfg.n_cells, 0, LLAMA_LOCRET_LAGKV_SINKS, n_part - 1,
-                cfg.lag);
-        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
-    }
-    if (ok && policy->selects_once()) {
-        // SAGE-KV's scoring graph over a full cache
-        evict_res->reset();
-        gf = evict_res->get_gf();
-        locret_build_sage(evict_res->get_ctx(), gf, layers, queries_of_layer, std::vector<float>(layers.size(), 1.0f),
-                cfg.n_cells, 0, cfg.capacity);
+        policy->build_worst_score_graph(policy_env(), evict_res->get_ctx(), gf);
         ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
     }
     moves.clear();
@@ -660,37 +638,11 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
     return true;
 }
 
-bool llama_locret_memory::score_from_cache(uint32_t strm) {
-    locret_stream & s = streams[strm];
-    const uint32_t lag   = cfg.lag;
-    const uint32_t start = std::max({ s.scored_to, pinned_cells(s), std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, s.n_used) });
-    const uint32_t n_part = s.n_used > start ? (s.n_used - start) / lag : 0;
-    if (n_part < 2) {
-        s.scored_to = start; // no partition has a complete successor yet
-        return true;
-    }
-    const bool ok = run_score_graph("LagKV", format("%u partitions", n_part - 1), [&](ggml_context * ctx, ggml_cgraph * gf) {
-        locret_build_lagkv(ctx, gf, layers, v_trans, cfg.n_cells, strm, start, n_part - 1, lag);
-    });
-    if (!ok) {
-        return false;
-    }
-    s.scored_to = start + (n_part - 1) * lag;
-    return true;
-}
-
-bool llama_locret_memory::score_sage(uint32_t strm) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-        if (std::isnan(query_scale[i])) {
-            locret_set_error(format("SAGE-KV: the query of layer %u was never captured (this model's attention does not "
-                    "go through the hooked build_attn); use another policy", layers[i].il));
-            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
-            return false;
-        }
-    }
-    return run_score_graph("SAGE-KV", format("%u units", streams[strm].n_used), [&](ggml_context * ctx, ggml_cgraph * gf) {
-        locret_build_sage(ctx, gf, layers, queries_of_layer, query_scale, cfg.n_cells, strm, streams[strm].n_used);
-    });
+locret_policy_env llama_locret_memory::policy_env() {
+    return { cfg, layers, v_trans, queries_of_layer, query_scale,
+        [this](const char * title, const std::string & what, const std::function<void(ggml_context *, ggml_cgraph *)> & build) {
+            return run_score_graph(title, what, build);
+        } };
 }
 
 bool llama_locret_memory::run_score_graph(const char * policy_name, const std::string & what,
@@ -808,7 +760,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     const uint64_t readback_before_us = t.readback_us;
 
     // the selections, into the pending positions: nothing changes until the compaction has run
-    struct pending_t { uint32_t strm; uint32_t n_keep; uint32_t n_stab; bool sage_selected; };
+    struct pending_t { locret_evict_args args; locret_protect prot; };
+    const locret_policy_env env = policy_env();
     // a budget schedule: per pending eviction, the units each layer keeps (its live_end after the eviction)
     live_next.resize(std::max(live_next.size(), n_steps));
     std::vector<pending_t> pending;
@@ -824,33 +777,15 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         if (st.n_keep >= s.n_used) {
             continue;
         }
-        // a pinned query (Locret-Q) stays like the stabilizers: the rest of the budget is chosen by score
-        uint32_t n_pin  = pinned_cells(s);
-        uint32_t n_stab = st.n_stab;
-        if (policy->scores_from_cache()) {
-            // LagKV: score the partitions that have a complete successor now; the sinks stay like a pinned prefix, the
-            // units still waiting for their successor like stabilizers (the budget was checked to hold both)
-            if (!score_from_cache(st.strm)) {
-                locret_set_error("the LagKV scoring graph could not run; the cache is unchanged");
-                return -1;
-            }
-            n_pin  = std::max(n_pin, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, s.n_used));
-            n_stab = std::max(n_stab, s.n_used - s.scored_to);
+        // a pinned query (Locret-Q) stays like the stabilizers: the rest of the budget is chosen by score; the policy
+        // computes the scores it needs now and may protect more (sinks, units waiting for a score, a chosen set)
+        const locret_evict_args args = { st.strm, s.n_used, st.n_keep, pinned_cells(s), st.n_stab };
+        locret_protect prot;
+        if (!policy->prepare(env, args, streams[st.strm].policy_state, prot)) {
+            return -1;
         }
-        const bool sage_select = policy->selects_once() && s.sage_fresh;
-        if (sage_select) {
-            // SAGE-KV's one selection after a prompt: its sinks, its recent window, the best of the rest by the
-            // attention of the prompt's last token
-            if (!score_sage(st.strm)) {
-                return -1;
-            }
-            n_pin  = locret_sage_sinks(cfg.budget);
-            n_stab = cfg.stabilizers;
-        } else if (policy->selects_once()) {
-            // after it: the chosen set as it is, and the newest units in the rest of the budget
-            n_pin  = std::min(s.scored_to, st.n_keep);
-            n_stab = st.n_keep - n_pin;
-        }
+        const uint32_t n_pin  = prot.n_pin;
+        const uint32_t n_stab = prot.n_stab;
         if (n_pin + n_stab > st.n_keep) {
             // only a state loaded from elsewhere could bring this: the settings checks keep room for both
             locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
@@ -948,7 +883,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             }
             m.n += n;
         });
-        pending.push_back({ st.strm, st.n_keep, n_stab, sage_select });
+        pending.push_back({ args, prot });
         if (locret_profile()) {
             fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start\n", on_device ? "device" : "host",
                     (ggml_time_us() - t_start_us) / 1e3);
@@ -977,7 +912,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
 
     bool shifted = false;
     for (size_t p = 0; p < pending.size() && ok; ++p) {
-        const pending_t & pd = pending[p];
+        const locret_evict_args & pd = pending[p].args;
         locret_stream & s = streams[pd.strm];
         const uint32_t n_used = s.n_used;
         free_cells(pd.strm, pd.n_keep);
@@ -991,15 +926,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         s.dead_end         = pd.n_keep;
         s.n_used           = pd.n_keep;
         s.uniform_from     = pd.n_keep;
-        if (policy->scores_from_cache()) {
-            // the units waiting for their partition's successor were all kept: they end the stream
-            s.scored_to = pd.n_keep - (n_used - s.scored_to);
-        }
-        if (pd.sage_selected) {
-            // the sinks and the chosen units lead the stream from now on; the recent window follows them
-            s.scored_to  = pd.n_keep - pd.n_stab;
-            s.sage_fresh = false;
-        }
+        policy->compacted(cfg, pd, pending[p].prot, s.policy_state);
         s.undo.valid       = false;
         s.n_evictions     += 1;
         s.n_units_evicted += n_evicted;
@@ -1009,16 +936,16 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             ok = false;
         }
         LLAMA_LOG_DEBUG("%s: Locret eviction %llu of sequence %u: %u -> %u units per head (%u stabilizers), logical position %d\n",
-                __func__, (unsigned long long) s.n_evictions, pd.strm, n_used, pd.n_keep, pd.n_stab, s.logical_next);
+                __func__, (unsigned long long) s.n_evictions, pd.strm, n_used, pd.n_keep, pending[p].prot.n_stab, s.logical_next);
     }
     if (!ok) {
         // the cache may be half moved: empty the sequences involved, so that nothing inconsistent is ever read
         for (const auto & pd : pending) {
-            kv->seq_rm((llama_seq_id) pd.strm, -1, -1);
+            kv->seq_rm((llama_seq_id) pd.args.strm, -1, -1);
             if (kv_swa != nullptr) {
-                kv_swa->seq_rm((llama_seq_id) pd.strm, -1, -1);
+                kv_swa->seq_rm((llama_seq_id) pd.args.strm, -1, -1);
             }
-            reset_stream(streams[pd.strm]);
+            reset_stream(streams[pd.args.strm]);
         }
         locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
         return -1;
@@ -1042,8 +969,7 @@ void llama_locret_memory::reset_stream(locret_stream & s) {
     s.prev_output  = true;
     s.logical_next = 0;
     s.n_pinned     = 0;
-    s.scored_to    = 0;
-    s.sage_fresh   = false;
+    s.policy_state = {};
     s.dead_end     = 0;
     std::fill(s.live_end.begin(), s.live_end.end(), 0);
     s.undo.valid   = false;
@@ -1083,9 +1009,8 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     if (n_tokens == s.n_pinned) {
         return true;
     }
-    if (policy->selects_once()) {
-        locret_set_error("Locret: SAGE-KV chooses by the attention of the prompt's last token and keeps its own sinks; "
-                "a pinned query (Locret-Q) does not apply to it");
+    if (!policy->pin_problem().empty()) {
+        locret_set_error(policy->pin_problem());
         return false;
     }
     if (s.uniform_from > 0) {
@@ -1094,14 +1019,14 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
                 "(or empty it first)", seq_id));
         return false;
     }
-    // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget (with LagKV, its
-    // sinks and the two partitions it keeps unscored too)
-    const uint64_t lagkv_kept = locret_lagkv_unscored(cfg.lag);
-    if ((uint64_t) n_tokens + cfg.stabilizers + lagkv_kept >= min_layer_budget()) {
+    // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget (with what the
+    // policy keeps unscored, LagKV's sinks and partitions)
+    const uint64_t unscored = policy->unscored_units(cfg);
+    if ((uint64_t) n_tokens + cfg.stabilizers + unscored >= min_layer_budget()) {
         locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head%s, "
                 "%u stabilizers%s): shorten the query or raise the budget", n_tokens, min_layer_budget(),
                 has_schedule() ? " in the smallest layer budget of the schedule" : "", cfg.stabilizers,
-                lagkv_kept > 0 ? format(", LagKV's %d sinks and 2 partitions of %u", LLAMA_LOCRET_LAGKV_SINKS, cfg.lag).c_str() : ""));
+                unscored > 0 ? format(", LagKV's %d sinks and 2 partitions of %u", LLAMA_LOCRET_LAGKV_SINKS, cfg.lag).c_str() : ""));
         return false;
     }
     s.n_pinned = n_tokens;
@@ -1178,12 +1103,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         s.logical_next = p0;
         s.prev_output  = true;
     }
-    s.scored_to  = std::min(s.scored_to, s.n_used);
-    if (policy->selects_once() && s.sage_fresh && s.n_used <= cfg.budget) {
-        // SAGE-KV: what is left of the prompt fits the budget; kept whole, as a prompt within the budget is
-        s.sage_fresh = false;
-        s.scored_to  = s.n_used - std::min(cfg.stabilizers, s.n_used);
-    }
+    policy->truncated(cfg, s.policy_state, s.n_used);
     s.undo.valid = false;
     return true;
 }
@@ -1204,10 +1124,10 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
     streams[seq_id_dst] = src;
     copy_scores((uint32_t) seq_id_src, (uint32_t) seq_id_dst);
     for (ggml_tensor * q : queries_of_layer) {
-        // the copy's next selection reads the same captured query
-        std::vector<uint8_t> row(q->nb[1]);
-        ggml_backend_tensor_get(q, row.data(), (size_t) seq_id_src * q->nb[1], row.size());
-        ggml_backend_tensor_set(q, row.data(), (size_t) seq_id_dst * q->nb[1], row.size());
+        // the copy's next selection reads the same captured queries
+        std::vector<uint8_t> rows(query_block_bytes(q));
+        ggml_backend_tensor_get(q, rows.data(), (size_t) seq_id_src * rows.size(), rows.size());
+        ggml_backend_tensor_set(q, rows.data(), (size_t) seq_id_dst * rows.size(), rows.size());
     }
     streams[seq_id_dst].undo.valid = false;
 }
@@ -1382,8 +1302,8 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
     for (uint32_t id : ids) {
         const locret_stream & s = streams[id];
-        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned, s.scored_to,
-                                    (uint32_t) s.sage_fresh };
+        const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned,
+                                    s.policy_state.word[0], s.policy_state.word[1] };
         const int64_t  next     = s.logical_next;
         const uint64_t stats[]  = { s.n_evictions, s.n_units_evicted };
         io.write(fields, sizeof(fields));
@@ -1407,11 +1327,11 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
                 locret_write_span(io, row.data(), sizeof(float) * s.n_used);
             }
         }
-        // SAGE-KV: the query its next selection reads
+        // the queries the policy's next selection reads
         std::vector<uint8_t> qrow;
         for (ggml_tensor * q : queries_of_layer) {
-            qrow.resize(q->nb[1]);
-            ggml_backend_tensor_get(q, qrow.data(), (size_t) id * q->nb[1], qrow.size());
+            qrow.resize(query_block_bytes(q));
+            ggml_backend_tensor_get(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
             locret_write_span(io, qrow.data(), qrow.size());
         }
     }
@@ -1519,8 +1439,8 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             if (id >= streams.size() || fields[1] > cfg.n_cells || fields[2] > fields[1] || next < fields[1] ||
                     next > std::numeric_limits<llama_pos>::max() ||
                     (fields[4] > 0 && (uint64_t) fields[4] + cfg.stabilizers +
-                        locret_lagkv_unscored(cfg.lag) >= min_layer_budget()) ||
-                    fields[5] > fields[1] || fields[6] > 1 || (fields[6] == 1 && fields[1] <= cfg.budget)) {
+                        policy->unscored_units(cfg) >= min_layer_budget()) ||
+                    !policy->state_ok(cfg, locret_policy_state { { fields[5], fields[6] } }, fields[1])) {
                 throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
             }
             locret_stream & s = streams[id];
@@ -1529,8 +1449,8 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.prev_output     = fields[3] != 0;
             s.logical_next    = (llama_pos) next;
             s.n_pinned        = fields[4];
-            s.scored_to       = fields[5]; // versions before LagKV: 0, and their policies do not read it
-            s.sage_fresh      = fields[6] != 0; // versions before SAGE-KV: false, and their policies do not read it
+            // the policy's words (versions before LagKV and SAGE-KV: zeros, which the policies they had never read)
+            s.policy_state    = locret_policy_state { { fields[5], fields[6] } };
             s.n_evictions     = stats[0];
             s.n_units_evicted = stats[1];
             s.dead_end        = dead_end;
@@ -1569,13 +1489,13 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                 }
             }
             if (!queries_of_layer.empty() && h.version < 5) {
-                throw std::runtime_error("Locret: the saved state has no SAGE-KV query (saved by an older build)");
+                throw std::runtime_error("Locret: the saved state has no captured queries (saved by an older build)");
             }
             std::vector<uint8_t> qrow;
             for (ggml_tensor * q : queries_of_layer) {
-                qrow.resize(q->nb[1]);
+                qrow.resize(query_block_bytes(q));
                 locret_read_span(io, qrow.data(), qrow.size());
-                ggml_backend_tensor_set(q, qrow.data(), (size_t) id * q->nb[1], qrow.size());
+                ggml_backend_tensor_set(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
             }
             // llama.cpp restored the cells from 0: they must be exactly the used ones
             const llama_kv_cells & cells = kv->get_cells((llama_seq_id) id);

@@ -59,10 +59,7 @@ struct locret_stream {
     bool      prev_output  = true;  // the last part placed asked for an output
     llama_pos logical_next = 0;     // the client's position of the sequence's next token
     uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
-    uint32_t  scored_to    = 0;     // LagKV: cells [0, scored_to) are sinks, pinned or scored; the later ones wait for
-                                    // their partition's successor (the same cells in every head: they are never evicted)
-    bool      sage_fresh   = false; // SAGE-KV: a prompt ended and its one selection has not run yet (the query store
-                                    // holds its last token's query)
+    locret_policy_state policy_state; // what the policy keeps per sequence (locret-policy.h)
 
     // a budget schedule: after an eviction layer i holds its units in cells [0, live_end[i]) and cells
     // [live_end[i], dead_end) hold nothing it reads (its attention masks them out); its units are rotated to physical
@@ -84,17 +81,15 @@ struct locret_stream {
         uint32_t  uniform_from;
         bool      prev_output;
         llama_pos logical_next;
-        uint32_t  scored_to;
-        bool      sage_fresh;
+        locret_policy_state policy_state;
     };
-    marks snapshot() const { return { n_used, uniform_from, prev_output, logical_next, scored_to, sage_fresh }; }
+    marks snapshot() const { return { n_used, uniform_from, prev_output, logical_next, policy_state }; }
     void restore(const marks & m) {
         n_used       = m.n_used;
         uniform_from = m.uniform_from;
         prev_output  = m.prev_output;
         logical_next = m.logical_next;
-        scored_to    = m.scored_to;
-        sage_fresh   = m.sage_fresh;
+        policy_state = m.policy_state;
     }
 
     // the state before the last part placed, so that a failed ubatch is taken back exactly
@@ -162,9 +157,13 @@ public:
     // strm*n_cells + cell like its key
     ggml_tensor * score_store(int32_t i) const { return scores_of_layer.empty() ? nullptr : scores_of_layer[i]; }
 
-    // SAGE-KV: the query store of layers[i] (F32 [d_k*n_head, n_stream], NULL for other policies), and the attention
-    // scale its graph applies, recorded when the graph captures the query (NaN until then)
+    // the query store of layers[i] for a policy that reads queries (locret_policy::query_rows; NULL for the others):
+    // F32 [d_k*n_head, query_rows*n_stream]; and the attention scale its graph applies, recorded when the graph
+    // captures the queries (NaN until then)
     ggml_tensor * query_store(int32_t i) const { return queries_of_layer.empty() ? nullptr : queries_of_layer[i]; }
+    uint32_t query_rows() const { return n_query_rows; }
+    // bytes of one sequence's queries in a layer's store
+    size_t query_block_bytes(const ggml_tensor * q) const { return q->nb[1] * n_query_rows; }
     void  set_query_scale(int32_t i, float scale) { query_scale[i] = scale; }
     float get_query_scale(int32_t i) const { return query_scale.empty() ? NAN : query_scale[i]; }
 
@@ -241,10 +240,11 @@ private:
     ggml_tensor             * scores_all = nullptr; // the 3-d tensor, or NULL when the layers differ
     std::vector<ggml_tensor *> scores_of_layer;
 
-    ggml_context_ptr           queries_ctx;      // SAGE-KV's query store
+    ggml_context_ptr           queries_ctx;      // the query store (policies that read queries)
     ggml_backend_buffer_ptr    queries_buf;
     std::vector<ggml_tensor *> queries_of_layer;
     std::vector<float>         query_scale;
+    uint32_t                   n_query_rows = 0; // queries per (layer, sequence) in the store
     // where the heads policy selects: on the device with a graph (the default when the scores are not in host memory),
     // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
     bool select_graph = false;
@@ -288,16 +288,12 @@ private:
     int evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps);
     void make_score_store(uint32_t n_seq);
     void make_query_store(uint32_t n_seq);
-    // SAGE-KV: score every unit of stream strm by the attention of its captured query (one graph for every layer);
-    // false when the graph could not run or a layer's query was never captured
-    bool score_sage(uint32_t strm);
     // builds one eviction-time scoring graph on the memory's own scheduler and runs it; false (the reason logged and
     // in llama_locret_last_error) when it cannot run. `what` names what it scored, for LOCRET_PROFILE.
     bool run_score_graph(const char * policy_name, const std::string & what,
                          const std::function<void(ggml_context *, ggml_cgraph *)> & build);
-    // LagKV: score stream strm's partitions that have a complete successor (one graph for every layer) and advance its
-    // scored_to; false when the graph could not run
-    bool score_from_cache(uint32_t strm);
+    // what the policy sees of this memory (locret_policy_env)
+    locret_policy_env policy_env();
 
     // the settings ubatch planning reads (locret-plan.h: the rules, as pure functions)
     locret_plan_params plan_params() const;

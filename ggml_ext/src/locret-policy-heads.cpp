@@ -8,7 +8,7 @@ namespace {
 struct locret_policy_heads : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_HEADS; }
     bool uses_heads() const override { return true; }
-    void score(const locret_score_args &) const override {} // never asked: the scores are in the store
+    bool pools_scores() const override { return true; }
 };
 
 } // namespace

@@ -1,15 +1,81 @@
 // LagKV (Liang et al., 2025): attention-free scores that an eviction-time graph computes from the cached K and V
-// (locret-lagkv.h) into the memory's score store.
+// (locret-lagkv.h) into the memory's score store. Its state: state.word[0] = scored_to, the cells [0, scored_to) that
+// are sinks, pinned or scored; the later ones wait for their partition's successor (the same cells in every head: they
+// are never evicted).
 
 #include "locret-policy.h"
+#include "locret-lagkv.h"
+#include "locret-settings.h"
+
+#include "llama-impl.h"
+
+#include <algorithm>
 
 namespace {
 
 struct locret_policy_lagkv : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_LAGKV; }
     bool stores_scores() const override { return true; }
-    bool scores_from_cache() const override { return true; }
-    void score(const locret_score_args &) const override {} // never asked: the scores are in the store
+
+    void configure(const llama_locret_params & p, uint32_t, locret_config & cfg, std::string & err) const override {
+        // the budget must keep the sinks, the partitions not yet scored (fewer than two) and the stabilizers whatever
+        // the scores say
+        cfg.lag = p.lag > 0 ? (uint32_t) p.lag : LLAMA_LOCRET_LAGKV_LAG;
+        const uint64_t kept = locret_lagkv_unscored(cfg.lag) + cfg.stabilizers;
+        if (kept >= cfg.budget) {
+            err = format("with LagKV the budget (%u) must exceed what it keeps unscored: %u sinks + 2 partitions of %u "
+                    "units + %u stabilizers = %llu (lower --locret-lag or --locret-stabilizers, or raise the budget)",
+                    cfg.budget, (unsigned) LLAMA_LOCRET_LAGKV_SINKS, cfg.lag, cfg.stabilizers, (unsigned long long) kept);
+        }
+    }
+    uint64_t unscored_units(const locret_config & cfg) const override { return locret_lagkv_unscored(cfg.lag); }
+    std::string describe(const locret_config & cfg) const override {
+        return format(", lag %u, %d sinks", cfg.lag, LLAMA_LOCRET_LAGKV_SINKS);
+    }
+
+    size_t score_graph_nodes(size_t n_layers) const override { return locret_lagkv_n_nodes(n_layers); }
+    void build_worst_score_graph(const locret_policy_env & env, ggml_context * ctx, ggml_cgraph * gf) const override {
+        // a full cache after the sinks, all but its last partition scored
+        const uint32_t n_part = (env.cfg.capacity - LLAMA_LOCRET_LAGKV_SINKS) / env.cfg.lag;
+        locret_build_lagkv(ctx, gf, env.layers, env.v_trans, env.cfg.n_cells, 0, LLAMA_LOCRET_LAGKV_SINKS, n_part - 1,
+                env.cfg.lag);
+    }
+
+    bool prepare(const locret_policy_env & env, const locret_evict_args & a, locret_policy_state & st,
+                 locret_protect & out) const override {
+        // score the partitions that have a complete successor now (one graph for every layer); the sinks stay like a
+        // pinned prefix, the units still waiting for their successor like stabilizers (the budget was checked to hold
+        // both)
+        const uint32_t lag   = env.cfg.lag;
+        uint32_t & scored_to = st.word[0];
+        const uint32_t start = std::max({ scored_to, a.n_pinned, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, a.n_used) });
+        const uint32_t n_part = a.n_used > start ? (a.n_used - start) / lag : 0;
+        if (n_part < 2) {
+            scored_to = start; // no partition has a complete successor yet
+        } else {
+            const bool ok = env.run("LagKV", format("%u partitions", n_part - 1), [&](ggml_context * ctx, ggml_cgraph * gf) {
+                locret_build_lagkv(ctx, gf, env.layers, env.v_trans, env.cfg.n_cells, a.strm, start, n_part - 1, lag);
+            });
+            if (!ok) {
+                return false;
+            }
+            scored_to = start + (n_part - 1) * lag;
+        }
+        out.n_pin  = std::max(a.n_pinned, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, a.n_used));
+        out.n_stab = std::max(a.n_stab, a.n_used - scored_to);
+        return true;
+    }
+    void compacted(const locret_config &, const locret_evict_args & a, const locret_protect &,
+                   locret_policy_state & st) const override {
+        // the units waiting for their partition's successor were all kept: they end the stream
+        st.word[0] = a.n_keep - (a.n_used - st.word[0]);
+    }
+    void truncated(const locret_config &, locret_policy_state & st, uint32_t n_used) const override {
+        st.word[0] = std::min(st.word[0], n_used);
+    }
+    bool state_ok(const locret_config &, const locret_policy_state & st, uint32_t n_used) const override {
+        return st.word[0] <= n_used && st.word[1] == 0;
+    }
 };
 
 } // namespace

@@ -17,6 +17,7 @@ static const locret_policy_entry LOCRET_POLICY_TABLE[] = {
     { LLAMA_LOCRET_POLICY_LAGKV,     "lagkv",     "LagKV: partitions scored against the next one's K/V ranges",   false, false, locret_policy_make_lagkv     },
     { LLAMA_LOCRET_POLICY_SAGE,      "sage",      "SAGE-KV: the prompt read whole, then one selection by the "
                                                   "attention of its last token",                                  false, false, locret_policy_make_sage      },
+    { LLAMA_LOCRET_POLICY_SNAPKV,    "snapkv",    "SnapKV per chunk: the attention of each part's last 32 queries", false, false, locret_policy_make_snapkv    },
 };
 
 size_t locret_policy_count() {

@@ -1,13 +1,23 @@
-// Where the score of each KV unit comes from. Every policy runs the same eviction (top-b per layer and KV head,
-// stabilizers, local tail, compaction); only the scores differ. Selection (locret-select) and compaction
-// (locret-compact) know nothing of policies.
+// Where the score of each KV unit comes from: the policy interface and its registry. Every policy runs the same
+// eviction (top-b per layer and KV head, stabilizers, local tail, compaction); only the scores and the units a policy
+// protects differ. Selection (locret-select) and compaction (locret-compact) know nothing of policies, and the memory
+// (locret-memory) reaches a policy only through the hooks below.
 #pragma once
 
 #include "llama-locret.h"
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
+
+struct ggml_context;
+struct ggml_cgraph;
+struct ggml_tensor;
+struct locret_config;
+struct locret_kv_layer;
 
 // what a policy may look at when it scores one (layer, KV head) of one sequence at an eviction
 struct locret_score_args {
@@ -19,27 +29,131 @@ struct locret_score_args {
     int32_t         logical_next; // logical position of the sequence's next token
 };
 
+// A policy's per-sequence state. The memory keeps it in each sequence's bookkeeping, copies it with the rest for the
+// undo of a failed ubatch, zeroes it when the sequence is emptied and writes it to state files as these words (the
+// file layout is the memory's); what the words mean is the policy's own.
+struct locret_policy_state {
+    uint32_t word[2] = { 0, 0 };
+};
+
+// What a policy sees of the memory when it prepares an eviction: the cache's layers and stores, and a way to run a
+// scoring graph on the memory's own scheduler (so that no policy includes the memory's header).
+struct locret_policy_env {
+    const locret_config                & cfg;
+    const std::vector<locret_kv_layer> & layers;
+    bool                                 v_trans;
+    // the query store of each layer (policies with query_rows() > 0): F32 [d_k*n_head, query_rows*n_stream], the rows
+    // of sequence s at [s*query_rows, (s+1)*query_rows), the newest last; and the scale each layer's attention applies
+    // to q.k (NaN for a layer whose query was never captured)
+    const std::vector<ggml_tensor *>   & queries;
+    const std::vector<float>           & query_scale;
+    // builds one scoring graph and runs it; false, with the reason in llama_locret_last_error, when it cannot run.
+    // `title` names the method in messages, `what` what it scored (LOCRET_PROFILE).
+    std::function<bool(const char * title, const std::string & what,
+                       const std::function<void(ggml_context *, ggml_cgraph *)> & build)> run;
+};
+
+// one sequence's eviction, as the policy prepares it
+struct locret_evict_args {
+    uint32_t strm;     // the sequence's stream
+    uint32_t n_used;   // cells in use
+    uint32_t n_keep;   // cells it keeps
+    uint32_t n_pinned; // leading cells a pinned query (Locret-Q) holds
+    uint32_t n_stab;   // trailing cells the plan keeps (stabilizers)
+};
+
+// the units an eviction keeps whatever their scores: the first n_pin cells and the last n_stab
+struct locret_protect {
+    uint32_t n_pin;
+    uint32_t n_stab;
+};
+
+// A policy: where the scores of the units come from, and what it needs of the memory for them. Every policy runs the
+// same eviction (top-b per layer and KV head of the units it does not protect, compaction); the memory calls the
+// hooks below at the points of a sequence's life and never asks which policy it holds.
 struct locret_policy {
     virtual ~locret_policy() = default;
 
     virtual llama_locret_policy id() const = 0;
 
+    //
+    // settings (the rule book, locret-settings.cpp, asks these before any memory exists)
+    //
+
+    // a refusal of settings that need no model ("" when they are fine)
+    virtual std::string params_problem(const llama_locret_params & p) const { (void) p; return ""; }
+    // the policy's part of the resolved settings: its own fields of cfg, and a capacity other than b + B; n_ctx_seq:
+    // the context per sequence. A refusal goes to err.
+    virtual void configure(const llama_locret_params & p, uint32_t n_ctx_seq, locret_config & cfg, std::string & err) const {
+        (void) p; (void) n_ctx_seq; (void) cfg; (void) err;
+    }
+    // the score pooling window (--locret-pool) averages this policy's scores
+    virtual bool pools_scores() const { return false; }
+    // the units a sequence keeps unscored besides the stabilizers and a pinned query (they must fit in the budget)
+    virtual uint64_t unscored_units(const locret_config & cfg) const { (void) cfg; return 0; }
+    // why a pinned query (Locret-Q) does not apply ("" when it does)
+    virtual std::string pin_problem() const { return ""; }
+    // the policy's settings in the memory's creation log (after the stabilizers and local length)
+    virtual std::string describe(const locret_config & cfg) const { (void) cfg; return ""; }
+
+    //
+    // stores and graphs
+    //
+
     // the scores are the retaining heads' causal importance scores, computed in the graph with the units
     virtual bool uses_heads() const { return false; }
-
-    // the scores live in the memory's score store beside the cache (moved with the units, selected on the device)
+    // the scores live in the memory's score store beside the cache (moved with the units, selected on the device);
+    // otherwise score() gives them at each eviction
     virtual bool stores_scores() const { return uses_heads(); }
+    // queries the model's graph captures per (layer, sequence) from the end of each ubatch, post-RoPE, into the query
+    // store (0: none)
+    virtual uint32_t query_rows(const locret_config & cfg) const { (void) cfg; return 0; }
+    // nodes of the policy's largest eviction-time scoring graph (0: none), and that graph for the reservation: a full
+    // cache of stream 0
+    virtual size_t score_graph_nodes(size_t n_layers) const { (void) n_layers; return 0; }
+    virtual void build_worst_score_graph(const locret_policy_env & env, ggml_context * ctx, ggml_cgraph * gf) const {
+        (void) env; (void) ctx; (void) gf;
+    }
 
-    // the scores are computed from the cache itself by an eviction-time graph (LagKV, locret-lagkv.h), for the units
-    // that can be scored by then; the memory keeps the others like stabilizers
-    virtual bool scores_from_cache() const { return false; }
+    //
+    // a sequence's life
+    //
 
-    // SAGE-KV (locret-sage.h): the whole prompt stays while it is read; the first eviction after a prompt's end scores
-    // it once by the attention of its last token, and later evictions keep that choice and slide the recent window
-    virtual bool selects_once() const { return false; }
+    // the prompt is read whole: no eviction while it is read (its cache holds the context; ubatch planning)
+    virtual bool reads_prompt_whole() const { return false; }
+    // a selection is due at the next eviction whatever the cache holds (ubatch planning of reads_prompt_whole policies)
+    virtual bool selection_due(const locret_policy_state & st) const { (void) st; return false; }
+    // a part of n_tokens was placed; the sequence now uses n_used cells; prompt_end: it asked for an output after a
+    // prompt (locret_plan_sage_prompt_end)
+    virtual void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t n_tokens,
+                        bool prompt_end) const {
+        (void) cfg; (void) st; (void) n_used; (void) n_tokens; (void) prompt_end;
+    }
+    // before an eviction's selection: the scores it needs computed (a scoring graph through env.run), and the units it
+    // protects. false, with the reason in llama_locret_last_error, when it cannot; the cache is then unchanged.
+    virtual bool prepare(const locret_policy_env & env, const locret_evict_args & a, locret_policy_state & st,
+                         locret_protect & out) const {
+        (void) env; (void) st;
+        out = { a.n_pinned, a.n_stab };
+        return true;
+    }
+    // after the eviction's compaction: the sequence holds a.n_keep cells, `prot` as prepare() returned it
+    virtual void compacted(const locret_config & cfg, const locret_evict_args & a, const locret_protect & prot,
+                           locret_policy_state & st) const {
+        (void) cfg; (void) a; (void) prot; (void) st;
+    }
+    // the sequence was cut back to n_used cells (seq_rm of its end)
+    virtual void truncated(const locret_config & cfg, locret_policy_state & st, uint32_t n_used) const {
+        (void) cfg; (void) st; (void) n_used;
+    }
+    // a state read from a file is one this policy could have made for a sequence of n_used cells
+    virtual bool state_ok(const locret_config & cfg, const locret_policy_state & st, uint32_t n_used) const {
+        (void) cfg; (void) st; (void) n_used;
+        return true;
+    }
 
-    // fill args.score for the units about to be selected from (not asked of a policy that stores its scores)
-    virtual void score(const locret_score_args & args) const = 0;
+    // fill args.score for the units about to be selected from (asked only of a policy that does not store its scores)
+    virtual void score(const locret_score_args & args) const { (void) args; }
 };
 
 // One row per policy. Adding a policy is one file (its locret_policy and a factory) and one row of the table in
@@ -59,6 +173,7 @@ std::unique_ptr<locret_policy> locret_policy_make_random();
 std::unique_ptr<locret_policy> locret_policy_make_streaming();
 std::unique_ptr<locret_policy> locret_policy_make_lagkv();
 std::unique_ptr<locret_policy> locret_policy_make_sage();
+std::unique_ptr<locret_policy> locret_policy_make_snapkv();
 
 size_t                      locret_policy_count();
 const locret_policy_entry & locret_policy_at(size_t i);

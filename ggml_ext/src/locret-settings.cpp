@@ -283,8 +283,10 @@ std::string locret_params_problem(const llama_locret_params & p) {
     if (p.pool > 1 && p.pool % 2 == 0) {
         return format("the score pooling window must be odd, a window centred on each token (got %d)", p.pool);
     }
-    if (p.pool > 1 && !policy->needs_heads) {
-        return format("score pooling averages the retaining heads' scores; policy %s has none", policy->name);
+    const std::unique_ptr<locret_policy> scorer = policy->make();
+    if (p.pool > 1 && !scorer->pools_scores()) {
+        return format("score pooling averages a policy's scores over neighbouring units; policy %s has none to pool",
+                policy->name);
     }
     if (p.lag < -1 || p.lag == 1) {
         return format("the LagKV partition (--locret-lag) must be at least 2 units (got %d)", p.lag);
@@ -292,9 +294,11 @@ std::string locret_params_problem(const llama_locret_params & p) {
     if (p.lag > 0 && p.policy != LLAMA_LOCRET_POLICY_LAGKV) {
         return format("--locret-lag sets LagKV's partition; policy %s has none (use --locret-policy lagkv)", policy->name);
     }
-    if (p.policy == LLAMA_LOCRET_POLICY_SAGE && (p.stabilizers >= 0 || p.local >= 0)) {
-        return format("SAGE-KV keeps its own recent window (b/%d units); --locret-stabilizers and --locret-local do not "
-                "apply to it", LLAMA_LOCRET_SAGE_RECENT_DIV);
+    {
+        const std::string problem = scorer->params_problem(p);
+        if (!problem.empty()) {
+            return problem;
+        }
     }
     const bool scheduled = p.budget_schedule != nullptr && p.budget_schedule[0] != '\0' &&
             std::strcmp(p.budget_schedule, "uniform") != 0;
@@ -431,46 +435,25 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
         fail(format("the score pooling window (%u) must fit in one ubatch (-ub %u)", pool, n_ubatch));
     }
 
-    // LagKV scores a partition of `lag` units against the next one: the budget must keep the sinks, the partitions not
-    // yet scored (fewer than two) and the stabilizers whatever the scores say
-    uint32_t lag = 0;
-    if (p.policy == LLAMA_LOCRET_POLICY_LAGKV) {
-        lag = p.lag > 0 ? (uint32_t) p.lag : LLAMA_LOCRET_LAGKV_LAG;
-        const uint64_t kept = locret_lagkv_unscored(lag) + n_s;
-        if (kept >= budget) {
-            fail(format("with LagKV the budget (%u) must exceed what it keeps unscored: %u sinks + 2 partitions of %u "
-                    "units + %u stabilizers = %llu (lower --locret-lag or --locret-stabilizers, or raise the budget)",
-                    budget, (unsigned) LLAMA_LOCRET_LAGKV_SINKS, lag, n_s, (unsigned long long) kept));
-        }
-    }
-
-    // SAGE-KV splits the budget itself (b/4 sinks, b/4 recent units, the rest by score) and reads the whole prompt
-    // before it evicts: its cache holds n_ctx cells per sequence, and there is nothing for stabilizers or a local tail
-    // to protect during a prefill that never evicts
-    const bool sage = p.policy == LLAMA_LOCRET_POLICY_SAGE;
-    if (sage) {
-        if (budget < 8) {
-            fail(format("with SAGE-KV the budget (%u) must be at least 8 units: b/4 sinks, b/4 recent units and the "
-                    "units chosen by attention", budget));
-        }
-        if (cparams.n_ctx_seq < budget + n_ubatch) {
-            fail(format("SAGE-KV keeps the whole prompt before it evicts: the context per sequence (%u) must be larger "
-                    "than the budget plus the ubatch (%u + %u); raise -c", cparams.n_ctx_seq, budget, n_ubatch));
-        }
-    }
-
     locret_config cfg;
     cfg.heads       = p.heads;
     cfg.policy      = p.policy;
     cfg.budget      = budget;
     cfg.budget_mean = budget;
-    cfg.stabilizers = sage ? budget / LLAMA_LOCRET_SAGE_RECENT_DIV : n_s;
-    cfg.local       = sage ? 0 : n_loc;
+    cfg.stabilizers = n_s;
+    cfg.local       = n_loc;
     cfg.pool        = pool;
-    cfg.lag         = lag;
     cfg.n_ubatch    = n_ubatch;
-    cfg.capacity    = sage ? cparams.n_ctx_seq : budget + n_ubatch;
-    cfg.n_cells     = GGML_PAD(cfg.capacity, 256);
+    cfg.capacity    = budget + n_ubatch;
+    // the policy's own rules and fields (LagKV's partition, SAGE-KV's split of the budget and its whole-prompt cache)
+    {
+        std::string err;
+        locret_policy_make(p.policy)->configure(p, cparams.n_ctx_seq, cfg, err);
+        if (!err.empty()) {
+            fail(err);
+        }
+    }
+    cfg.n_cells = GGML_PAD(cfg.capacity, 256);
 
     if (schedule.kind != locret_schedule_spec::UNIFORM) {
         // the layers the model's own cache holds and the memory evicts: those with a KV cache, without the window

@@ -205,7 +205,7 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
     llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
     to its default (`budget` None: no eviction; `policy` None: "heads"; `pool` None: no score pooling).
-    `policy` "random", "streaming", "lagkv" or "sage" evicts without heads (given heads are then not loaded);
+    `policy` "random", "streaming", "lagkv", "sage" or "snapkv" evicts without heads (given heads are then not loaded);
     "sage" (SAGE-KV) reads each prompt whole, in a cache sized for n_ctx, and chooses once at its end. `pool` N
     (odd): each unit is scored by the mean of the heads' scores over the N tokens around it. `lag` N: LagKV's
     partition (policy "lagkv"; None: 128, the paper's). `budget_schedule`: "uniform" (None), "pyramid"
@@ -252,7 +252,7 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     """Sequence `seq_id`'s enabled, n_evictions, n_units_evicted (summed over layers and KV heads; both count since
     the sequence was last emptied, so a new prompt in a reset Llama starts from zero), n_cells_used,
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
-    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage"), n_seq
+    budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage", "snapkv"), n_seq
     (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling
     window, 0: none) and lag (LagKV's partition, 0: another policy); and the work done so far: t_select_us,
     t_compact_us, t_readback_us (time spent) and n_compactions (compaction graphs run)."""
@@ -320,8 +320,9 @@ def read_scores(ctx: int, layer: int, n_cells: int, *, n_head_kv: int, seq_id: i
 
 
 def read_query(ctx: int, layer: int, seq_id: int = 0) -> tuple[np.ndarray, float]:
-    """SAGE-KV: the post-RoPE query of the last token placed for sequence `seq_id` in `layer`, as its selection reads
-    it: (float32 [n_head, d_head_k], the layer's attention scale)."""
+    """The post-RoPE queries a policy captured for sequence `seq_id` in `layer`, as its scoring graph reads them (SAGE-KV:
+    the last token placed; SnapKV: the last part's last 32 tokens, the newest row last): (float32, flat
+    [rows * n_head * d_head_k], the layer's attention scale)."""
     width = _api().llama_locret_debug_read_query(ctx, seq_id, layer, None, 0, None)
     if width < 0:
         raise HeadsError(_last_error())

@@ -12,9 +12,10 @@ Existing code changes one line::
 (padded to 256) whatever `n_ctx` is. The chunk of Algorithm 1 is `n_ubatch`. `locret_policy`
 chooses what scores the units: "heads" (default), "lagkv" (LagKV: each partition of `locret_lag` units
 scored against the next one's K/V ranges), "sage" (SAGE-KV: each prompt read whole, in a cache of `n_ctx`
-cells, then one choice by the attention of its last token), or the ablations "random" and "streaming" (attention sinks, then
+cells, then one choice by the attention of its last token), "snapkv" (SnapKV per chunk: the attention of
+each part's last 32 queries, pooled over 5 units by default), or the ablations "random" and "streaming" (attention sinks, then
 recency); all but "heads" need no heads. `locret_pool=N` (odd) scores each unit by the mean of
-the heads' scores over the N tokens around it, so that whole sentences and numbers survive eviction
+the heads' (or SnapKV's) scores over the N tokens around it, so that whole sentences and numbers survive eviction
 rather than scattered tokens of them (15 is what makes the main job's long log answerable).
 `locret_budget_schedule` spreads the budget over the layers: "pyramid" (PyramidKV) or a file of per-layer
 budgets summing to `locret_budget` times the evicting layers; the cache is sized for the largest layer's.

@@ -70,7 +70,10 @@ REFUSED = {
                       "K cache loses what it holds"),
     "stabilizers past the ubatch": (dict(locret_budget=512, locret_stabilizers=200), {}, "must fit in one ubatch"),
     "even pooling window": (dict(locret_budget=256, locret_pool=4), {}, "must be odd"),
-    "pooling without heads": (dict(locret_budget=256, locret_policy="random", locret_pool=5), {}, "policy random has none"),
+    "pooling without heads": (dict(locret_budget=256, locret_policy="random", locret_pool=5), {},
+                              "policy random has none to pool"),
+    "SnapKV budget within its window": (dict(locret_budget=32, locret_stabilizers=16, locret_policy="snapkv"), {},
+                                        "must be larger than its observation window"),
     "LagKV budget too small": (dict(locret_budget=64, locret_policy="lagkv"), {}, "must exceed what it keeps unscored"),
     "SAGE-KV in a short context": (dict(locret_budget=4000, locret_policy="sage"), {}, "must be larger than the budget plus"),
     "schedule with SAGE-KV": (dict(locret_budget=256, locret_policy="sage", locret_budget_schedule="pyramid"), {},
@@ -114,7 +117,7 @@ def test_fit_stops_on_settings_the_rule_book_refuses(model_path, heads_file):
 
 def test_the_policies_come_from_one_registry(model_path):
     names = eviction.policies()
-    assert names == ("heads", "random", "streaming", "lagkv", "sage")
+    assert names == ("heads", "random", "streaming", "lagkv", "sage", "snapkv")
     assert eviction.POLICIES == names
     proc = run([tool("llama-completion"), "--help"], timeout=60)
     assert proc.returncode == 0
@@ -122,5 +125,5 @@ def test_the_policies_come_from_one_registry(model_path):
     for name in names:
         help_line = eviction.policy_help(name)
         assert help_line and f"{name}: {help_line}" in shown, (name, help_line)
-    with pytest.raises(HeadsError, match="valid policies: heads, random, streaming, lagkv, sage"):
+    with pytest.raises(HeadsError, match="valid policies: heads, random, streaming, lagkv, sage, snapkv"):
         eviction.policy_value("snapkv-typo")

@@ -1,0 +1,265 @@
+"""SnapKV per chunk (--locret-policy snapkv): a training-free, query-aware scorer, checked against numpy.
+
+The engine captures the post-RoPE queries of each part's last W tokens (the observation window) and, at every
+eviction, scores every cached unit by their attention: softmax over the units each window query saw (causal), the
+mean over the window and over the KV head's query heads, then an average over the `pool` units centred on each unit
+(inside the sequence's cells). The top-b selection keeps the best units beside the window (kept like stabilizers)
+and the plan's stabilizers. `SnapKV` below is an independent model of all of it: the scores in float64 numpy from the
+queries and the K cache read back before each call that evicts, and the kept sets, followed through a chunked prefill
+and generation. Every llama_decode call here is one ubatch, so what is read before a call is what its eviction scores.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import locret  # noqa: F401  (points llama_cpp at our library)
+from locret import eviction
+from locret.heads import HeadsError
+from locret.llama import Llama
+
+from conftest import free_port, http_server, natural_text, post_json, run, tool
+from test_eviction import decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
+from test_sage import shape
+
+B, UB, NS = 128, 64, 16
+W, POOL = 32, 5   # LLAMA_LOCRET_SNAPKV_WINDOW, LLAMA_LOCRET_SNAPKV_POOL
+
+
+def snapkv_scores(k: np.ndarray, queries: np.ndarray, scale: float, n_head_kv: int, d: int, pool: int) -> np.ndarray:
+    """k [n, n_head_kv*d] (the cache as stored), queries [nw, n_head*d] oldest first, query t in cell n - nw + t.
+    Query head h reads KV head h // G; the CPU multiplies the F16 cache by queries rounded to F16. Returns [n,
+    n_head_kv]: the mean attention over the window and the group, averaged over the `pool` cells around each cell."""
+    n, nw = k.shape[0], queries.shape[0]
+    n_head = queries.shape[1] // d
+    group = n_head // n_head_kv
+    q = queries.astype(np.float16).astype(np.float64).reshape(nw, n_head, d)
+    k = k.astype(np.float64)
+    out = np.zeros((n, n_head_kv))
+    for h in range(n_head):
+        kv = h // group
+        logits = scale * (q[:, h, :] @ k[:, kv * d:(kv + 1) * d].T)  # [nw, n]
+        for t in range(nw):
+            logits[t, n - nw + t + 1:] = -np.inf
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        out[:, kv] += (p / p.sum(axis=1, keepdims=True)).sum(axis=0)
+    out /= nw * group
+    if pool > 1:
+        r = pool // 2
+        out = np.stack([out[max(0, j - r):min(n, j + r + 1)].mean(axis=0) for j in range(n)])
+    return out
+
+
+class SnapKV:
+    """Per (layer, KV head) the logical positions held, in cell order; the plan of test_eviction's Algorithm 1 (no
+    local tail), with the window kept like stabilizers."""
+
+    def __init__(self, n_layer, n_head_kv, d, pool):
+        self.units = [[[] for _ in range(n_head_kv)] for _ in range(n_layer)]
+        self.n_layer, self.n_head_kv, self.d, self.pool = n_layer, n_head_kv, d, pool
+        self.prev_output, self.window = True, 0
+        self.evictions, self.near_ties, self.checked = 0, 0, 0
+
+    def n_used(self):
+        return len(self.units[0][0])
+
+    def plan(self, n_tokens, output):
+        """(n_keep, plan's stabilizers) of the eviction before a part, or None (locret_plan_eviction)."""
+        n_used = self.n_used()
+        if not self.prev_output and n_used > B:
+            return B, 0 if output else min(NS, n_used)
+        if n_used + n_tokens > B + UB:
+            return min(B, n_used), 0
+        return None
+
+    def evict(self, n_keep, plan_stab, k_cache, queries, engine_held, engine_scores):
+        n_used, nw = self.n_used(), self.window
+        n_stab = max(plan_stab, nw)
+        n_top = n_keep - n_stab
+        for il in range(self.n_layer):
+            q, scale = queries[il]
+            s = snapkv_scores(k_cache[il][:n_used], q[len(q) - nw:], scale, self.n_head_kv, self.d, self.pool)
+            got_scores = engine_scores(il)
+            for h in range(self.n_head_kv):
+                units = self.units[il][h]
+                cand = np.arange(0, n_used - n_stab)
+                order = cand[np.lexsort((cand, -s[cand, h]))]
+                chosen = sorted(order[:n_top].tolist())
+                keep = chosen + list(range(n_used - n_stab, n_used))
+                want = [units[c] for c in keep]
+                got = engine_held(il, h)[:n_keep]
+                if got != want:
+                    # only at the cut, within the float32 rounding of the engine's scores
+                    cut = s[order[n_top - 1], h]
+                    pos_score = {units[c]: s[c, h] for c in range(n_used)}
+                    for p in set(got) ^ set(want):
+                        assert abs(pos_score[p] - cut) <= 1e-4 * cut + 1e-7, \
+                            f"layer {il} head {h}: position {p} kept/evicted against the model, far from the cut"
+                    self.near_ties += 1
+                    want = got
+                # the stored scores moved with their units
+                np.testing.assert_allclose(got_scores[:n_keep, h], [s[units.index(p), h] for p in want],
+                                           rtol=1e-4, atol=1e-7, err_msg=f"layer {il} head {h}")
+                self.checked += n_keep
+                self.units[il][h] = want
+        self.evictions += 1
+
+    def place(self, positions, output):
+        for layer in self.units:
+            for units in layer:
+                units.extend(positions)
+        self.prev_output = output
+        self.window = min(W, len(positions))
+
+
+def make(model_path, **kw):
+    args = dict(n_ctx=4096, n_batch=UB, n_ubatch=UB, locret_budget=B, locret_policy="snapkv", locret_stabilizers=NS,
+                verbose=False, seed=1, n_threads=1, n_threads_batch=1)
+    args.update(kw)
+    return Llama(model_path=str(model_path), **args)
+
+
+def read_queries(ctx, il, d_model):
+    flat, scale = eviction.read_query(ctx, il)
+    return flat.reshape(-1, d_model), scale
+
+
+@pytest.mark.parametrize("select,pool", [("host", 0), ("graph", POOL)])
+def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, model_path, prompt_tokens, monkeypatch):
+    # host: the host selects from the store (the CPU default); graph: the device's selection graph (a GPU's default)
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    llm = make(model_path, **({} if pool == POOL else dict(locret_pool=pool)))  # POOL: the policy's default
+    ctx = llm._ctx.ctx
+    n_layer, n_head_kv, d = shape(llm)
+    d_model = len(eviction.read_query(ctx, 0)[0]) // W
+    ref = SnapKV(n_layer, n_head_kv, d, pool)
+    stats = llm.locret_stats()
+    assert stats["policy"] == "snapkv" and stats["stabilizers"] == NS
+
+    # a prompt in 8 ubatches and a short last part (the window is its 20 tokens), generation, a second prompt
+    body = prompt_tokens[:8 * UB + 20]
+    calls = [(body[i:i + UB], i + UB >= len(body)) for i in range(0, len(body), UB)]
+    calls += [([t], True) for t in prompt_tokens[700:800]]
+    calls += [(prompt_tokens[900 + i:900 + i + UB], i == 2 * UB) for i in range(0, 3 * UB, UB)]
+    n_past = 0
+    for tokens, output in calls:
+        planned = ref.plan(len(tokens), output)
+        if planned is not None:
+            k = [eviction.read_kv(ctx, il, ref.n_used(), width=n_head_kv * d) for il in range(n_layer)]
+            queries = [read_queries(ctx, il, d_model) for il in range(n_layer)]
+            assert all(scale == pytest.approx(1 / np.sqrt(d)) for _, scale in queries)
+        n_before = llm.locret_stats()["n_evictions"]
+        n_past = decode(llm, tokens, n_past, output)
+        assert llm.locret_stats()["n_evictions"] == n_before + (planned is not None), (n_past, planned)
+        if planned is not None:
+            ref.evict(*planned, k, queries, lambda il, h: llm.locret_retained(il, h).tolist(),
+                      lambda il: eviction.read_scores(ctx, il, planned[0], n_head_kv=n_head_kv))
+        ref.place(list(range(n_past - len(tokens), n_past)), output)
+        for il in range(n_layer):
+            for h in range(n_head_kv):
+                assert llm.locret_retained(il, h).tolist() == ref.units[il][h], f"layer {il} head {h} at {n_past}"
+
+    assert ref.evictions >= 10 and ref.checked == ref.evictions * n_layer * n_head_kv * B
+    assert ref.near_ties <= 0.02 * ref.evictions * n_layer * n_head_kv, ref.near_ties
+    # query-aware: the heads keep different units, and not just the newest
+    held = {tuple(llm.locret_retained(il, h).tolist()) for il in range(n_layer) for h in range(n_head_kv)}
+    assert len(held) > 10
+    assert min(min(u) for u in held) < 700
+    llm.close()
+
+
+def test_the_window_holds_the_last_parts_last_queries(model_path, prompt_tokens):
+    # the same tokens at the same positions in a 64-token part and in two parts: the window rows agree
+    a, b = make(model_path), make(model_path)
+    decode(a, prompt_tokens[:UB], 0, False)
+    decode(b, prompt_tokens[:UB - W], 0, False)
+    decode(b, prompt_tokens[UB - W:UB], UB - W, False)
+    d_model = len(eviction.read_query(a._ctx.ctx, 0)[0]) // W
+    qa, _ = read_queries(a._ctx.ctx, 3, d_model)
+    qb, _ = read_queries(b._ctx.ctx, 3, d_model)
+    assert np.abs(qa).max() > 0.1
+    np.testing.assert_allclose(qa, qb, rtol=0, atol=2e-3 * np.abs(qa).max())
+    # a short part fills the newest rows: 5 new rows at the end, the older ones as they were
+    decode(b, prompt_tokens[UB:UB + 5], UB, False)
+    qc, _ = read_queries(b._ctx.ctx, 3, d_model)
+    np.testing.assert_array_equal(qc[:W - 5], qb[:W - 5])
+    assert np.abs(qc[W - 5:] - qb[W - 5:]).max() > 0.1 * np.abs(qa).max()
+    a.close()
+    b.close()
+
+
+def test_snapkv_settings_are_checked(model_path):
+    for kw, msg in ((dict(locret_budget=W), "must be larger than its observation window"),
+                    (dict(locret_pool=4), "must be odd"),
+                    (dict(locret_lag=16), "policy snapkv has none"),
+                    (dict(locret_budget_schedule="pyramid"), "not snapkv")):
+        with pytest.raises((HeadsError, ValueError), match=msg):
+            make(model_path, **kw)
+    llm = make(model_path)
+    assert llm.locret_stats()["pool"] == POOL
+    with pytest.raises(HeadsError, match="leaves no room in the budget"):
+        llm.locret_pin_query(B - NS - (W - NS))
+    llm.locret_pin_query(8)
+    llm.close()
+
+
+def test_a_snapkv_state_resumes_exactly(model_path, prompt_tokens):
+    from test_state_files import captured_log, errors, load_bytes
+
+    def all_held(llm):
+        n_layer, n_head_kv, _ = shape(llm)
+        return [llm.locret_retained(il, h).tolist() for il in range(n_layer) for h in range(n_head_kv)]
+
+    # saved after a part whose window the next eviction reads: the window's queries must come back
+    a = make(model_path)
+    n_past = 0
+    for i in range(0, 3 * UB, UB):
+        n_past = decode(a, prompt_tokens[i:i + UB], n_past, False)
+    data = bytes(a.save_state().llama_state)
+    n_end = decode(a, prompt_tokens[3 * UB:3 * UB + 40], n_past, True)
+    assert a.locret_stats()["n_evictions"] == 1
+    want_held, want_logits = all_held(a), last_logits(a)
+    a.close()
+
+    b = make(model_path)
+    assert load_bytes(b, data) > 0
+    assert decode(b, prompt_tokens[3 * UB:3 * UB + 40], n_past, True) == n_end
+    assert all_held(b) == want_held
+    np.testing.assert_allclose(last_logits(b), want_logits, rtol=0, atol=1e-4 * np.abs(want_logits).max())
+    b.close()
+
+    # other pooling would rank the units on another scale: refused, never mixed
+    c = make(model_path, locret_pool=3)
+    with captured_log() as lines:
+        assert load_bytes(c, data) == 0
+    assert "pooled over 5 tokens" in errors(lines), errors(lines)
+    c.close()
+
+
+def test_tools_evict_with_snapkv(model_path, tmp_path):
+    text = natural_text()[:2400]
+    base = [tool("llama-completion"), "-m", model_path, "-c", "1024", "-b", "512", "-ub", "64", "-p", text, "-n", "8",
+            "-no-cnv", "--temp", "0", "-t", "1", "-lv", "4"]
+    proc = run(base + ["--locret-policy", "snapkv", "--locret-budget", "128", "-v"], timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"Locret eviction: policy snapkv \(selection on the host\), budget 128, stabilizers \d+, local \d+, "
+                     r"score pooling 5, observation window 32", proc.stderr), proc.stderr[-3000:]
+    assert re.search(r"Locret eviction 3 of sequence 0: 192 -> 128 units per head \(\d+ stabilizers\)", proc.stderr)
+    proc = run(base + ["--locret-policy", "snapkv", "--locret-budget", "32"], timeout=120)
+    assert proc.returncode == 1 and "larger than its observation window" in proc.stderr, proc.stderr[-2000:]
+
+    bench = [tool("llama-bench"), "-m", model_path, "-p", "256", "-n", "32", "-r", "1", "-t", "1", "-ub", "64",
+             "-b", "256", "--locret-budget", "128", "--locret-policy", "snapkv", "-o", "json"]
+    proc = run(bench, timeout=300)
+    assert proc.returncode == 0 and '"avg_ts"' in proc.stdout, proc.stderr[-2000:]
+
+    port = free_port()
+    cmd = [tool("llama-server"), "-m", model_path, "--port", port, "-c", "1024", "-ub", "64", "-b", "512", "-t", "1",
+           "-np", "1", "--locret-budget", "128", "--locret-policy", "snapkv", "-lv", "4"]
+    with http_server(cmd, tmp_path / "server.log", port) as url:
+        reply = post_json(url + "/completion", {"prompt": text, "n_predict": 4, "temperature": 0})
+        assert reply["tokens_evaluated"] > 256 and reply["content"], reply
+    log = (tmp_path / "server.log").read_text()
+    assert "Locret eviction: policy snapkv" in log and "observation window 32" in log, log[-2000:]
