@@ -23,6 +23,8 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-plan.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-evict.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-state.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-debug.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-query.cpp
 )

@@ -7,6 +7,7 @@ set(LOCRET_TOOLS_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/tools/locret-options.cpp
     ${CMAKE_CURRENT_LIST_DIR}/tools/locret-common.cpp
     ${CMAKE_CURRENT_LIST_DIR}/tools/locret-bench.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/tools/locret-server.cpp
 )
 
 target_sources(llama-common PRIVATE ${LOCRET_TOOLS_SOURCES})

@@ -53,6 +53,10 @@ struct llama_locret_settings {
     uint32_t chunk;       // prefill chunk (B)
     uint32_t stabilizers; // n_s
     uint32_t local;       // n_loc
+    uint32_t pool;        // score pooling window the heads were measured with (odd; 0: none), the default of
+                          // --locret-pool with these heads ("locret.recommended.pool")
+    uint32_t query_auto;  // 1: Locret-Q heads: the question found at the end of a prompt is pinned by default
+                          // (--locret-query auto; "locret.recommended.query" = "auto")
 };
 LLAMA_API struct llama_locret_settings llama_locret_heads_recommended(const struct llama_locret_heads * heads);
 
@@ -324,6 +328,21 @@ LLAMA_API int32_t llama_locret_query_layout(const char * query, const char * tex
 // empty or not there.
 LLAMA_API int32_t llama_locret_query_tokens(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
                                            const char * query, int32_t limit);
+
+// Locret-Q without a query given (--locret-query auto, the default with Locret-Q heads): the question a user put at the
+// end of their text, found by one written rule (docs/locret-q.md#the-question-found):
+//   - fenced code blocks (``` or ~~~) are left out: a question inside code belongs to the document;
+//   - if a line near the end opens with "Question:", "Q:" or "Query:" (any case, after markdown emphasis), the
+//     question is what follows the last such marker;
+//   - else it is the text's last paragraph (after its last blank line), when that reads as a question: it holds a
+//     question mark, or its first word asks or tells ("what", "which", "how", "is", "list", "find", ...);
+//   - longer than LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES, it keeps its trailing whole sentences that fit (none if the
+//     last alone does not).
+// In a chat the text is the last user message; in a plain completion, the prompt. Writes the question (at most
+// n_out - 1 bytes and a NUL) into out when not NULL; returns its length in bytes, 0 when the text has none (the tools
+// then evict as plain Locret).
+#define LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES 320
+LLAMA_API int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out);
 
 #ifdef __cplusplus
 }

@@ -133,6 +133,17 @@ llama_locret_settings read_recommended(const heads_meta_reader & kv) {
     rec.chunk       = kv.u32("locret.recommended.chunk",       false);
     rec.stabilizers = kv.u32("locret.recommended.stabilizers", false);
     rec.local       = kv.u32("locret.recommended.local",       false);
+    rec.pool        = kv.u32("locret.recommended.pool",        false);
+    if (rec.pool > 1 && rec.pool % 2 == 0) {
+        throw std::runtime_error(format("%s: locret.recommended.pool must be odd (a window centred on each token), got %u",
+                kv.path.c_str(), rec.pool));
+    }
+    const std::string query = kv.str("locret.recommended.query", false);
+    if (query != "" && query != "auto" && query != "none") {
+        throw std::runtime_error(format("%s: locret.recommended.query must be \"auto\" or \"none\", got \"%s\"",
+                kv.path.c_str(), query.c_str()));
+    }
+    rec.query_auto  = query == "auto";
     return rec;
 }
 

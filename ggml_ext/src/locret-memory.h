@@ -100,6 +100,8 @@ struct locret_stream {
     } undo;
 };
 
+struct locret_stream_meta; // a sequence's bookkeeping in a state file (locret-state.cpp)
+
 class llama_locret_memory : public llama_memory_i {
 public:
     // wraps `inner`, the model's own memory made for this context with cfg.n_cells cells per sequence: a
@@ -156,6 +158,7 @@ public:
     // layer i (index into get_layers()) is F32 [n_head_kv, n_cells*n_streams]; a unit's score sits at row
     // strm*n_cells + cell like its key
     ggml_tensor * score_store(int32_t i) const { return scores_of_layer.empty() ? nullptr : scores_of_layer[i]; }
+    bool has_score_store() const { return !scores_of_layer.empty(); }
 
     // the query store of layers[i] for a policy that reads queries (locret_policy::query_rows; NULL for the others):
     // F32 [d_k*n_head, query_rows*n_stream]; and the attention scale its graph applies, recorded when the graph
@@ -297,6 +300,15 @@ private:
 
     // the settings ubatch planning reads (locret-plan.h: the rules, as pure functions)
     locret_plan_params plan_params() const;
+
+    // state files (locret-state.cpp): per sequence a meta part (its bookkeeping) and a data part (its units' positions
+    // and scores, the policy's captured queries); one reader for every version, checks before anything is trusted
+    void state_write_meta(llama_io_write_i & io, uint32_t id) const;
+    void state_write_data(llama_io_write_i & io, uint32_t id) const;
+    uint32_t state_read_header(llama_io_read_i & io, llama_seq_id seq_id) const; // the version
+    locret_stream_meta state_read_meta(llama_io_read_i & io, uint32_t version) const;
+    void state_check_meta(const locret_stream_meta & m) const;
+    void state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id);
 
     void reset_stream(locret_stream & s);
     void free_cells(uint32_t strm, uint32_t from);  // inner cells [from, n_used) of a stream become free

@@ -1,5 +1,5 @@
-// Locret-Q for tools: the layout of a prompt with its query, and which leading tokens hold the query (the part to
-// pin). The same rule as
+// Locret-Q for tools: the layout of a prompt with its query, which leading tokens hold the query (the part to pin),
+// and the query found in a prompt that has none given (--locret-query auto). The same rule as
 // py/locret/query.py's pinned_count, so that the tools and the Python API pin the same tokens.
 
 #include "llama-locret.h"
@@ -8,6 +8,8 @@
 
 #include "llama-impl.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <string>
 
@@ -56,4 +58,164 @@ int32_t llama_locret_query_tokens(const llama_vocab * vocab, const llama_token *
     locret_set_error(format("the Locret-Q query is not within the first %d tokens of the prompt (it must be placed at "
             "the start, and fit in the budget)", n));
     return -1;
+}
+
+//
+// Locret-Q's query found in the prompt itself (--locret-query auto)
+//
+
+namespace {
+
+bool locret_is_space(char c) {
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+std::string locret_trim(const std::string & s) {
+    const size_t a = s.find_first_not_of(" \t\r\n");
+    return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(" \t\r\n") - a + 1);
+}
+
+std::string locret_lower(std::string s) {
+    for (char & c : s) {
+        c = (char) std::tolower((unsigned char) c);
+    }
+    return s;
+}
+
+// the text with the lines of fenced code blocks (``` or ~~~) blanked: a question in code is the document's, not the user's
+std::string locret_without_code(const std::string & text) {
+    std::string out;
+    out.reserve(text.size());
+    bool in_code = false;
+    size_t at = 0;
+    while (at < text.size()) {
+        size_t end = text.find('\n', at);
+        end = end == std::string::npos ? text.size() : end + 1;
+        const std::string line = text.substr(at, end - at);
+        const std::string t = locret_trim(line);
+        const bool fence = t.rfind("```", 0) == 0 || t.rfind("~~~", 0) == 0;
+        if (fence || in_code) {
+            out += std::string(line.size() - (line.back() == '\n'), ' ') + (line.back() == '\n' ? "\n" : "");
+        } else {
+            out += line;
+        }
+        in_code = fence ? !in_code : in_code;
+        at = end;
+    }
+    return out;
+}
+
+// the start of the text's last paragraph (after its last blank line)
+size_t locret_last_paragraph(const std::string & s) {
+    for (size_t i = s.size(); i-- > 0;) {
+        if (s[i] != '\n') {
+            continue;
+        }
+        // a blank line: another line end before this one with only white space between
+        size_t j = i;
+        while (j > 0 && (s[j - 1] == ' ' || s[j - 1] == '\t' || s[j - 1] == '\r')) {
+            --j;
+        }
+        if (j > 0 && s[j - 1] == '\n') {
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+// the text after the last line that opens with a question marker ("Question:", "Q:", "Query:"), searched in the
+// last `window` bytes; npos when there is none
+size_t locret_after_marker(const std::string & s, size_t window) {
+    static const char * markers[] = { "question:", "q:", "query:" };
+    const size_t from = s.size() > window ? s.size() - window : 0;
+    size_t best = std::string::npos;
+    size_t at = from;
+    while (at < s.size()) {
+        // the line [at, end)
+        size_t end = s.find('\n', at);
+        end = end == std::string::npos ? s.size() : end;
+        size_t b = at;
+        while (b < end && (s[b] == ' ' || s[b] == '\t' || s[b] == '*' || s[b] == '#')) {
+            ++b; // markdown emphasis or a heading around the marker
+        }
+        const std::string head = locret_lower(s.substr(b, 10));
+        for (const char * m : markers) {
+            if (at >= from && head.rfind(m, 0) == 0) {
+                best = b + std::strlen(m);
+            }
+        }
+        at = end + 1;
+    }
+    return best;
+}
+
+// a paragraph reads as a question: a question mark, or a first word that asks or tells
+bool locret_reads_as_question(const std::string & span) {
+    if (span.find('?') != std::string::npos) {
+        return true;
+    }
+    static const char * words[] = { "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "is", "are",
+        "was", "were", "do", "does", "did", "can", "could", "should", "would", "will", "list", "name", "give", "tell",
+        "find", "return", "answer", "summarize", "summarise", "explain", "identify", "quote", "state", "recall" };
+    size_t end = 0;
+    while (end < span.size() && std::isalpha((unsigned char) span[end])) {
+        ++end;
+    }
+    const std::string first = locret_lower(span.substr(0, end));
+    for (const char * w : words) {
+        if (first == w) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// the span's trailing sentences that fit in max_bytes (whole sentences; "" when even the last does not fit)
+std::string locret_fit_sentences(const std::string & span, size_t max_bytes) {
+    if (span.size() <= max_bytes) {
+        return span;
+    }
+    // sentence starts: after ". ", "? ", "! " or a line end
+    size_t best = std::string::npos;
+    for (size_t i = span.size() - max_bytes; i < span.size(); ++i) {
+        const bool start = i > 0 && locret_is_space(span[i - 1]) &&
+                (span[i - 1] == '\n' || (i > 1 && (span[i - 2] == '.' || span[i - 2] == '?' || span[i - 2] == '!')));
+        if (start && !locret_is_space(span[i])) {
+            best = i;
+            break;
+        }
+    }
+    return best == std::string::npos ? "" : locret_trim(span.substr(best));
+}
+
+} // namespace
+
+static std::string locret_find_question(const std::string & text) {
+    const std::string clean = locret_trim(locret_without_code(text));
+    if (clean.empty()) {
+        return "";
+    }
+    const size_t max_bytes = LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES;
+    const size_t marker = locret_after_marker(clean, 4 * max_bytes);
+    if (marker != std::string::npos) {
+        // a marked question: what follows the marker (on its line or the next ones), after the emphasis closing it
+        const size_t start = clean.find_first_not_of(" \t\r\n*_", marker);
+        return start == std::string::npos ? "" : locret_fit_sentences(locret_trim(clean.substr(start)), max_bytes);
+    }
+    const std::string span = locret_trim(clean.substr(locret_last_paragraph(clean)));
+    if (!locret_reads_as_question(span)) {
+        return ""; // a document with no question at its end
+    }
+    const std::string fitted = locret_fit_sentences(span, max_bytes);
+    return locret_reads_as_question(fitted) ? fitted : "";
+}
+
+int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out) {
+    const std::string q = locret_find_question(text != nullptr ? text : "");
+    if (out != nullptr && n_out > 0) {
+        const size_t n = std::min(q.size(), (size_t) n_out - 1);
+        std::memcpy(out, q.data(), n);
+        out[n] = '\0';
+    }
+    return (int32_t) q.size();
 }

@@ -430,7 +430,11 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     if (n_s >= budget) {
         fail(format("the budget (%u) must be larger than the stabilizers (%u)", budget, n_s));
     }
-    const uint32_t pool = p.pool <= 1 ? 0 : (uint32_t) p.pool;
+    // the pooling window: given, else the one the heads were measured with when it fits the ubatch (-1: not given;
+    // 0 or 1: none)
+    const locret_policy_entry * entry = locret_policy_find(p.policy);
+    const bool     pool_from_heads = p.pool == -1 && entry->needs_heads && rec.pool > 1 && rec.pool <= n_ubatch;
+    const uint32_t pool = pool_from_heads ? rec.pool : p.pool <= 1 ? 0 : (uint32_t) p.pool;
     if (pool > n_ubatch) {
         fail(format("the score pooling window (%u) must fit in one ubatch (-ub %u)", pool, n_ubatch));
     }

@@ -2,6 +2,7 @@
 // cannot serve, -fit's sizing, the configuration before the context, and Locret-Q.
 
 #include "locret-common.h"
+#include "locret-server.h"
 
 #include "arg.h"
 #include "common.h"
@@ -95,16 +96,39 @@ bool locret_common_configure(const common_params & params, llama_model * model, 
         LOG_INF("attached Locret retaining heads (d_R = %d) from '%s'\n", llama_locret_heads_hidden_size(*heads),
                 params.locret.heads.empty() ? params.model.path.c_str() : params.locret.heads.c_str());
     }
+    // Locret-Q auto: asked for, or recommended by the heads when no query is given; with eviction by the heads (without
+    // a budget there is nothing to pin)
+    const locret_options & o = params.locret;
+    const bool recommended = *heads != nullptr && llama_locret_heads_recommended(*heads).query_auto != 0;
+    o.query_auto_on = (o.query_auto || (recommended && o.query.empty() && !o.query_off)) && o.budget > 0 &&
+            o.policy == LLAMA_LOCRET_POLICY_HEADS;
+    if (o.query_auto_on && !o.query_auto) {
+        LOG_INF("Locret-Q (auto): the heads recommend it; the question at the end of each prompt is pinned "
+                "(--locret-query off turns it off)\n");
+    }
+    locret_server_set_query_auto(o.query_auto_on);
     return true;
 }
 
 std::string locret_common_place_query(const common_params & params, const std::string & prompt) {
-    return params.locret.query.empty() ? prompt : locret_query_layout(params.locret.query, prompt);
+    const locret_options & o = params.locret;
+    if (o.query_auto_on) {
+        o.query_found = locret_find_question(prompt);
+        if (o.query_found.empty()) {
+            LOG_INF("Locret-Q (auto): no question at the end of the prompt; plain Locret eviction\n");
+            return prompt;
+        }
+        LOG_INF("Locret-Q (auto): the question at the end of the prompt goes to its start and is pinned: \"%s\"\n",
+                o.query_found.c_str());
+        return locret_query_layout(o.query_found, prompt);
+    }
+    return o.query.empty() ? prompt : locret_query_layout(o.query, prompt);
 }
 
 bool locret_common_pin_query(const common_params & params, llama_context * ctx, llama_seq_id seq_id,
         const std::vector<llama_token> & prompt) {
-    const std::string & query = params.locret.query;
+    const bool auto_on = params.locret.query_auto_on;
+    const std::string & query = auto_on ? params.locret.query_found : params.locret.query;
     if (query.empty()) {
         return true;
     }
@@ -116,6 +140,11 @@ bool locret_common_pin_query(const common_params & params, llama_context * ctx, 
     const int32_t n_pin = llama_locret_query_tokens(vocab, prompt.data(), (int32_t) prompt.size(), query.c_str(),
             (int32_t) llama_locret_get_stats(ctx).budget);
     if (n_pin < 0 || llama_locret_pin_query(ctx, seq_id, n_pin) != 0) {
+        if (auto_on) {
+            // a question found, not asked for: one the budget cannot hold leaves plain Locret, with a warning
+            LOG_WRN("Locret-Q (auto): the question is not pinned (%s); plain Locret eviction\n", llama_locret_last_error());
+            return true;
+        }
         LOG_ERR("--locret-query: %s\n", llama_locret_last_error());
         return false;
     }

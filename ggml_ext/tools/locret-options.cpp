@@ -68,7 +68,7 @@ static std::vector<locret_option> locret_make_options() {
         { "--locret-pool", "N", "LLAMA_ARG_LOCRET_POOL",
           "Locret: score each unit by the mean of the heads' scores over the N tokens around it (odd, at most -ub),\n"
           "so that a sentence or a number tends to be kept whole rather than a few of its tokens; needs\n"
-          "--locret-budget (default: 0, none, the paper's Locret; the main job uses 15 with --locret-query)",
+          "--locret-budget; 0: none (default: the heads file's recommended window, else none, the paper's Locret)",
           [](locret_options & o, const std::string & v) { o.pool = locret_parse_int("--locret-pool", v); } },
         { "--locret-lag", "N", "LLAMA_ARG_LOCRET_LAG",
           "Locret: LagKV's partition in units (--locret-policy lagkv; at least 2; the budget must hold 16 sinks,\n"
@@ -80,11 +80,17 @@ static std::vector<locret_option> locret_make_options() {
           "FILE of per-layer budgets (one whole number per evicting layer) summing to the budget times the layers;\n"
           "the KV cache is sized for the largest layer budget; heads, random and streaming policies (default: uniform)",
           [](locret_options & o, const std::string & v) { o.budget_schedule = v; } },
-        { "--locret-query", "TEXT", nullptr,
+        { "--locret-query", "TEXT|auto|off", nullptr,
           "Locret-Q: a question placed at the start of the prompt (of the first user turn with a chat template),\n"
           "then a blank line; its tokens are never evicted and count in the budget, so every eviction sees it.\n"
-          "Use retaining heads trained for it (heads/*.query.gguf); needs --locret-budget",
-          [](locret_options & o, const std::string & v) { o.query = locret_query_checked("--locret-query", v); } },
+          "auto: the question at the end of the prompt (in a chat: of the last user message), found by a written\n"
+          "rule (docs/locret-q.md); without one, plain Locret; off: no query. Use retaining heads trained for it\n"
+          "(heads/*.query.gguf); needs --locret-budget (default: auto with heads that recommend it, else off)",
+          [](locret_options & o, const std::string & v) {
+              o.query_auto = v == "auto";
+              o.query_off  = v == "off";
+              o.query      = o.query_auto || o.query_off ? std::string() : locret_query_checked("--locret-query", v);
+          } },
         { "--locret-query-file", "FNAME", nullptr,
           "Locret-Q: --locret-query read from a file",
           [](locret_options & o, const std::string & v) {
@@ -93,7 +99,9 @@ static std::vector<locret_option> locret_make_options() {
                   throw std::invalid_argument("--locret-query-file: cannot read '" + v + "'");
               }
               const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-              o.query = locret_query_checked("--locret-query-file", text);
+              o.query      = locret_query_checked("--locret-query-file", text);
+              o.query_auto = false;
+              o.query_off  = false;
           } },
     };
 }
@@ -135,6 +143,13 @@ std::string locret_options_configure(const locret_options & o, llama_model * mod
         return reason;
     }
     return "";
+}
+
+std::string locret_find_question(const std::string & text) {
+    const int32_t n = llama_locret_find_question(text.c_str(), nullptr, 0);
+    std::string out((size_t) n, '\0');
+    llama_locret_find_question(text.c_str(), out.data(), n + 1);
+    return out;
 }
 
 std::string locret_query_layout(const std::string & query, const std::string & text) {

@@ -20,6 +20,12 @@ struct locret_options {
     int32_t     lag         = -1;               // -1: LagKV's default
     std::string budget_schedule;                // empty: uniform
     std::string query;                          // Locret-Q: placed at the prompt's start and pinned
+    bool        query_auto  = false;            // --locret-query auto: the question found in the prompt instead
+    bool        query_off   = false;            // --locret-query off: no query, whatever the heads recommend
+    // set when the model is configured (locret_common_configure): auto is in effect (asked for, or the default of
+    // Locret-Q heads without a query given, with eviction); and the question the tool then found in its prompt
+    mutable bool        query_auto_on = false;
+    mutable std::string query_found;
 
     // the settings as the library takes them (budget_schedule points into this object)
     llama_locret_params params() const;
@@ -48,3 +54,6 @@ std::string locret_options_configure(const locret_options & o, llama_model * mod
 
 // Locret-Q's layout (llama_locret_query_layout): the query, a blank line, then the text
 std::string locret_query_layout(const std::string & query, const std::string & text);
+
+// Locret-Q auto (llama_locret_find_question): the question at the end of `text`, or ""
+std::string locret_find_question(const std::string & text);

@@ -7,12 +7,7 @@ import os
 
 import numpy as np
 
-from .heads import Heads, HeadsError, _lib, _last_error
-
-
-class _Settings(ctypes.Structure):
-    _fields_ = [("budget", ctypes.c_uint32), ("chunk", ctypes.c_uint32), ("stabilizers", ctypes.c_uint32),
-                ("local", ctypes.c_uint32)]
+from .heads import Heads, HeadsError, _Settings, _lib, _last_error
 
 
 class _Resolved(ctypes.Structure):
@@ -57,6 +52,7 @@ _SIGNATURES = {
     "llama_locret_check_params": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_void_p], ctypes.c_int32),
     "llama_locret_kv_cells": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_uint32, ctypes.c_uint32],
                               ctypes.c_int64),
+    "llama_locret_find_question": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_file_recommended": ([ctypes.c_char_p, ctypes.POINTER(_Settings)], ctypes.c_int32),
     "llama_locret_query_layout": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_is_evicting": ([ctypes.c_void_p], ctypes.c_bool),

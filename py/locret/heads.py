@@ -33,8 +33,9 @@ class HeadsError(RuntimeError):
 
 
 class _Settings(ctypes.Structure):
-    _fields_ = [("budget", ctypes.c_uint32), ("chunk", ctypes.c_uint32),
-                ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32)]
+    """struct llama_locret_settings: the settings a heads file recommends."""
+    _fields_ = [("budget", ctypes.c_uint32), ("chunk", ctypes.c_uint32), ("stabilizers", ctypes.c_uint32),
+                ("local", ctypes.c_uint32), ("pool", ctypes.c_uint32), ("query_auto", ctypes.c_uint32)]
 
 
 _SIGNATURES = {
@@ -110,7 +111,8 @@ class Heads:
     @property
     def recommended(self) -> dict[str, int]:
         s = _lib().llama_locret_heads_recommended(self._ptr)
-        return {"budget": s.budget, "chunk": s.chunk, "stabilizers": s.stabilizers, "local": s.local}
+        return {"budget": s.budget, "chunk": s.chunk, "stabilizers": s.stabilizers, "local": s.local, "pool": s.pool,
+                "query_auto": bool(s.query_auto)}
 
 
 def attach(llm, path: str | os.PathLike | None = None) -> Heads:

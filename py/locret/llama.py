@@ -24,7 +24,12 @@ Locret-Q (`locret_query="..."`, or per call `create_completion(..., locret_query
 `create_chat_completion(..., locret_query=...)`): the query goes at the start of the prompt (of the
 first user turn in a chat), and the prompt's tokens through the query are pinned: never evicted,
 counted in the budget, so every eviction sees the question. Use heads trained that way
-(`heads/*.query.gguf`); `locret_query=""` in a call turns a constructor's query off.
+(`heads/*.query.gguf`); `locret_query=""` in a call turns a constructor's query off. `locret_query="auto"`:
+the question at the end of the prompt (of the last user message in a chat), found by the library's written rule
+(`locret.query.find_question`), is the query; without one the call evicts as plain Locret. Heads that recommend it
+(`locret.recommended.query = "auto"`, the shipped Locret-Q heads) make "auto" the default; `locret_query="off"` (or
+"") turns it off. `locret_pool` defaults to the heads' recommended window (`locret.recommended.pool`); 0 turns pooling
+off.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ import llama_cpp._internals as _internals
 
 from . import eviction
 from .heads import Heads, HeadsError, _last_error
-from .query import place_query
+from .query import AUTO, find_question, place_query
 
 _context_lock = threading.Lock()
 
@@ -55,8 +60,10 @@ class Llama(llama_cpp.Llama):
                         local=locret_local, policy=locret_policy, pool=locret_pool, lag=locret_lag,
                         budget_schedule=locret_budget_schedule)
         self._locret_heads: Heads | None = None
-        self.locret_query = locret_query or None  # the default query of every call (Locret-Q)
+        # the default query of every call (Locret-Q): text, "auto", or none ("" or "off"; None: what the heads recommend)
+        self.locret_query = None if locret_query in ("", "off") else locret_query
         self._locret_active_query: str | None = None  # the query of the call being served
+        self._locret_query_is_auto = False  # that query was found in the text (locret_query="auto")
         self._locret_pending_pin: int | None = None   # tokens to pin when that call's prompt starts a sequence
         self._locret_in_chat = False
         holder: dict[str, Heads] = {}
@@ -90,6 +97,9 @@ class Llama(llama_cpp.Llama):
             finally:
                 _internals.LlamaContext = original
         self._locret_heads = holder.get("heads")
+        if locret_query is None and self._locret_heads is not None and self._locret_heads.recommended["query_auto"] \
+                and self.locret_enabled and self.locret_stats()["policy"] == "heads":
+            self.locret_query = AUTO  # Locret-Q heads: the question at the end of each prompt (locret_query="" turns it off)
 
     @property
     def locret_enabled(self) -> bool:
@@ -119,12 +129,18 @@ class Llama(llama_cpp.Llama):
 
     # Locret-Q
 
-    def _call_query(self, locret_query: str | None) -> str | None:
+    def _call_query(self, locret_query: str | None, text) -> str | None:
+        """This call's query (else the constructor's); "auto": the question at the end of `text` (the prompt, or the
+        last user message), None when it has none or the context does not evict."""
         query = self.locret_query if locret_query is None else (locret_query or None)
         if query is not None and not isinstance(query, str):
             raise HeadsError(f"locret_query must be text (got {type(query).__name__})")
         if query is not None and not query.strip():
             query = None
+        self._locret_query_is_auto = query == AUTO
+        if query == AUTO:
+            query = find_question(text) if self.locret_enabled and isinstance(text, str) else ""
+            query = query or None  # no question: plain Locret
         if query is not None and not self.locret_enabled:
             raise HeadsError("locret_query needs an evicting context (locret_budget)")
         self._locret_active_query = query
@@ -135,7 +151,7 @@ class Llama(llama_cpp.Llama):
         if self._locret_in_chat:
             # the chat handler's own call: the query was placed in the messages
             return super().create_completion(prompt, *args, **kwargs)
-        query = self._call_query(locret_query)
+        query = self._call_query(locret_query, prompt)
         if query is not None:
             if not isinstance(prompt, str):
                 raise HeadsError("locret_query needs a text prompt (the query is placed in front of its text)")
@@ -147,7 +163,8 @@ class Llama(llama_cpp.Llama):
 
     def create_chat_completion(self, messages, *args: Any, locret_query: str | None = None, **kwargs: Any):
         """llama-cpp-python's, with the Locret-Q query at the start of the first user turn."""
-        query = self._call_query(locret_query)
+        last_user = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
+        query = self._call_query(locret_query, last_user)
         if query is not None:
             messages = [dict(m) for m in messages]
             first_user = next((m for m in messages if m.get("role") == "user"), None)
@@ -168,7 +185,12 @@ class Llama(llama_cpp.Llama):
         if query is not None:
             st = self.locret_stats()
             vocab = llama_cpp.llama_model_get_vocab(self._model.model)
-            n_pin = eviction.query_tokens(vocab, list(tokens), query, st["budget"])
+            try:
+                n_pin = eviction.query_tokens(vocab, list(tokens), query, st["budget"])
+            except HeadsError:
+                if not self._locret_query_is_auto:
+                    raise
+                n_pin = 0  # a question found, not asked for, that the budget cannot hold: plain Locret
             if self.n_tokens > 0 and st["n_pinned"] != n_pin:
                 self.n_tokens = 0  # no prefix reuse: the sequence is emptied and pinned anew
             self._locret_pending_pin = n_pin
@@ -189,7 +211,12 @@ class Llama(llama_cpp.Llama):
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
         if self._locret_pending_pin is not None and self.n_tokens == 0:
             # the prompt starts the sequence: pin its query before anything can be evicted
-            eviction.pin_query(self._ctx.ctx, self._locret_pending_pin)
+            try:
+                eviction.pin_query(self._ctx.ctx, self._locret_pending_pin)
+            except HeadsError:
+                if not self._locret_query_is_auto:
+                    raise
+                # a question found, not asked for, that the budget cannot hold (the library's rule): plain Locret
         for i in range(0, len(tokens), self.n_batch):
             batch = tokens[i: min(len(tokens), i + self.n_batch)]
             n_past = self.n_tokens

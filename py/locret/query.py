@@ -10,6 +10,7 @@ library's llama_locret_query_layout, the one function the llama.cpp tools call t
 from __future__ import annotations
 
 SEPARATOR = "\n\n"
+AUTO = "auto"  # locret_query="auto": the question at the end of the text (find_question)
 
 
 def place_query(query: str, content: str) -> str:
@@ -25,3 +26,16 @@ def place_query(query: str, content: str) -> str:
     _api().llama_locret_query_layout(q, text, out, n + 1)
     return out.raw[:n].decode()
 
+
+
+def find_question(text: str) -> str:
+    """Locret-Q auto: the question at the end of `text` (a chat's last user message, or a prompt), by the C library's
+    written rule (llama_locret_find_question, docs/locret-q.md#the-question-found), or "" when it has none."""
+    import ctypes
+
+    from .eviction import _api
+    raw = text.encode()
+    n = _api().llama_locret_find_question(raw, None, 0)
+    out = ctypes.create_string_buffer(n + 1)
+    _api().llama_locret_find_question(raw, out, n + 1)
+    return out.raw[:n].decode(errors="replace")

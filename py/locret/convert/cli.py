@@ -18,7 +18,7 @@ from pathlib import Path
 from locret.convert.architectures import ARCHITECTURES
 from locret.convert.conversion import ConversionRequest, convert, make_random
 from locret.convert.errors import PROGRAM, ConversionError, RefusingParser
-from locret.convert.gguf_output import WEIGHT_TYPES, Recommended
+from locret.convert.gguf_output import WEIGHT_TYPES, Recommended, rewrite_recommended
 from locret.convert.random_heads import CHECKPOINT_DTYPES
 
 # The Locret paper's setting for Phi-3-mini-128K; a reasonable starting point for other models.
@@ -64,6 +64,11 @@ def convert_parser() -> RefusingParser:
                         help=f"recommended stabilizers (default {DEFAULT_STABILIZERS})")
     parser.add_argument("--local", type=uint32, default=DEFAULT_LOCAL,
                         help=f"recommended local tail (default {DEFAULT_LOCAL})")
+    parser.add_argument("--pool", type=uint32, default=0,
+                        help="recommended score pooling window (odd; default 0: none, the key is not written)")
+    parser.add_argument("--query", choices=["auto", "none"], default=None,
+                        help="auto: Locret-Q heads, whose tools pin the question found at the end of a prompt by "
+                             "default (default: the key is not written)")
     parser.add_argument("--name", help="general.name of a standalone file (default: 'Locret heads for <model>')")
     parser.add_argument("--skip-qk-permutation", action="store_true",
                         help="TESTING ONLY: leave W1's Q/K columns in Hugging Face order. This produces WRONG "
@@ -86,18 +91,42 @@ def make_random_parser() -> RefusingParser:
     return parser
 
 
+def recommend_parser() -> RefusingParser:
+    parser = RefusingParser(prog="heads_to_gguf.py recommend",
+                    description="Set the inference settings a heads file recommends (locret.recommended.pool and "
+                                ".query), keeping every other key and tensor; the file is rewritten in place unless "
+                                "-o is given.")
+    parser.add_argument("heads", type=Path, metavar="HEADS.gguf", help="a heads file or a model with embedded heads")
+    parser.add_argument("--pool", type=uint32, help="score pooling window the heads were measured with (odd; 0: none)")
+    parser.add_argument("--query", choices=["auto", "none"],
+                        help="auto: Locret-Q heads, whose tools pin the question found at the end of a prompt")
+    parser.add_argument("-o", "--output", type=Path, help="write here instead of rewriting HEADS.gguf")
+    return parser
+
+
 def main(argv: list[str]) -> int:
     try:
-        if argv[:1] == ["make-random"]:
+        if argv[:1] == ["recommend"]:
+            args = recommend_parser().parse_args(argv[1:])
+            if args.pool is not None and args.pool > 1 and args.pool % 2 == 0:
+                raise ConversionError(f"--pool must be odd (a window centred on each token), got {args.pool}")
+            if args.pool is None and args.query is None:
+                raise ConversionError("recommend: give --pool and/or --query")
+            if not args.heads.is_file():
+                raise ConversionError(f"{args.heads}: no such file")
+            rewrite_recommended(args.heads, args.output or args.heads, args.pool, args.query)
+        elif argv[:1] == ["make-random"]:
             args = make_random_parser().parse_args(argv[1:])
             make_random(args.base, args.output, args.d_r, args.seed, args.dtype)
         else:
             args = convert_parser().parse_args(argv)
+            if args.pool > 1 and args.pool % 2 == 0:
+                raise ConversionError(f"--pool must be odd (a window centred on each token), got {args.pool}")
             convert(ConversionRequest(
                 heads=args.heads, out=args.output, base=args.base, merge_into=args.merge_into,
                 weight_type=args.type, name=args.name, skip_qk_permutation=args.skip_qk_permutation,
                 recommended=Recommended(budget=args.budget, chunk=args.chunk, stabilizers=args.stabilizers,
-                                        local=args.local)))
+                                        local=args.local, pool=args.pool, query=args.query or "")))
     except ConversionError as e:
         print(f"{PROGRAM}: error: {e}", file=sys.stderr)
         return 1

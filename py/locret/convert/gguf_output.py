@@ -48,6 +48,8 @@ class Recommended:
     chunk: int
     stabilizers: int
     local: int
+    pool: int = 0       # the score pooling window the heads were measured with (odd; 0: none, not written)
+    query: str = ""     # "auto": Locret-Q heads, the question found at the end of a prompt is pinned ("": not written)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,10 @@ def heads_key_values(base: BaseModel, arch: Architecture, layout: HeadsLayout, q
         KeyValue("locret.recommended.stabilizers", recommended.stabilizers, u32),
         KeyValue("locret.recommended.local", recommended.local, u32),
     ]
+    if recommended.pool:
+        kvs.append(KeyValue("locret.recommended.pool", recommended.pool, u32))
+    if recommended.query:
+        kvs.append(KeyValue("locret.recommended.query", recommended.query, string))
     for key, value in sorted(provenance.items()):
         kvs.append(KeyValue(key, value, u32 if isinstance(value, int) else string))
     return kvs
@@ -156,6 +162,30 @@ def write_merged(out: Path, model: GGUFReader, model_path: Path, kvs: list[KeyVa
             _add_tensor_info(writer, tensor.name, tensor.data, tensor.ggml_type)
         data = [t.data for t in model.tensors] + [t.data for t in tensors]
         _write(writer, data, progress="merging tensors")
+
+
+def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | None) -> None:
+    """A copy of a heads file (or a model with embedded heads) with locret.recommended.pool / .query set to the
+    given values (None: kept as they are); every other key and tensor unchanged and in order."""
+    reader = GGUFReader(path)
+    if reader.get_field("locret.format_version") is None:
+        raise ConversionError(f"{path} holds no Locret heads (no locret.format_version)")
+    replaced = {"locret.recommended.pool": pool, "locret.recommended.query": query}
+    architecture = reader.get_field("general.architecture").contents()
+    with _partial_file(out) as partial:
+        writer = GGUFWriter(partial, arch=architecture)
+        for field in reader.fields.values():
+            if field.name.startswith("GGUF.") or field.name == "general.architecture" or \
+                    (field.name in replaced and replaced[field.name] is not None):
+                continue
+            _copy_field(writer, field, path)
+        if pool is not None:
+            writer.add_key_value("locret.recommended.pool", pool, GGUFValueType.UINT32)
+        if query is not None:
+            writer.add_key_value("locret.recommended.query", query, GGUFValueType.STRING)
+        for tensor in reader.tensors:
+            _add_tensor_info(writer, tensor.name, tensor.data, tensor.tensor_type)
+        _write(writer, [t.data for t in reader.tensors], progress=None)
 
 
 def _encode(name: str, values: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray:

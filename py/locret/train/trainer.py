@@ -376,7 +376,9 @@ def export(heads: RetainingHeads, config: TrainConfig, summary: dict, run_dir: P
     convert(ConversionRequest(heads=checkpoint, out=Path(config.output), base=resolve_model(config.gguf), merge_into=None,
                               weight_type=config.weight_type, name=None, skip_qk_permutation=False,
                               recommended=Recommended(budget=config.budget, chunk=config.chunk,
-                                                      stabilizers=config.stabilizers, local=config.local)))
+                                                      stabilizers=config.stabilizers, local=config.local,
+                                                      # Locret-Q heads: their tools find and pin the question
+                                                      query="auto" if config.query_tokens else "")))
     return Path(config.output)
 
 

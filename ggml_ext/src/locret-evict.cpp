@@ -1,0 +1,475 @@
+// The Locret memory's eviction (see locret-memory.h): the eviction graphs' reservation, the policy's scoring through
+// its hooks, selection (on the device or the host), compaction in turns, and the bookkeeping after it.
+
+#include "locret-memory.h"
+#include "locret-heads.h"
+#include "locret-select.h"
+
+#include "llama-context.h"
+#include "llama-impl.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <thread>
+
+//
+// eviction
+//
+
+void llama_locret_memory::free_cells(uint32_t strm, uint32_t from) {
+    // cells hold their physical position: removing positions >= from frees cells [from, n_used)
+    kv->seq_rm((llama_seq_id) strm, (llama_pos) from, -1);
+}
+
+bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llama_pos delta) {
+    if (kv_swa == nullptr || delta == 0) {
+        return true;
+    }
+    kv_swa->seq_add((llama_seq_id) strm, -1, -1, delta);
+    // apply the K-shift now: the next ubatch reads the window cache in the new frame
+    return kv_swa->update(lctx, true, {});
+}
+
+bool llama_locret_memory::reserve(llama_context * lctx) {
+    // the context's backends, each with its default buffer type
+    ggml_backend_sched_t ctx_sched = lctx->get_sched();
+    std::vector<ggml_backend_t> backends;
+    std::vector<ggml_backend_buffer_type_t> bufts;
+    for (int i = 0; i < ggml_backend_sched_get_n_backends(ctx_sched); ++i) {
+        backends.push_back(ggml_backend_sched_get_backend(ctx_sched, i));
+        bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
+    }
+    const size_t max_nodes = std::max(32 * layers.size() + 64, policy->score_graph_nodes(layers.size()));
+    evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
+    evict_res.reset(new llm_graph_result((int64_t) max_nodes));
+
+    // the worst cases: every retained unit of every sequence of a turn moves; a selection from a full cache. The moves
+    // and the selection's read-back get their host memory here, pinned when the cache is on a device. A turn takes at
+    // most COMPACT_MAX_SEQ sequences, so that a server's many slots do not multiply these buffers (at 256 slots they
+    // would be several hundred MiB); LOCRET_DEBUG_COMPACT_SEQ=N takes fewer (tests: turns with a few sequences).
+    locret_moves & moves = evict_moves;
+    evict_turn_seq = std::min<uint32_t>((uint32_t) streams.size(), COMPACT_MAX_SEQ);
+    if (const char * e = getenv("LOCRET_DEBUG_COMPACT_SEQ")) {
+        evict_turn_seq = std::max<uint32_t>(1, std::min<uint32_t>(evict_turn_seq, (uint32_t) atoi(e)));
+    }
+    std::vector<size_t> cap(layers.size());
+    size_t n_rows = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        cap[i] = (size_t) evict_turn_seq * cfg.budget * layers[i].n_head_kv;
+        n_rows += layers[i].n_head_kv;
+    }
+    try {
+        moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer));
+    } catch (const std::exception & e) {
+        locret_set_error(e.what());
+        return false;
+    }
+    for (auto & m : moves.layer) {
+        // only the shapes matter for the reservation, but a transposed V's element indices are made from the rows
+        std::fill(m.src, m.src + m.cap, 0);
+        std::fill(m.dst, m.dst + m.cap, 0);
+        std::fill(m.delta, m.delta + m.cap, 0);
+        m.n = m.cap;
+    }
+    select_idx_cap = select_graph ? n_rows * cfg.budget : 0;
+    select_idx = (int32_t *) select_idx_block.reserve(locret_host_buft_for(layers[0].k), select_idx_cap * sizeof(int32_t));
+    evict_res->reset();
+    ggml_cgraph * gf = locret_build_compact_graph(evict_res.get(), kv, v_trans, layers, moves);
+    bool ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    if (ok && select_graph && cfg.budget < cfg.capacity) {
+        evict_res->reset();
+        gf = evict_res->get_gf();
+        ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
+        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    }
+    if (ok && policy->score_graph_nodes(layers.size()) > 0) {
+        // the policy's largest scoring graph
+        evict_res->reset();
+        gf = evict_res->get_gf();
+        policy->build_worst_score_graph(policy_env(), evict_res->get_ctx(), gf);
+        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    }
+    moves.clear();
+    evict_res->reset();
+    ggml_backend_sched_reset(evict_sched.get());
+    if (!ok) {
+        locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
+        return false;
+    }
+    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB, "
+            "up to %u sequences per compaction\n", __func__,
+            evict_buffer_size() / 1024.0 / 1024.0, move_tables_size() / 1024.0 / 1024.0,
+            score_store_size() / 1024.0 / 1024.0, compact_seq());
+    return true;
+}
+
+// f(i) for i in [0, n), spread over up to 16 threads: the host's part of an eviction is O(n) per (layer, KV head) and
+// the device waits for it, so every core helps (layers are independent: each writes only its own rows and moves)
+template <typename F>
+static void locret_parallel_for(size_t n, unsigned max_threads, F && f) {
+    const size_t n_threads = std::min<size_t>(n, std::max(1u, std::min(max_threads, std::thread::hardware_concurrency())));
+    std::atomic<size_t> next { 0 };
+    auto work = [&]() {
+        for (size_t i = next++; i < n; i = next++) {
+            f(i);
+        }
+    };
+    std::vector<std::thread> workers;
+    for (size_t t = 1; t < n_threads; ++t) {
+        workers.emplace_back(work);
+    }
+    work();
+    for (auto & w : workers) {
+        w.join();
+    }
+}
+
+bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
+    const int64_t p0 = ggml_time_us();
+    ggml_backend_sched_t sched = evict_sched.get();
+    ggml_backend_sched_reset(sched);
+    evict_res->reset();
+    ggml_cgraph * gf = evict_res->get_gf();
+    ggml_tensor * top = locret_build_select(evict_res->get_ctx(), scores_all, strm, cfg.n_cells, cell0, n_cand, n_top);
+    ggml_build_forward_expand(gf, top);
+    const int64_t p1 = ggml_time_us();
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+        LLAMA_LOG_ERROR("%s: Locret: the selection graph failed\n", __func__);
+        return false;
+    }
+    const int64_t p2 = ggml_time_us();
+    if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+        LLAMA_LOG_ERROR("%s: Locret: the selection graph failed\n", __func__);
+        return false;
+    }
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: select build %.2f alloc %.2f compute %.2f ms (splits %d)\n", (p1 - p0) / 1e3,
+                (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3, ggml_backend_sched_get_n_splits(sched));
+    }
+    // the one read-back of an eviction: the kept cells of every (layer, KV head)
+    const int64_t t0_us = ggml_time_us();
+    GGML_ASSERT((size_t) ggml_nelements(top) <= select_idx_cap);
+    ggml_backend_tensor_get(top, select_idx, 0, ggml_nbytes(top));
+    t.readback_us += ggml_time_us() - t0_us;
+    return true;
+}
+
+locret_policy_env llama_locret_memory::policy_env() {
+    return { cfg, layers, v_trans, queries_of_layer, query_scale,
+        [this](const char * title, const std::string & what, const std::function<void(ggml_context *, ggml_cgraph *)> & build) {
+            return run_score_graph(title, what, build);
+        } };
+}
+
+bool llama_locret_memory::run_score_graph(const char * policy_name, const std::string & what,
+        const std::function<void(ggml_context *, ggml_cgraph *)> & build) {
+    const int64_t p0 = ggml_time_us();
+    ggml_backend_sched_t sched = evict_sched.get();
+    ggml_backend_sched_reset(sched);
+    evict_res->reset();
+    ggml_cgraph * gf = evict_res->get_gf();
+    build(evict_res->get_ctx(), gf);
+    if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+        locret_set_error(format("the %s scoring graph could not run; the cache is unchanged", policy_name));
+        LLAMA_LOG_ERROR("%s: Locret: the %s scoring graph failed\n", __func__, policy_name);
+        return false;
+    }
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: %s scores of %s %.2f ms (splits %d)\n", policy_name, what.c_str(),
+                (ggml_time_us() - p0) / 1e3, ggml_backend_sched_get_n_splits(sched));
+    }
+    return true;
+}
+
+void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
+    const uint32_t n_head_kv = layers[i].n_head_kv;
+    const uint32_t n_top     = n_keep - n_pin - n_stab;
+    std::vector<uint8_t>  mark;
+    std::vector<float>    row;
+    std::vector<uint32_t> kept;
+    for (uint32_t h = 0; h < n_head_kv; ++h) {
+        uint32_t * out = keep + (row0 + h) * n_keep;
+        if (from_idx) {
+            locret_keep_from_top(select_idx + (row0 + h) * n_top, n_top, n_used, n_pin, n_stab, out, mark);
+            continue;
+        }
+        row.resize(n_used);
+        if (block != nullptr) {
+            for (uint32_t c = 0; c < n_used; ++c) {
+                row[c] = block[(size_t) c * n_head_kv + h];
+            }
+        } else {
+            policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+        }
+        locret_select(row.data(), n_used, n_keep, n_pin, n_stab, kept);
+        std::copy(kept.begin(), kept.end(), out);
+    }
+}
+
+void llama_locret_memory::select_layer_masked(size_t i, size_t row0, uint32_t n_used, uint32_t m0, uint32_t m1,
+        uint32_t n_live, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block, const locret_stream & s,
+        uint32_t * keep) const {
+    // Algorithm 1 over the cells the layer reads, [0, m0) and [m1, n_used), as if they were consecutive: the pinned
+    // ones first, its last n_stab, the best of the rest
+    const uint32_t n_head_kv = layers[i].n_head_kv;
+    const uint32_t gap       = m1 - m0;
+    const uint32_t n_held    = n_used - gap;
+    const uint32_t stab      = std::min(n_stab, n_held - n_pin);
+    std::vector<float>    row(n_used);
+    std::vector<float>    held(n_held);
+    std::vector<uint32_t> kept;
+    for (uint32_t h = 0; h < n_head_kv; ++h) {
+        if (block != nullptr) {
+            for (uint32_t c = 0; c < n_used; ++c) {
+                row[c] = block[(size_t) c * n_head_kv + h];
+            }
+        } else {
+            policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+        }
+        for (uint32_t j = 0; j < n_held; ++j) {
+            held[j] = row[j < m0 ? j : j + gap];
+        }
+        locret_select(held.data(), n_held, n_live, n_pin, stab, kept);
+        uint32_t * out = keep + (row0 + h) * n_keep;
+        for (uint32_t k = 0; k < n_live; ++k) {
+            out[k] = kept[k] < m0 ? kept[k] : kept[k] + gap;
+        }
+    }
+}
+
+int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
+    // the previous ubatch wrote the scores and reads the cells that move: wait for it
+    ggml_backend_sched_synchronize(lctx->get_sched());
+    if (evict_moves.layer.size() != layers.size()) {
+        // the room for the moves is made when the context reserves its graphs
+        locret_set_error("the Locret eviction graphs were not reserved; the cache is unchanged");
+        return -1;
+    }
+    // the move tables hold one turn's sequences: more are evicted in turns, each selected, compacted and recorded
+    // before the next (a batch of one token per sequence, generation on a busy server, can bring every stream at once).
+    // Only the steps that evict count towards a turn, so that sequences evicting in the same ubatch share a compaction
+    // however many others the ubatch holds.
+    std::vector<locret_step> & evicting = evict_steps;
+    evicting.clear();
+    for (const locret_step & st : plan.steps) {
+        if (st.n_keep < streams[st.strm].n_used) {
+            evicting.push_back(st);
+        }
+    }
+    int ret = 0;
+    for (size_t first = 0; first < evicting.size(); first += evict_turn_seq) {
+        const int rc = evict_turn(lctx, evicting.data() + first, std::min<size_t>(evict_turn_seq, evicting.size() - first));
+        if (rc < 0) {
+            if (first > 0) {
+                locret_set_error(format("%s (the sequences of the eviction's %zu earlier turn(s) were evicted)",
+                        llama_locret_last_error(), first / evict_turn_seq));
+            }
+            return -1;
+        }
+        ret = std::max(ret, rc);
+    }
+    return ret;
+}
+
+int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps) {
+    const int64_t t_start_us = ggml_time_us();
+    const uint64_t readback_before_us = t.readback_us;
+
+    // the selections, into the pending positions: nothing changes until the compaction has run
+    struct pending_t { locret_evict_args args; locret_protect prot; };
+    const locret_policy_env env = policy_env();
+    // a budget schedule: per pending eviction, the units each layer keeps (its live_end after the eviction)
+    live_next.resize(std::max(live_next.size(), n_steps));
+    std::vector<pending_t> pending;
+    locret_moves & moves = evict_moves;
+    moves.clear();
+    std::vector<size_t> row0(layers.size() + 1, 0); // first (layer, KV head) row of each layer
+    for (size_t i = 0; i < layers.size(); ++i) {
+        row0[i + 1] = row0[i] + layers[i].n_head_kv;
+    }
+    for (size_t k_step = 0; k_step < n_steps; ++k_step) {
+        const locret_step & st = steps[k_step];
+        const locret_stream & s = streams[st.strm];
+        if (st.n_keep >= s.n_used) {
+            continue;
+        }
+        // a pinned query (Locret-Q) stays like the stabilizers: the rest of the budget is chosen by score; the policy
+        // computes the scores it needs now and may protect more (sinks, units waiting for a score, a chosen set)
+        const locret_evict_args args = { st.strm, s.n_used, st.n_keep, pinned_cells(s), st.n_stab };
+        locret_protect prot;
+        if (!policy->prepare(env, args, streams[st.strm].policy_state, prot)) {
+            return -1;
+        }
+        const uint32_t n_pin  = prot.n_pin;
+        const uint32_t n_stab = prot.n_stab;
+        if (n_pin + n_stab > st.n_keep) {
+            // only a state loaded from elsewhere could bring this: the settings checks keep room for both
+            locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
+                    "keep; the cache is unchanged", st.strm, n_pin, n_stab, st.n_keep));
+            return -1;
+        }
+        const uint32_t n_used = s.n_used;
+        const uint32_t n_cand = n_used - n_stab - n_pin;
+        const uint32_t n_top  = st.n_keep - n_stab - n_pin;
+
+        // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
+        // nothing chosen by score (SAGE-KV after its selection): no score is read
+        const bool ends_only = n_top == 0;
+        const bool on_device = has_score_store() && select_graph && n_top > 0 && n_top < n_cand;
+        if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
+            locret_set_error("the Locret selection graph could not run; the cache is unchanged");
+            return -1;
+        }
+        std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
+        if (!on_device && !ends_only && has_score_store()) {
+            size_t n_floats = 0;
+            for (size_t i = 0; i < layers.size(); ++i) {
+                n_floats += (size_t) n_used * layers[i].n_head_kv;
+            }
+            select_scores.resize(n_floats);
+            const int64_t t0_us = ggml_time_us();
+            size_t at = 0;
+            for (size_t i = 0; i < layers.size(); ++i) {
+                const ggml_tensor * st_i = scores_of_layer[i];
+                if (ggml_backend_buffer_is_host(st_i->buffer)) {
+                    blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, st.strm));
+                } else {
+                    scores_get(i, st.strm, n_used, select_scores.data() + at);
+                    blocks[i] = select_scores.data() + at;
+                    at += (size_t) n_used * layers[i].n_head_kv;
+                }
+            }
+            t.readback_us += ggml_time_us() - t0_us;
+        }
+
+        if (pos_next.size() <= pending.size()) {
+            pos_next.resize(pending.size() + 1);
+        }
+        auto & next = pos_next[pending.size()];
+        next.resize(layers.size());
+        evict_keep.resize(row0.back() * st.n_keep);
+        const int64_t base = (int64_t) st.strm * cfg.n_cells;
+        auto & live = live_next[pending.size()];
+        live.assign(layers.size(), st.n_keep);
+        // threads only where the work outweighs starting them (a few hundred thousand units)
+        const size_t n_work = row0.back() * (size_t) n_used;
+        locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
+            // the units layer i keeps: its budget (a schedule's), at most the ones it holds outside its masked cells
+            const uint32_t masked = s.dead_end - s.live_end[i];
+            const uint32_t n_live = std::min({ st.n_keep, layer_budget(i), n_used - masked });
+            // rows [0, live_end) moved with the last eviction sit at positions offset by the masked cells after them
+            const int32_t  old_shift = (int32_t) masked;
+            const int32_t  new_shift = (int32_t) (st.n_keep - n_live);
+            live[i] = n_live;
+            if (masked == 0 && n_live == st.n_keep) {
+                select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
+                        evict_keep.data());
+            } else {
+                select_layer_masked(i, row0[i], n_used, s.live_end[i], s.dead_end, n_live, st.n_keep, n_pin, n_stab,
+                        blocks[i], s, evict_keep.data());
+            }
+            const uint32_t n_head_kv = layers[i].n_head_kv;
+            next[i].resize(s.pos[i].size());
+            // the layer's moves are written through local pointers and counted once at the end: the layers' headers
+            // sit side by side, and a count updated per move from several threads would share their cache lines
+            auto & m = moves.layer[i];
+            GGML_ASSERT(m.n + (size_t) n_head_kv * st.n_keep <= m.cap);
+            int32_t * p_src = m.src   + m.n;
+            int64_t * p_dst = m.dst   + m.n;
+            int32_t * p_dlt = m.delta + m.n;
+            size_t n = 0;
+            for (uint32_t h = 0; h < n_head_kv; ++h) {
+                const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
+                int32_t        * pos_new = next[i].data()  + (size_t) h * cfg.n_cells;
+                const uint32_t * kept    = evict_keep.data() + (row0[i] + h) * st.n_keep;
+                for (uint32_t k = 0; k < n_live; ++k) {
+                    const uint32_t c = kept[k]; // c >= k: compacting forward in place is safe
+                    pos_new[k] = pos[c];
+                    // its physical position: before, after, and the rotation between them
+                    const int32_t p_old = (int32_t) c + (c < s.live_end[i] ? old_shift : 0);
+                    const int32_t p_new = (int32_t) k + new_shift;
+                    if (c != k || p_new != p_old) {
+                        p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
+                        p_dst[n] = (base + k) * n_head_kv + h;
+                        p_dlt[n] = p_new - p_old;
+                        ++n;
+                    }
+                }
+                std::fill(pos_new + n_live, pos_new + st.n_keep, -1); // masked in this layer until the next eviction
+            }
+            m.n += n;
+        });
+        pending.push_back({ args, prot });
+        if (locret_profile()) {
+            fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start\n", on_device ? "device" : "host",
+                    (ggml_time_us() - t_start_us) / 1e3);
+        }
+    }
+    if (pending.empty()) {
+        return 0;
+    }
+    const int64_t t_selected_us = ggml_time_us();
+    // the device selection accounted for its own time; the host's (and the bookkeeping) is the rest
+    t.select_us += (uint64_t) (t_selected_us - t_start_us) - (t.readback_us - readback_before_us);
+
+    const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
+        locret_compact(evict_sched.get(), evict_res.get(), kv, v_trans, layers, moves,
+                take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
+    t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
+    if (status == LOCRET_COMPACT_NOT_RUN) {
+        locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
+        return -1;
+    }
+    bool ok = status == LOCRET_COMPACT_OK;
+    if (locret_profile()) {
+        const size_t n_moves = moves.count();
+        fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", n_moves, (ggml_time_us() - t_selected_us) / 1e3);
+    }
+
+    bool shifted = false;
+    for (size_t p = 0; p < pending.size() && ok; ++p) {
+        const locret_evict_args & pd = pending[p].args;
+        locret_stream & s = streams[pd.strm];
+        const uint32_t n_used = s.n_used;
+        free_cells(pd.strm, pd.n_keep);
+        s.pos.swap(pos_next[p]);
+        uint64_t n_evicted = 0;
+        for (size_t i = 0; i < layers.size(); ++i) {
+            const uint32_t held = n_used - (s.dead_end - s.live_end[i]);
+            n_evicted += (uint64_t) layers[i].n_head_kv * (held - live_next[p][i]);
+        }
+        s.live_end         = live_next[p];
+        s.dead_end         = pd.n_keep;
+        s.n_used           = pd.n_keep;
+        s.uniform_from     = pd.n_keep;
+        policy->compacted(cfg, pd, pending[p].prot, s.policy_state);
+        s.undo.valid       = false;
+        s.n_evictions     += 1;
+        s.n_units_evicted += n_evicted;
+        shifted = shifted || kv_swa != nullptr;
+        if (!shift_window(lctx, pd.strm, -(llama_pos) (n_used - pd.n_keep))) {
+            LLAMA_LOG_ERROR("%s: Locret: the window cache could not follow the compaction\n", __func__);
+            ok = false;
+        }
+        LLAMA_LOG_DEBUG("%s: Locret eviction %llu of sequence %u: %u -> %u units per head (%u stabilizers), logical position %d\n",
+                __func__, (unsigned long long) s.n_evictions, pd.strm, n_used, pd.n_keep, pending[p].prot.n_stab, s.logical_next);
+    }
+    if (!ok) {
+        // the cache may be half moved: empty the sequences involved, so that nothing inconsistent is ever read
+        for (const auto & pd : pending) {
+            kv->seq_rm((llama_seq_id) pd.args.strm, -1, -1);
+            if (kv_swa != nullptr) {
+                kv_swa->seq_rm((llama_seq_id) pd.args.strm, -1, -1);
+            }
+            reset_stream(streams[pd.args.strm]);
+        }
+        locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
+        return -1;
+    }
+    t.compact_us += ggml_time_us() - t_selected_us;
+    // the eviction graphs have their own scheduler: the context's last graph stays reusable, unless the window cache
+    // was shifted (llama.cpp's K-shift runs on the context's scheduler)
+    return shifted ? 1 : 0;
+}

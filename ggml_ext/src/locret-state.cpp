@@ -1,0 +1,357 @@
+// The Locret memory's state files (see locret-memory.h): the eviction bookkeeping written after llama.cpp's own cells
+// and K/V data, and one reader for every version since 2.
+
+#include "locret-memory.h"
+#include "locret-heads.h"
+
+#include "llama-impl.h"
+#include "llama-io.h"
+
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+//
+// state save/load: the bookkeeping follows llama.cpp's own cells and K/V data
+//
+
+// Variable-length parts of the state (a schedule, a sequence's rows) may be empty; an empty std::vector's data()
+// may be null, and llama.cpp's buffer readers and writers memcpy it, which is undefined for a null pointer even
+// at size 0 (UBSan reports it). These skip empty spans.
+static void locret_write_span(llama_io_write_i & io, const void * src, size_t size) {
+    if (size > 0) {
+        io.write(src, size);
+    }
+}
+
+static void locret_read_span(llama_io_read_i & io, void * dst, size_t size) {
+    if (size > 0) {
+        io.read(dst, size);
+    }
+}
+
+static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
+// 6: the budget schedule after the header (its count of layers, 0 for none, then their budgets), and per sequence the
+// cells each layer masks (dead_end, then live_end per layer) after its fields; 5: SAGE-KV's pending selection per
+// sequence, and its captured query after the layers' units; 4: LagKV's scored_to per sequence; 3: a sequence's pinned
+// query (Locret-Q). 5, 4, 3 and 2 (read as unpinned) load too, into a context without a schedule.
+static const uint32_t LOCRET_STATE_VERSION = 6;
+
+// what a saved state must agree on with the context that loads it
+struct locret_state_header {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t n_layers;   // evicting layers
+    uint32_t n_cells;    // cells per sequence
+    uint32_t budget;
+    uint32_t policy;
+    uint32_t n_streams;  // streams that follow
+    uint32_t window;     // the policy's window: score pooling (heads, snapkv; 0: none) or the partition (lagkv); a
+                         // zero "reserved" field before pooling existed
+    uint64_t heads_fingerprint;
+};
+
+// A sequence's bookkeeping in a state file (its meta part; its data part, the units' positions, scores and captured
+// queries, follows it). Fields of later versions read as zero from earlier ones.
+struct locret_stream_meta {
+    uint32_t id;
+    uint32_t n_used;
+    uint32_t uniform_from;
+    uint32_t prev_output;
+    uint32_t n_pinned;     // 3
+    uint32_t policy_word0; // 4 (LagKV's scored_to before the policy interface named it)
+    uint32_t policy_word1; // 5 (SAGE-KV's pending selection)
+    int64_t  logical_next;
+    uint64_t n_evictions;
+    uint64_t n_units_evicted;
+    uint32_t dead_end;              // 6
+    std::vector<uint32_t> live_end; // 6, per evicting layer
+};
+
+// the 32-bit fields of a sequence's meta part in each version (id, n_used, uniform_from, prev_output, then what each
+// version added)
+static size_t locret_meta_fields(uint32_t version) {
+    return version == 2 ? 4 : version == 3 ? 5 : version == 4 ? 6 : 7;
+}
+
+//
+// writing
+//
+
+void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) const {
+    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
+        throw std::runtime_error("Locret: a partial (window-only) state cannot be saved from an evicting cache");
+    }
+    inner->state_write(io, seq_id, flags);
+
+    std::vector<uint32_t> ids;
+    for (size_t s = 0; s < streams.size(); ++s) {
+        if (seq_id < 0 || (size_t) seq_id == s) {
+            ids.push_back((uint32_t) s);
+        }
+    }
+    locret_state_header h = {};
+    h.magic             = LOCRET_STATE_MAGIC;
+    h.version           = LOCRET_STATE_VERSION;
+    h.n_layers          = (uint32_t) layers.size();
+    h.n_cells           = cfg.n_cells;
+    h.budget            = cfg.budget;
+    h.policy            = (uint32_t) cfg.policy;
+    h.n_streams         = (uint32_t) ids.size();
+    h.window            = cfg.lag > 0 ? cfg.lag : cfg.pool;
+    h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
+    io.write(&h, sizeof(h));
+    const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
+    io.write(&n_sched, sizeof(n_sched));
+    locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
+    for (uint32_t id : ids) {
+        state_write_meta(io, id);
+        state_write_data(io, id);
+    }
+}
+
+void llama_locret_memory::state_write_meta(llama_io_write_i & io, uint32_t id) const {
+    const locret_stream & s = streams[id];
+    const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned,
+                                s.policy_state.word[0], s.policy_state.word[1] };
+    const int64_t  next     = s.logical_next;
+    const uint64_t stats[]  = { s.n_evictions, s.n_units_evicted };
+    io.write(fields, sizeof(fields));
+    io.write(&next, sizeof(next));
+    io.write(stats, sizeof(stats));
+    io.write(&s.dead_end, sizeof(s.dead_end));
+    locret_write_span(io, s.live_end.data(), sizeof(uint32_t) * s.live_end.size());
+}
+
+void llama_locret_memory::state_write_data(llama_io_write_i & io, uint32_t id) const {
+    const locret_stream & s = streams[id];
+    // per layer and KV head: the units' logical positions, then their scores (zeros for a policy without a store)
+    std::vector<float> block; // layer i's scores [n_used][n_head_kv]
+    std::vector<float> row(s.n_used);
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const uint32_t n_head_kv = layers[i].n_head_kv;
+        block.assign((size_t) s.n_used * n_head_kv, 0.0f);
+        if (!scores_of_layer.empty()) {
+            scores_get(i, id, s.n_used, block.data());
+        }
+        for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
+            for (uint32_t c = 0; c < s.n_used; ++c) {
+                row[c] = block[(size_t) c * n_head_kv + hd];
+            }
+            locret_write_span(io, s.pos[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
+            locret_write_span(io, row.data(), sizeof(float) * s.n_used);
+        }
+    }
+    // the queries the policy's next scoring reads, per layer
+    std::vector<uint8_t> qrow;
+    for (ggml_tensor * q : queries_of_layer) {
+        qrow.resize(query_block_bytes(q));
+        ggml_backend_tensor_get(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
+        locret_write_span(io, qrow.data(), qrow.size());
+    }
+}
+
+//
+// reading: one reader for every version, the fields a version lacks read as zero
+//
+
+void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
+    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
+        throw std::runtime_error("Locret: a partial (window-only) state cannot be loaded into an evicting cache");
+    }
+    if (seq_id >= 0 && (size_t) seq_id >= streams.size()) {
+        throw std::runtime_error(format("Locret: no sequence %d to load a state into", seq_id));
+    }
+    // the sequences being replaced start empty (the inner cache then restores its cells from cell 0 on)
+    auto empty_target = [&]() {
+        if (seq_id < 0) {
+            inner->clear(true);
+            for (auto & s : streams) {
+                reset_stream(s);
+            }
+        } else {
+            inner->seq_rm(seq_id, -1, -1);
+            reset_stream(streams[seq_id]);
+        }
+    };
+    empty_target();
+    try {
+        inner->state_read(io, seq_id, flags);
+        if (take_fault(LOCRET_FAULT_STATE_READ)) {
+            throw std::runtime_error("Locret: state load failed after the KV cells were restored (injected)");
+        }
+        const uint32_t version = state_read_header(io, seq_id);
+        const uint32_t n_streams = seq_id < 0 ? (uint32_t) streams.size() : 1;
+        for (uint32_t k = 0; k < n_streams; ++k) {
+            locret_stream_meta m = state_read_meta(io, version);
+            if (seq_id >= 0) {
+                m.id = (uint32_t) seq_id;
+            }
+            state_check_meta(m);
+            locret_stream & s = streams[m.id];
+            s.n_used          = m.n_used;
+            s.uniform_from    = m.uniform_from;
+            s.prev_output     = m.prev_output != 0;
+            s.logical_next    = (llama_pos) m.logical_next;
+            s.n_pinned        = m.n_pinned;
+            s.policy_state    = locret_policy_state { { m.policy_word0, m.policy_word1 } };
+            s.n_evictions     = m.n_evictions;
+            s.n_units_evicted = m.n_units_evicted;
+            s.dead_end        = m.dead_end;
+            s.live_end        = m.live_end;
+            state_read_data(io, version, m.id);
+        }
+    } catch (...) {
+        // a failed load leaves the sequences it was loading empty and consistent
+        empty_target();
+        throw;
+    }
+}
+
+uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_id seq_id) const {
+    locret_state_header h;
+    try {
+        io.read(&h, sizeof(h));
+    } catch (const std::exception &) {
+        // a state saved by a cache without eviction ends with the cells
+        throw std::runtime_error("Locret: the saved state ends before its Locret section (saved without eviction, or truncated)");
+    }
+    if (h.magic != LOCRET_STATE_MAGIC) {
+        throw std::runtime_error("Locret: the saved state has no Locret section (saved without eviction?)");
+    }
+    if (h.version < 2 || h.version > LOCRET_STATE_VERSION) {
+        throw std::runtime_error(format("Locret: the saved state has version %u, this build reads %u", h.version, LOCRET_STATE_VERSION));
+    }
+    const uint64_t fp = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
+    if (h.n_layers != layers.size() || h.n_cells != cfg.n_cells || h.budget != cfg.budget) {
+        throw std::runtime_error(format("Locret: the saved state was made with another model or budget "
+                "(%u layers, %u cells, budget %u; this context: %zu, %u, %u)", h.n_layers, h.n_cells, h.budget,
+                layers.size(), cfg.n_cells, cfg.budget));
+    }
+    if (h.policy != (uint32_t) cfg.policy || h.heads_fingerprint != fp) {
+        throw std::runtime_error("Locret: the saved state was scored by another policy or other retaining heads");
+    }
+    if (cfg.lag > 0 && h.window != cfg.lag) {
+        // the saved scores rank partitions of another size than the ones this context would score next
+        throw std::runtime_error(format("Locret: the saved state was scored by LagKV with partitions of %u units, this "
+                "context's are %u (--locret-lag)", h.window, cfg.lag));
+    }
+    if (cfg.lag == 0 && h.window != cfg.pool) {
+        // the saved units' scores are on another scale than the ones this context would compute next
+        throw std::runtime_error(format("Locret: the saved state's scores were pooled over %u tokens, this context's "
+                "over %u (--locret-pool)", h.window, cfg.pool));
+    }
+    std::vector<uint32_t> sched;
+    if (h.version >= 6) {
+        uint32_t n_sched = 0;
+        io.read(&n_sched, sizeof(n_sched));
+        if (n_sched != 0 && n_sched != layers.size()) {
+            throw std::runtime_error("Locret: the saved state is corrupt (bad budget schedule)");
+        }
+        sched.resize(n_sched);
+        locret_read_span(io, sched.data(), sizeof(uint32_t) * n_sched);
+    }
+    if (sched != cfg.layer_budget) {
+        throw std::runtime_error(format("Locret: the saved state was made with %s budget schedule than this context's "
+                "(--locret-budget-schedule)", sched.empty() || cfg.layer_budget.empty() ? "a different" : "another"));
+    }
+    if (!queries_of_layer.empty() && h.version < 5) {
+        throw std::runtime_error("Locret: the saved state has no captured queries (saved by an older build)");
+    }
+    const uint32_t n_expected = seq_id < 0 ? (uint32_t) streams.size() : 1;
+    if (h.n_streams != n_expected) {
+        throw std::runtime_error(format("Locret: the saved state holds %u sequences, expected %u", h.n_streams, n_expected));
+    }
+    return h.version;
+}
+
+locret_stream_meta llama_locret_memory::state_read_meta(llama_io_read_i & io, uint32_t version) const {
+    uint32_t fields[7] = {};
+    io.read(fields, sizeof(uint32_t) * locret_meta_fields(version));
+    locret_stream_meta m;
+    m.id           = fields[0];
+    m.n_used       = fields[1];
+    m.uniform_from = fields[2];
+    m.prev_output  = fields[3];
+    m.n_pinned     = fields[4];
+    m.policy_word0 = fields[5];
+    m.policy_word1 = fields[6];
+    io.read(&m.logical_next, sizeof(m.logical_next));
+    uint64_t stats[2];
+    io.read(stats, sizeof(stats));
+    m.n_evictions     = stats[0];
+    m.n_units_evicted = stats[1];
+    m.dead_end = 0;
+    m.live_end.assign(layers.size(), 0);
+    if (version >= 6) {
+        io.read(&m.dead_end, sizeof(m.dead_end));
+        locret_read_span(io, m.live_end.data(), sizeof(uint32_t) * m.live_end.size());
+    }
+    // before schedules every layer read every cell: live_end == dead_end == 0 above
+    return m;
+}
+
+void llama_locret_memory::state_check_meta(const locret_stream_meta & m) const {
+    bool masks_ok = m.dead_end <= m.n_used;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        masks_ok = masks_ok && m.live_end[i] <= m.dead_end && (m.dead_end == m.live_end[i] || !cfg.layer_budget.empty());
+    }
+    if (!masks_ok) {
+        throw std::runtime_error("Locret: the saved state is corrupt (bad masked cells)");
+    }
+    if (m.id >= streams.size() || m.n_used > cfg.n_cells || m.uniform_from > m.n_used || m.logical_next < m.n_used ||
+            m.logical_next > std::numeric_limits<llama_pos>::max() ||
+            (m.n_pinned > 0 && (uint64_t) m.n_pinned + cfg.stabilizers + policy->unscored_units(cfg) >= min_layer_budget()) ||
+            !policy->state_ok(cfg, locret_policy_state { { m.policy_word0, m.policy_word1 } }, m.n_used)) {
+        throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
+    }
+}
+
+void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id) {
+    GGML_UNUSED(version); // every version writes the units the same way; the queries' presence was checked
+    locret_stream & s = streams[id];
+    std::vector<float> block;
+    std::vector<float> row(s.n_used);
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const uint32_t n_head_kv = layers[i].n_head_kv;
+        block.assign((size_t) s.n_used * n_head_kv, 0.0f);
+        for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
+            int32_t * pos = s.pos[i].data() + (size_t) hd * cfg.n_cells;
+            locret_read_span(io, pos, sizeof(int32_t) * s.n_used);
+            locret_read_span(io, row.data(), sizeof(float) * s.n_used);
+            int32_t prev = -1;
+            for (uint32_t c = 0; c < s.n_used; ++c) {
+                if (c >= s.live_end[i] && c < s.dead_end) {
+                    if (pos[c] != -1) {
+                        throw std::runtime_error("Locret: the saved state is corrupt (a masked cell holds a unit)");
+                    }
+                    continue; // masked in this layer: no unit
+                }
+                if (pos[c] < 0 || pos[c] >= s.logical_next || pos[c] <= prev) {
+                    throw std::runtime_error("Locret: the saved state is corrupt (positions out of order)");
+                }
+                prev = pos[c];
+                // pinned units are never evicted: every head holds the same ones, in the first cells
+                const int32_t pos0 = s.pos[0][c]; // layer 0, KV head 0 (read first)
+                if ((pos[c] < (int32_t) s.n_pinned || (pos0 >= 0 && pos0 < (int32_t) s.n_pinned)) && pos[c] != pos0) {
+                    throw std::runtime_error("Locret: the saved state is corrupt (pinned units differ between heads)");
+                }
+                block[(size_t) c * n_head_kv + hd] = row[c];
+            }
+        }
+        if (!scores_of_layer.empty()) {
+            scores_set(i, id, s.n_used, block.data());
+        }
+    }
+    std::vector<uint8_t> qrow;
+    for (ggml_tensor * q : queries_of_layer) {
+        qrow.resize(query_block_bytes(q));
+        locret_read_span(io, qrow.data(), qrow.size());
+        ggml_backend_tensor_set(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
+    }
+    // llama.cpp restored the cells from 0: they must be exactly the used ones
+    const llama_kv_cells & cells = kv->get_cells((llama_seq_id) id);
+    if (cells.get_used() != s.n_used || (s.n_used > 0 && cells.used_max_p1() != s.n_used)) {
+        throw std::runtime_error("Locret: the restored cells do not match the saved Locret state");
+    }
+}

@@ -1,0 +1,130 @@
+// llama-server's Locret doors (locret-server.h).
+
+#include "locret-server.h"
+#include "locret-options.h"
+
+#include "json.h"
+#include "llama-locret.h"
+#include "log.h"
+
+#include <stdexcept>
+
+static bool g_query_auto = false;
+
+void locret_server_set_query_auto(bool on) {
+    g_query_auto = on;
+}
+
+// Locret-Q auto: a request without a query gets the question at the end of `text` as its "locret_query"
+static void locret_auto_query(common_json & body, const std::string & text) {
+    if (!g_query_auto || body.contains("locret_query")) {
+        return;
+    }
+    const std::string q = locret_find_question(text);
+    if (q.empty()) {
+        LOG_INF("Locret-Q (auto): no question at the end of the request; plain Locret eviction\n");
+        return;
+    }
+    LOG_INF("Locret-Q (auto): the request's closing question goes to its start and is pinned: \"%s\"\n", q.c_str());
+    body["locret_query"] = q;
+}
+
+// a request's query: a string with something besides whitespace
+static std::string locret_request_query(const common_json & body) {
+    const common_json & q = body.at("locret_query");
+    if (!q.is_string() || q.get<std::string>().find_first_not_of(" \t\r\n") == std::string::npos) {
+        throw std::invalid_argument("'locret_query' must be a non-empty string");
+    }
+    return q.get<std::string>();
+}
+
+void locret_server_place_chat_query(common_json & body) {
+    if (!body.contains("messages") || !body.at("messages").is_array()) {
+        return; // without messages, the server's own parser gives its error
+    }
+    if (g_query_auto && !body.contains("locret_query")) {
+        // the last user message's text (a message whose content is parts is not searched)
+        std::string last;
+        for (auto & m : body.at("messages")) {
+            if (m.contains("role") && m.at("role").is_string() && m.at("role").get<std::string>() == "user" &&
+                    m.contains("content") && m.at("content").is_string()) {
+                last = m.at("content").get<std::string>();
+            }
+        }
+        locret_auto_query(body, last);
+    }
+    if (!body.contains("locret_query")) {
+        return;
+    }
+    const std::string query = locret_request_query(body);
+    // Locret-Q's layout opens the first user turn: the query heads were trained on the query before the document
+    for (auto & m : body.at("messages")) {
+        if (!m.contains("role") || !m.at("role").is_string() || m.at("role").get<std::string>() != "user") {
+            continue;
+        }
+        if (!m.contains("content") || !m.at("content").is_string()) {
+            break;
+        }
+        m["content"] = locret_query_layout(query, m.at("content").get<std::string>());
+        return;
+    }
+    throw std::invalid_argument("'locret_query' needs a user message whose content is a string");
+}
+
+void locret_server_place_completion_query(common_json & body) {
+    if (body.contains("prompt") && body.at("prompt").is_string()) {
+        locret_auto_query(body, body.at("prompt").get<std::string>());
+    }
+    if (!body.contains("locret_query")) {
+        return;
+    }
+    const std::string query = locret_request_query(body);
+    if (!body.contains("prompt") || !body.at("prompt").is_string()) {
+        throw std::invalid_argument("'locret_query' needs a 'prompt' that is a string");
+    }
+    body["prompt"] = locret_query_layout(query, body.at("prompt").get<std::string>());
+}
+
+std::string locret_server_task_query(const common_json & data) {
+    if (!data.contains("locret_query")) {
+        return "";
+    }
+    if (!data.at("locret_query").is_string()) {
+        throw std::invalid_argument("'locret_query' must be a non-empty string");
+    }
+    return data.at("locret_query").get<std::string>();
+}
+
+bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, llama_seq_id seq_id, llama_pos p0,
+        int32_t n_cached, const std::vector<llama_token> & tokens, const std::string & query, bool * clear_cached,
+        std::string * error) {
+    *clear_cached = false;
+    llama_memory_t mem = llama_get_memory(ctx);
+    // an evicting cache cannot take back positions inside its compressed part: when the new prompt leaves the cached
+    // one there, the whole prompt is processed again instead of being mixed
+    if (!llama_memory_seq_rm(mem, seq_id, p0, -1)) {
+        LOG_INF("Locret: slot %d: the cached prompt diverges inside the compressed part (position %d): processing the "
+                "whole prompt\n", seq_id, p0);
+        llama_memory_seq_rm(mem, seq_id, -1, -1);
+        *clear_cached = true;
+        n_cached = 0;
+    }
+    // Locret-Q: the tokens through the query are pinned before any of the prompt can be evicted; a cached prompt
+    // pinned otherwise, and already evicted, is processed again
+    int32_t n_pin = 0;
+    if (!query.empty()) {
+        n_pin = llama_locret_query_tokens(vocab, tokens.data(), (int32_t) tokens.size(), query.c_str(),
+                (int32_t) llama_locret_get_stats(ctx).budget);
+    }
+    bool pinned = n_pin >= 0 && llama_locret_pin_query(ctx, seq_id, n_pin) == 0;
+    if (n_pin >= 0 && !pinned && n_cached > 0) {
+        llama_memory_seq_rm(mem, seq_id, -1, -1);
+        *clear_cached = true;
+        pinned = llama_locret_pin_query(ctx, seq_id, n_pin) == 0;
+    }
+    if (!pinned) {
+        *error = std::string("Locret-Q: ") + llama_locret_last_error();
+        return false;
+    }
+    return true;
+}

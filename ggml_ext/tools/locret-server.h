@@ -1,0 +1,40 @@
+// The doors through which llama-server reaches Locret: a request's Locret-Q query placed in its prompt, and a slot's
+// start on an evicting cache (the cached prompt cut back or dropped, the query pinned). The server's patch calls these
+// and keeps only its own bookkeeping; what they decide lives here.
+#pragma once
+
+#include "llama.h"
+
+#include <string>
+#include <vector>
+
+class common_json;
+
+// Locret-Q auto in effect for the requests that give no query (locret_common_configure sets it when the model is
+// configured): the question at the end of the request's last user message (chat) or prompt (completion) becomes the
+// request's "locret_query"
+void locret_server_set_query_auto(bool on);
+
+// Locret-Q, a chat request (OpenAI messages): the body's "locret_query" (or, with auto and none given, the question at
+// the end of the last user message) opens its first user turn, in Locret-Q's layout (locret_query_layout). Throws
+// std::invalid_argument with the reason for a query that is not a non-empty string or a request without a user message
+// whose content is a string. A body without a query is left as it is.
+void locret_server_place_chat_query(common_json & body);
+
+// Locret-Q, a completion request: the body's "locret_query" (or, with auto and none given, the question at the end of
+// its prompt) goes in front of its prompt (a string). Throws std::invalid_argument like the chat form.
+void locret_server_place_completion_query(common_json & body);
+
+// the request's query, as the task keeps it to pin when a slot takes it ("" without one); throws
+// std::invalid_argument for one that is not a string
+std::string locret_server_task_query(const common_json & data);
+
+// A slot is about to read a prompt on an evicting cache: the cache is cut back to p0 (the end of what the slot's cached
+// prompt shares with the new one), and the request's query (if any) is pinned in sequence seq_id. When the cut falls
+// inside the compressed part, or the cached prompt was pinned otherwise and has already evicted, the sequence is
+// emptied and *clear_cached set: the server must drop its cached prompt and process the whole prompt. Returns false,
+// with the reason in *error, when the request must be refused (a query the budget cannot hold, or not at the prompt's
+// start). `tokens`: the whole new prompt; `n_cached`: the tokens the slot holds of it.
+bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, llama_seq_id seq_id, llama_pos p0,
+                              int32_t n_cached, const std::vector<llama_token> & tokens, const std::string & query,
+                              bool * clear_cached, std::string * error);

@@ -1,0 +1,114 @@
+"""Locret-Q auto (--locret-query auto, locret_query="auto"): the question at the end of a prompt or of a chat's last
+user message, found by one written rule in the library (llama_locret_find_question), copied to the start and pinned.
+
+The rule is checked on fixtures (question at the end, none, several, one inside a code block, a marker, one too long);
+then that every tool pins what an explicit query of the found text pins, that an explicit query overrides auto, and
+that a prompt without a question evicts as plain Locret.
+"""
+from __future__ import annotations
+
+import pytest
+
+import locret  # noqa: F401  (points llama_cpp at our library)
+from locret.query import find_question, place_query
+
+from conftest import free_port, http_server, natural_text, post_json, run, tool
+from test_eviction import B, UB, make
+from test_locret_q import PIN_LOG, _expected_pin
+
+DOC = natural_text()[:3000]  # ~700 tokens: pinned in the first batch, then evicted around
+
+
+@pytest.mark.parametrize("text, question", [
+    # a chat message: a document, then the question in its own paragraph
+    (DOC + "\n\nWhich module reads and writes tar archives?", "Which module reads and writes tar archives?"),
+    # a marker, with markdown emphasis, the question on the marker's line
+    (DOC + "\n**Question:** what is the code for the north door?\n", "what is the code for the north door?"),
+    # a marker whose question follows on the next line; the marker is matched in any case
+    (DOC + "\nQUERY:\nName the ship at berth 12.", "Name the ship at berth 12."),
+    # several questions in the last paragraph: all of them
+    (DOC + "\n\nWhat is A? And which one is B?", "What is A? And which one is B?"),
+    # an instruction without a question mark
+    (DOC + "\n\nList the modules that read archives.", "List the modules that read archives."),
+    # a document alone: its last paragraph is a statement
+    (DOC + "\n\nThe harbour closed at dusk.", ""),
+    (DOC, ""),
+    # a question inside a code block is the document's; one after it is the user's
+    ("Some notes on f.\n\n```python\n# what does f do?\nf = 1\n```", ""),
+    ("```\n# what does f do?\n```\n\nWhat does the code above print?", "What does the code above print?"),
+    ("", ""),
+])
+def test_the_rule_finds_the_closing_question(text, question):
+    assert find_question(text) == question
+
+
+def test_a_long_question_keeps_its_trailing_sentences_within_the_bound():
+    paragraph = "This sentence is filler. " * 20 + "Where is the key?"
+    got = find_question("x " * 10 + "\n\n" + paragraph)
+    # whole sentences from a sentence start, within LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES, ending with the question
+    assert len(got.encode()) <= 320 and got.startswith("This sentence") and got.endswith("Where is the key?")
+    assert paragraph.endswith(got) and len(got) > 320 - len("This sentence is filler. ")
+    # one sentence longer than the bound: nothing (a cut sentence would not be the user's question)
+    assert find_question("Why " + "very " * 80 + "long?") == ""
+
+
+def test_python_auto_pins_what_the_found_question_pins(model_path, heads_file):
+    llm = make(model_path, heads_file, n_batch=256, n_ubatch=64, locret_query="auto")
+    question = "Which module reads and writes tar archives?"
+    prompt = DOC + "\n\n" + question
+    llm.create_completion(prompt, max_tokens=1, temperature=0.0)
+    auto_pin = llm.locret_stats()["n_pinned"]
+    assert auto_pin == _expected_pin(model_path, place_query(question, prompt), question) > 0
+    head = llm.detokenize(llm.input_ids[:auto_pin].tolist()).decode().strip()
+    assert head.endswith(question)
+    # an explicit query wins over the constructor's auto
+    other = "What does the json module encode?"
+    llm.create_completion(prompt, max_tokens=1, locret_query=other)
+    assert llm.detokenize(llm.input_ids[:llm.locret_stats()["n_pinned"]].tolist()).decode().strip().endswith(other)
+    # no question: plain Locret, nothing pinned, and still evicting
+    llm.create_completion(DOC + "\n\nThe harbour closed at dusk.", max_tokens=1)
+    st = llm.locret_stats()
+    assert st["n_pinned"] == 0 and st["n_evictions"] > 0
+    # a chat: the last user message's question opens the first user turn
+    llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=1)
+    n_pin = llm.locret_stats()["n_pinned"]
+    assert "user" in llm.detokenize(llm.input_ids[:n_pin].tolist(), special=True).decode()
+    assert llm.detokenize(llm.input_ids[:n_pin].tolist()).decode().strip().endswith(question)
+
+
+def test_llama_completion_auto_pins_the_closing_question(model_path, heads_file):
+    question = "Which module reads and writes tar archives?"
+    base = [tool("llama-completion"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-ub", UB,
+            "-b", 256, "-c", 8192, "-n", 1, "-no-cnv", "--temp", 0, "-t", 2, "-lv", 4, "--locret-query", "auto"]
+    prompt = DOC + "\n\nQuestion: " + question
+    proc = run(base + ["-p", prompt], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f'Locret-Q (auto): the question at the end of the prompt goes to its start and is pinned: "{question}"' \
+        in proc.stderr, proc.stderr[-3000:]
+    got = PIN_LOG.search(proc.stderr)
+    assert got and int(got.group(1)) == _expected_pin(model_path, place_query(question, prompt), question)
+    proc = run(base + ["-p", DOC], timeout=300)
+    assert proc.returncode == 0 and "Locret-Q (auto): no question at the end of the prompt" in proc.stderr
+    assert not PIN_LOG.search(proc.stderr)
+
+
+def test_llama_server_auto_pins_the_question_of_each_chat(model_path, heads_file, tmp_path):
+    port = free_port()
+    cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-c", 8192,
+           "-b", 256, "-ub", UB, "-t", 2, "-np", 2, "--host", "127.0.0.1", "--port", port, "-lv", 4,
+           "--locret-query", "auto"]
+    question = "Which module reads and writes tar archives?"
+    chat = {"messages": [{"role": "system", "content": "Answer from the document."},
+                         {"role": "user", "content": DOC + "\n\n" + question}], "max_tokens": 1, "temperature": 0}
+    log = tmp_path / "server.log"
+    with http_server(cmd, log, port) as url:
+        # an OpenAI client's request, no extra field: the question is found and pinned (slot 0)
+        post_json(url + "/v1/chat/completions", chat | {"id_slot": 0})
+        # the same chat with the question given explicitly (slot 1): the same pinned tokens
+        post_json(url + "/v1/chat/completions", chat | {"locret_query": question, "id_slot": 1})
+        # a document alone: nothing pinned
+        post_json(url + "/v1/chat/completions", chat | {"messages": [{"role": "user", "content": DOC}], "id_slot": 0})
+        text = log.read_text()
+    pins = {int(m.group(2)): int(m.group(1)) for m in PIN_LOG.finditer(text)}
+    assert len(pins) == 2 and pins[0] == pins[1] > _expected_pin(model_path, question, question), pins
+    assert f'pinned: "{question}"' in text and "no question at the end of the request" in text
