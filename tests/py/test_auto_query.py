@@ -7,12 +7,16 @@ that a prompt without a question evicts as plain Locret.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
+
 import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
+from locret.llama import Llama
 from locret.query import find_question, place_query
 
-from conftest import free_port, http_server, natural_text, post_json, run, tool
+from conftest import REPO, free_port, http_server, natural_text, post_json, run, tool
 from test_eviction import B, UB, make
 from test_locret_q import PIN_LOG, _expected_pin
 
@@ -112,3 +116,60 @@ def test_llama_server_auto_pins_the_question_of_each_chat(model_path, heads_file
     pins = {int(m.group(2)): int(m.group(1)) for m in PIN_LOG.finditer(text)}
     assert len(pins) == 2 and pins[0] == pins[1] > _expected_pin(model_path, question, question), pins
     assert f'pinned: "{question}"' in text and "no question at the end of the request" in text
+
+
+# settings that travel with the heads: the pooling window and auto, recommended by the shipped Locret-Q heads
+
+QUERY_HEADS = REPO / "heads" / "smollm2-135m-instruct.query.gguf"
+
+
+def recommended(path) -> dict:
+    from locret import eviction
+    s = eviction._Settings()
+    assert eviction._api().llama_locret_file_recommended(str(path).encode(), ctypes.byref(s)) >= 0
+    return {name: getattr(s, name) for name, _ in s._fields_}
+
+
+def test_settings_loaded_from_the_heads_are_the_files_recommended_ones(model_path, heads_file, tmp_path):
+    rec = recommended(QUERY_HEADS)
+    assert rec["pool"] == 15 and rec["query_auto"] == 1
+    assert recommended(heads_file)["pool"] == 0 and recommended(heads_file)["query_auto"] == 0
+    kw = dict(n_ctx=4096, n_batch=64, n_ubatch=64, locret_budget=256, verbose=False)
+    llm = Llama(model_path=str(model_path), locret_heads=str(QUERY_HEADS), **kw)
+    assert llm.locret_stats()["pool"] == rec["pool"] and llm.locret_query == "auto"
+    assert llm.locret_stats()["stabilizers"] == min(rec["stabilizers"], 64)
+    llm.close()
+    llm = Llama(model_path=str(model_path), locret_heads=str(QUERY_HEADS), locret_pool=0, locret_query="off", **kw)
+    assert llm.locret_stats()["pool"] == 0 and llm.locret_query is None
+    llm.close()
+    # another recommendation, written by the converter, is what a context then uses
+    other = tmp_path / "heads-pool7.gguf"
+    proc = run([sys.executable, REPO / "convert" / "heads_to_gguf.py", "recommend", heads_file, "--pool", "7",
+                "--query", "auto", "-o", other], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert recommended(other)["pool"] == 7 and recommended(other)["query_auto"] == 1
+    llm = Llama(model_path=str(model_path), locret_heads=str(other), **kw)
+    assert llm.locret_stats()["pool"] == 7 and llm.locret_query == "auto"
+    llm.close()
+    # a pooling window that does not fit the ubatch is not taken from the file (an explicit one is refused)
+    llm = Llama(model_path=str(model_path), locret_heads=str(QUERY_HEADS), **(kw | dict(n_batch=8, n_ubatch=8)))
+    assert llm.locret_stats()["pool"] == 0
+    llm.close()
+    for args, message in ((["--pool", "4"], "--pool must be odd"), ([], "give --pool and/or --query")):
+        proc = run([sys.executable, REPO / "convert" / "heads_to_gguf.py", "recommend", heads_file, *args,
+                    "-o", tmp_path / "x.gguf"], timeout=120)
+        assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+
+
+def test_the_tools_apply_the_heads_recommendations_unless_told_otherwise(model_path):
+    base = [tool("llama-completion"), "-m", model_path, "--locret-heads", QUERY_HEADS, "--locret-budget", 256,
+            "-ub", 64, "-b", 256, "-c", 8192, "-n", 1, "-no-cnv", "--temp", 0, "-t", 2, "-lv", 4,
+            "-p", DOC + "\n\nWhich module reads and writes tar archives?"]
+    proc = run(base, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "score pooling 15" in proc.stderr and "Locret-Q (auto): the heads recommend it" in proc.stderr
+    assert PIN_LOG.search(proc.stderr), proc.stderr[-3000:]
+    proc = run(base + ["--locret-pool", "0", "--locret-query", "off"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "score pooling" not in proc.stderr and "Locret-Q (auto)" not in proc.stderr
+    assert not PIN_LOG.search(proc.stderr)
