@@ -81,13 +81,8 @@ struct locret_policy_sage : locret_policy {
         }
         // the one selection after a prompt: its sinks, its recent window, the best of the rest by the attention of the
         // prompt's last token
-        for (size_t i = 0; i < env.layers.size(); ++i) {
-            if (std::isnan(env.query_scale[i])) {
-                locret_set_error(format("SAGE-KV: the query of layer %u was never captured (this model's attention does "
-                        "not go through the hooked build_attn); use another policy", env.layers[i].il));
-                LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
-                return false;
-            }
+        if (!locret_queries_captured(env, "SAGE-KV")) {
+            return false;
         }
         const bool ok = env.run("SAGE-KV", format("%u units", a.n_used), [&](ggml_context * ctx, ggml_cgraph * gf) {
             locret_build_sage(ctx, gf, env.layers, env.queries, env.query_scale, env.cfg.n_cells, a.strm, a.n_used);

@@ -112,13 +112,8 @@ struct locret_policy_snapkv : locret_policy {
             return true;
         }
         out.n_stab = std::max(a.n_stab, nw);
-        for (size_t i = 0; i < env.layers.size(); ++i) {
-            if (std::isnan(env.query_scale[i])) {
-                locret_set_error(format("SnapKV: the queries of layer %u were never captured (this model's attention "
-                        "does not go through the hooked build_attn); use another policy", env.layers[i].il));
-                LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
-                return false;
-            }
+        if (!locret_queries_captured(env, "SnapKV")) {
+            return false;
         }
         return env.run("SnapKV", format("%u units by %u queries", a.n_used, nw), [&](ggml_context * ctx, ggml_cgraph * gf) {
             snapkv_build(ctx, gf, env, a.strm, a.n_used, nw, env.query_scale);

@@ -2,9 +2,11 @@
 
 #include "locret-policy.h"
 #include "locret-heads.h"
+#include "locret-compact.h"
 
 #include "llama-impl.h"
 
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -36,6 +38,18 @@ const locret_policy_entry * locret_policy_find(llama_locret_policy id) {
 std::unique_ptr<locret_policy> locret_policy_make(llama_locret_policy id) {
     const locret_policy_entry * e = locret_policy_find(id);
     return e != nullptr ? e->make() : nullptr;
+}
+
+bool locret_queries_captured(const locret_policy_env & env, const char * title) {
+    for (size_t i = 0; i < env.layers.size(); ++i) {
+        if (std::isnan(env.query_scale[i])) {
+            locret_set_error(format("%s: the queries of layer %u were never captured (this model's attention does not "
+                    "go through the hooked build_attn); use another policy", title, env.layers[i].il));
+            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
+            return false;
+        }
+    }
+    return true;
 }
 
 int32_t llama_locret_policy_count(void) {

@@ -53,6 +53,10 @@ struct locret_policy_env {
                        const std::function<void(ggml_context *, ggml_cgraph *)> & build)> run;
 };
 
+// for a policy that scores by attention: every layer's queries were captured (the model's attention goes through the
+// hooked build_attn); false, with the reason in llama_locret_last_error naming `title`, when one was not
+bool locret_queries_captured(const locret_policy_env & env, const char * title);
+
 // one sequence's eviction, as the policy prepares it
 struct locret_evict_args {
     uint32_t strm;     // the sequence's stream

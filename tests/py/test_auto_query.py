@@ -20,7 +20,7 @@ from conftest import REPO, free_port, http_server, natural_text, post_json, run,
 from test_eviction import B, UB, make
 from test_locret_q import PIN_LOG, _expected_pin
 
-DOC = natural_text()[:3000]  # ~700 tokens: pinned in the first batch, then evicted around
+DOC = natural_text()[:1600]  # ~380 tokens: pinned in the first batch, then evicted around (b = 96)
 
 
 @pytest.mark.parametrize("text, question", [

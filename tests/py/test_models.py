@@ -121,7 +121,8 @@ def test_shipped_locret_q_heads_sit_beside_the_plain_ones_and_resolve_for_a_quer
     a, b = GGUFReader(plain, "r"), GGUFReader(query, "r")
     layout = lambda r: {k: f.contents() for k, f in r.fields.items()
                         if k.startswith("locret.") and not k.startswith("locret.training.")}
-    assert layout(a) == layout(b)
+    # the same layout; the Locret-Q heads also recommend what they were measured with: pooling, the question found
+    assert layout(b) == layout(a) | {"locret.recommended.pool": 15, "locret.recommended.query": "auto"}
     assert [(t.name, list(t.shape)) for t in a.tensors] == [(t.name, list(t.shape)) for t in b.tensors]
     assert any(not np.array_equal(x.data, y.data) for x, y in zip(a.tensors, b.tensors))
     assert "Locret-Q layout" in b.fields["locret.training.notes"].contents()

@@ -136,6 +136,12 @@ def shape(llm):
     return n_layer, n_head_kv, llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
 
 
+def all_held(llm):
+    """Every (layer, KV head)'s retained logical positions."""
+    n_layer, n_head_kv, _ = shape(llm)
+    return [llm.locret_retained(il, h).tolist() for il in range(n_layer) for h in range(n_head_kv)]
+
+
 def prompt_calls(tokens, end_alone=True):
     """A prompt in ubatches without outputs, its last token alone asking for one."""
     body = tokens[:-1] if end_alone else tokens
@@ -292,10 +298,6 @@ def test_tools_evict_with_sage(model_path):
 
 def test_a_sage_state_resumes_exactly(model_path, prompt_tokens):
     from test_state_files import captured_log, errors, load_bytes
-
-    def all_held(llm):
-        n_layer, n_head_kv, _ = shape(llm)
-        return [llm.locret_retained(il, h).tolist() for il in range(n_layer) for h in range(n_head_kv)]
 
     # saved between the prompt's end and its selection: the pending selection and its query must come back
     a = make(model_path)

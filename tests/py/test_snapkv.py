@@ -22,7 +22,7 @@ from locret.llama import Llama
 
 from conftest import free_port, http_server, natural_text, post_json, run, tool
 from test_eviction import decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
-from test_sage import shape
+from test_sage import all_held, shape
 
 B, UB, NS = 128, 64, 16
 W, POOL = 32, 5   # LLAMA_LOCRET_SNAPKV_WINDOW, LLAMA_LOCRET_SNAPKV_POOL
@@ -207,10 +207,6 @@ def test_snapkv_settings_are_checked(model_path):
 
 def test_a_snapkv_state_resumes_exactly(model_path, prompt_tokens):
     from test_state_files import captured_log, errors, load_bytes
-
-    def all_held(llm):
-        n_layer, n_head_kv, _ = shape(llm)
-        return [llm.locret_retained(il, h).tolist() for il in range(n_layer) for h in range(n_head_kv)]
 
     # saved after a part whose window the next eviction reads: the window's queries must come back
     a = make(model_path)

@@ -56,14 +56,17 @@ def make_llm(spec: RunSpec):
         kwargs["type_k"] = kwargs["type_v"] = getattr(llama_cpp, f"GGML_TYPE_{spec.kv_type.upper()}")
     if spec.method == "full":
         return Llama(spec.model_path, **kwargs)
-    return Llama(spec.model_path, **locret_settings(spec), **kwargs)
+    query = dict(locret_query="off") if spec.method in HEADS_METHODS else {}  # not the heads' recommended auto
+    return Llama(spec.model_path, **locret_settings(spec), **query, **kwargs)
 
 
 def locret_settings(spec: RunSpec) -> dict:
     """The Locret settings (locret.Llama's locret_* arguments) of an evicting method's run."""
     out = dict(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
     if spec.method in HEADS_METHODS:
-        return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool,
+        # what the run asks for and nothing the heads recommend: no pooling unless --pool (and no query but
+        # locret-q's own, pinned by the worker: make_llm), so that a run means the same whatever heads file it reads
+        return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool or 0,
                           locret_budget_schedule="pyramid" if spec.method == "locret-pyramid" else None)
     if spec.method == "lagkv":
         return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
