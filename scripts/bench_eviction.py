@@ -76,6 +76,11 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         out.update(zip(("select_ms", "compact_ms", "readback_ms", "eviction_ms", "timed_ms"),
                        (float(x) for x in split.groups())))
         out["n_ubatches"] = max(1, -(-(prompt + depth) // args.ubatch)) if prompt else max(1, gen)
+    moved = re.search(r"locret: eviction rows: moved (\d+), rotated (\d+), kept (\d+) .*host syncs (\d+) in (\d+) "
+                      r"compactions", proc.stderr)
+    if moved:
+        out.update(zip(("rows_moved", "rows_rotated", "rows_kept", "host_syncs", "compactions"),
+                       (int(x) for x in moved.groups())))
     device = re.findall(r"locret: device memory: (\S+) ([\d.]+) MiB in use", proc.stderr)
     if device:
         out["device_mib"] = sum(float(mib) for _, mib in device)
@@ -191,7 +196,8 @@ def main() -> int:
     print(f"\n{Path(args.model).name}, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, "
           f"{'GPU layers ' + str(args.gpu_layers) if on_gpu else 'CPU'}, llama-bench -r 1\n")
     print("| run | tok/s | peak RSS (MiB) | device memory (MiB) | per ubatch: compute / selection / read-back / "
-          "compaction (ms) | eviction share |\n|---|---:|---:|---:|---|---:|")
+          "compaction (ms) | eviction share | rows moved / kept | host syncs per compaction |"
+          "\n|---|---:|---:|---:|---|---:|---:|---:|")
     for name, r in rows:
         split = "-"
         if "select_ms" in r:
@@ -201,7 +207,10 @@ def main() -> int:
                      f"{r['compact_ms'] / n:.2f}")
         share = f"{100 * r['eviction_ms'] / r['timed_ms']:.2f} %" if r.get("timed_ms") else "-"
         device_mib = f"{r['device_mib']:.0f}" if "device_mib" in r else "-"
-        print(f"| {name} | {r['tps']:.1f} | {r['peak_rss_mib']:.0f} | {device_mib} | {split} | {share} |")
+        moved = f"{r['rows_moved'] / r['rows_kept']:.3f}" if r.get("rows_kept") else "-"
+        syncs = f"{r['host_syncs'] / r['compactions']:.1f}" if r.get("compactions") else "-"
+        print(f"| {name} | {r['tps']:.1f} | {r['peak_rss_mib']:.0f} | {device_mib} | {split} | {share} | {moved} | "
+              f"{syncs} |")
 
     hi = max(lengths)
     share = lpp[hi]["eviction_ms"] / lpp[hi]["timed_ms"] if lpp[hi].get("timed_ms") else float("nan")

@@ -293,6 +293,13 @@ struct llama_locret_stats {
     uint32_t lag;              // LagKV's partition size (0: another policy)
     uint64_t n_compactions;    // compaction graphs this context ran since it was made, for all its sequences
                                // (sequences evicting in the same ubatch share one, up to 4 per graph); not in states
+    // what evictions cost, since the context was made, for all its sequences (not in states); a row is one (layer, KV
+    // head, unit)
+    uint64_t n_rows_moved;     // K/V rows written to another cell by compactions
+    uint64_t n_rows_rotated;   // keys re-rotated (their physical position changed)
+    uint64_t n_rows_kept;      // units retained at evictions
+    uint64_t n_host_syncs;     // times an eviction waited for the backend or read data back (the wait for the
+                               // previous ubatch, each eviction-time graph's compute, each read-back)
 };
 
 // Whether the context evicts (was created with a Locret budget).

@@ -51,6 +51,10 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.pool            = cfg.pool;
     st.lag             = cfg.lag;
     st.n_compactions   = mem->t.n_compactions;
+    st.n_rows_moved    = mem->t.n_rows_moved;
+    st.n_rows_rotated  = mem->t.n_rows_rotated;
+    st.n_rows_kept     = mem->t.n_rows_kept;
+    st.n_host_syncs    = mem->t.n_host_syncs;
     return st;
 }
 

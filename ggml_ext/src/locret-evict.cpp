@@ -140,6 +140,7 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
         return false;
     }
     const int64_t p2 = ggml_time_us();
+    t.n_host_syncs += 1;
     if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
         LLAMA_LOG_ERROR("%s: Locret: the selection graph failed\n", __func__);
         return false;
@@ -152,6 +153,7 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
     const int64_t t0_us = ggml_time_us();
     GGML_ASSERT((size_t) ggml_nelements(top) <= select_idx_cap);
     ggml_backend_tensor_get(top, select_idx, 0, ggml_nbytes(top));
+    t.n_host_syncs += 1;
     t.readback_us += ggml_time_us() - t0_us;
     return true;
 }
@@ -171,6 +173,7 @@ bool llama_locret_memory::run_score_graph(const char * policy_name, const std::s
     evict_res->reset();
     ggml_cgraph * gf = evict_res->get_gf();
     build(evict_res->get_ctx(), gf);
+    t.n_host_syncs += 1;
     if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
         locret_set_error(format("the %s scoring graph could not run; the cache is unchanged", policy_name));
         LLAMA_LOG_ERROR("%s: Locret: the %s scoring graph failed\n", __func__, policy_name);
@@ -240,8 +243,6 @@ void llama_locret_memory::select_layer_masked(size_t i, size_t row0, uint32_t n_
 }
 
 int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
-    // the previous ubatch wrote the scores and reads the cells that move: wait for it
-    ggml_backend_sched_synchronize(lctx->get_sched());
     if (evict_moves.layer.size() != layers.size()) {
         // the room for the moves is made when the context reserves its graphs
         locret_set_error("the Locret eviction graphs were not reserved; the cache is unchanged");
@@ -258,6 +259,12 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
             evicting.push_back(st);
         }
     }
+    if (evicting.empty()) {
+        return 0; // a ubatch that evicts nothing does not wait for the backend
+    }
+    // the previous ubatch wrote the scores and reads the cells that move: wait for it
+    ggml_backend_sched_synchronize(lctx->get_sched());
+    t.n_host_syncs += 1;
     int ret = 0;
     for (size_t first = 0; first < evicting.size(); first += evict_turn_seq) {
         const int rc = evict_turn(lctx, evicting.data() + first, std::min<size_t>(evict_turn_seq, evicting.size() - first));
@@ -286,6 +293,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     locret_moves & moves = evict_moves;
     moves.clear();
     std::vector<size_t> row0(layers.size() + 1, 0); // first (layer, KV head) row of each layer
+    turn_moved.assign(layers.size(), 0);
+    turn_rotated.assign(layers.size(), 0);
+    uint64_t turn_kept = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
         row0[i + 1] = row0[i] + layers[i].n_head_kv;
     }
@@ -337,6 +347,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
                     blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, st.strm));
                 } else {
                     scores_get(i, st.strm, n_used, select_scores.data() + at);
+                    t.n_host_syncs += 1;
                     blocks[i] = select_scores.data() + at;
                     at += (size_t) n_used * layers[i].n_head_kv;
                 }
@@ -391,6 +402,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
                     const int32_t p_old = (int32_t) c + (c < s.live_end[i] ? old_shift : 0);
                     const int32_t p_new = (int32_t) k + new_shift;
                     if (c != k || p_new != p_old) {
+                        turn_moved[i]   += c != k;
+                        turn_rotated[i] += p_new != p_old;
                         p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
                         p_dst[n] = (base + k) * n_head_kv + h;
                         p_dlt[n] = p_new - p_old;
@@ -402,6 +415,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             m.n += n;
         });
         pending.push_back({ args, prot });
+        for (size_t i = 0; i < layers.size(); ++i) {
+            turn_kept += (uint64_t) layers[i].n_head_kv * live[i];
+        }
         if (locret_profile()) {
             fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start\n", on_device ? "device" : "host",
                     (ggml_time_us() - t_start_us) / 1e3);
@@ -418,6 +434,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         locret_compact(evict_sched.get(), evict_res.get(), kv, v_trans, layers, moves,
                 take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
     t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
+    t.n_host_syncs  += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN; // the compaction graph's compute
     if (status == LOCRET_COMPACT_NOT_RUN) {
         locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
         return -1;
@@ -469,6 +486,11 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         return -1;
     }
     t.compact_us += ggml_time_us() - t_selected_us;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        t.n_rows_moved   += turn_moved[i];
+        t.n_rows_rotated += turn_rotated[i];
+    }
+    t.n_rows_kept += turn_kept;
     // the eviction graphs have their own scheduler: the context's last graph stays reusable, unless the window cache
     // was shifted (llama.cpp's K-shift runs on the context's scheduler)
     return shifted ? 1 : 0;

@@ -218,6 +218,11 @@ public:
         uint64_t compact_us  = 0; // the compaction graph and the window cache's shifts
         uint64_t readback_us = 0; // copying what the host needs (the kept cells, or the scores for a host selection)
         uint64_t n_compactions = 0; // compaction graphs run (one per turn of an eviction that moved rows)
+        // what evictions cost in rows, one row per (layer, KV head, unit), and in host round trips
+        uint64_t n_rows_moved   = 0; // K/V rows written to another cell
+        uint64_t n_rows_rotated = 0; // keys re-rotated (their position changed)
+        uint64_t n_rows_kept    = 0; // units retained at evictions
+        uint64_t n_host_syncs   = 0; // times the eviction waited for the backend or read data back
     } t;
 
 
@@ -273,6 +278,8 @@ private:
                              uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block,
                              const locret_stream & s, uint32_t * keep) const;
     std::vector<std::vector<uint32_t>> live_next; // per pending eviction: each layer's units after it
+    std::vector<uint64_t> turn_moved;    // per layer: rows the turn's compaction moves to another cell
+    std::vector<uint64_t> turn_rotated;  // per layer: keys it re-rotates
     // stream strm's scores of layer i in the store: [n_used][n_head_kv] from its byte offset
     size_t scores_offset(size_t i, uint32_t strm) const;
     void   scores_get(size_t i, uint32_t strm, uint32_t n_used, float * out) const;

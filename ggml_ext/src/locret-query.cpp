@@ -127,9 +127,13 @@ size_t locret_last_paragraph(const std::string & s) {
 // last `window` bytes; npos when there is none
 size_t locret_after_marker(const std::string & s, size_t window) {
     static const char * markers[] = { "question:", "q:", "query:" };
-    const size_t from = s.size() > window ? s.size() - window : 0;
+    // from the first whole line inside the window (a line cut by the window's start is not a line start)
+    const size_t from = s.size() > window ? s.find('\n', s.size() - window) : 0;
+    if (from == std::string::npos) {
+        return std::string::npos;
+    }
     size_t best = std::string::npos;
-    size_t at = from;
+    size_t at = from == 0 ? 0 : from + 1;
     while (at < s.size()) {
         // the line [at, end)
         size_t end = s.find('\n', at);
@@ -140,7 +144,7 @@ size_t locret_after_marker(const std::string & s, size_t window) {
         }
         const std::string head = locret_lower(s.substr(b, 10));
         for (const char * m : markers) {
-            if (at >= from && head.rfind(m, 0) == 0) {
+            if (head.rfind(m, 0) == 0) {
                 best = b + std::strlen(m);
             }
         }
@@ -162,6 +166,9 @@ bool locret_reads_as_question(const std::string & span) {
         ++end;
     }
     const std::string first = locret_lower(span.substr(0, end));
+    if (end < span.size() && span[end] == ':') {
+        return false; // a field label ("Name: ..."), not a request
+    }
     for (const char * w : words) {
         if (first == w) {
             return true;

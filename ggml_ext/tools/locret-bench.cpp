@@ -67,6 +67,8 @@ void locret_bench_timer::start(const llama_context * ctx) {
     start_us[0] = s.t_select_us;
     start_us[1] = s.t_compact_us;
     start_us[2] = s.t_readback_us;
+    const uint64_t now[5] = { s.n_rows_moved, s.n_rows_rotated, s.n_rows_kept, s.n_host_syncs, s.n_compactions };
+    std::copy(now, now + 5, start_rows);
 }
 
 void locret_bench_timer::stop(const llama_context * ctx) {
@@ -74,6 +76,10 @@ void locret_bench_timer::stop(const llama_context * ctx) {
     us[0] += s.t_select_us   - start_us[0];
     us[1] += s.t_compact_us  - start_us[1];
     us[2] += s.t_readback_us - start_us[2];
+    const uint64_t now[5] = { s.n_rows_moved, s.n_rows_rotated, s.n_rows_kept, s.n_host_syncs, s.n_compactions };
+    for (int i = 0; i < 5; ++i) {
+        rows[i] += now[i] - start_rows[i];
+    }
 }
 
 void locret_bench_timer::report(const llama_context * ctx, const std::vector<uint64_t> & samples_ns) const {
@@ -87,6 +93,11 @@ void locret_bench_timer::report(const llama_context * ctx, const std::vector<uin
         fprintf(stderr, "locret: eviction time: select %.1f ms, compaction %.1f ms, read-back %.1f ms: "
                 "%.1f ms of %.1f ms timed (%.2f %%)\n", us[0] / 1e3, us[1] / 1e3, us[2] / 1e3,
                 spent_ms, total_ms, total_ms > 0 ? 100.0 * spent_ms / total_ms : 0.0);
+        // what the evictions of the timed runs cost in rows (one per layer, KV head and unit) and host round trips
+        fprintf(stderr, "locret: eviction rows: moved %llu, rotated %llu, kept %llu (moved / kept %.3f); host syncs "
+                "%llu in %llu compactions\n", (unsigned long long) rows[0], (unsigned long long) rows[1],
+                (unsigned long long) rows[2], rows[2] > 0 ? (double) rows[0] / rows[2] : 0.0,
+                (unsigned long long) rows[3], (unsigned long long) rows[4]);
     }
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
         ggml_backend_dev_t dev = ggml_backend_dev_get(i);

@@ -32,6 +32,8 @@ bool locret_bench_query_prefix(llama_context * ctx, const std::string & query, i
 struct locret_bench_timer {
     uint64_t us[3] = { 0, 0, 0 }; // select, compaction, read-back
     uint64_t start_us[3] = { 0, 0, 0 };
+    uint64_t rows[5] = { 0, 0, 0, 0, 0 }; // rows moved, rotated, kept, host syncs, compactions in the timed runs
+    uint64_t start_rows[5] = { 0, 0, 0, 0, 0 };
 
     void start(const llama_context * ctx);
     void stop(const llama_context * ctx);

@@ -36,7 +36,8 @@ class _Stats(ctypes.Structure):
                 ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int),
                 ("n_seq", ctypes.c_uint32), ("t_select_us", ctypes.c_uint64), ("t_compact_us", ctypes.c_uint64),
                 ("t_readback_us", ctypes.c_uint64), ("n_pinned", ctypes.c_uint32), ("pool", ctypes.c_uint32),
-                ("lag", ctypes.c_uint32), ("n_compactions", ctypes.c_uint64)]
+                ("lag", ctypes.c_uint32), ("n_compactions", ctypes.c_uint64), ("n_rows_moved", ctypes.c_uint64),
+                ("n_rows_rotated", ctypes.c_uint64), ("n_rows_kept", ctypes.c_uint64), ("n_host_syncs", ctypes.c_uint64)]
 
 
 _SIGNATURES = {
@@ -251,7 +252,10 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage", "snapkv"), n_seq
     (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling
     window, 0: none) and lag (LagKV's partition, 0: another policy); and the work done so far: t_select_us,
-    t_compact_us, t_readback_us (time spent) and n_compactions (compaction graphs run)."""
+    t_compact_us, t_readback_us (time spent), n_compactions (compaction graphs run), and what evictions cost since
+    the context was made: n_rows_moved (K/V rows written to another cell), n_rows_rotated (keys re-rotated),
+    n_rows_kept (units retained; a row is one layer, KV head and unit) and n_host_syncs (times an eviction waited
+    for the backend or read data back)."""
     s = _api().llama_locret_get_seq_stats(ctx, seq_id)
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
@@ -261,8 +265,10 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
 
 def state_stats(stats_: dict) -> dict:
     """The part of `stats()` that is the sequence's state, which a saved and loaded state reproduces: all but
-    the work done (the t_ timers and n_compactions, which count this context's own graphs)."""
-    return {k: v for k, v in stats_.items() if not k.startswith("t_") and k != "n_compactions"}
+    the work done (the t_ timers and the n_compactions, n_rows_* and n_host_syncs counters, which count this
+    context's own work)."""
+    work = ("n_compactions", "n_rows_moved", "n_rows_rotated", "n_rows_kept", "n_host_syncs")
+    return {k: v for k, v in stats_.items() if not k.startswith("t_") and k not in work}
 
 
 def pin_query(ctx: int, n_tokens: int, seq_id: int = 0) -> None:

@@ -36,6 +36,11 @@ DOC = natural_text()[:1600]  # ~380 tokens: pinned in the first batch, then evic
     (DOC + "\n\nList the modules that read archives.", "List the modules that read archives."),
     # a document alone: its last paragraph is a statement
     (DOC + "\n\nThe harbour closed at dusk.", ""),
+    # a field label whose first word could ask ("Name", "State"): a document's record, not a request
+    (DOC + "\n\nName: John Smith\nState: closed", ""),
+    # a marker only counts at a line start: here the rule's search window (the last 4 x 320 bytes) starts inside
+    # "FAQ:", at "Q:" (1290 bytes in all), which is not a marker
+    ("see the FAQ: x" + (" Yes." * 256)[:1276], ""),
     (DOC, ""),
     # a question inside a code block is the document's; one after it is the user's
     ("Some notes on f.\n\n```python\n# what does f do?\nf = 1\n```", ""),

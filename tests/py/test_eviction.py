@@ -64,6 +64,9 @@ class Algorithm1:
         self.pool = pool    # score pooling: a unit's score is the mean over `pool` tokens of its ubatch around it
         self.prev_output = True
         self.cut_ties = 0  # selections whose cut fell inside a run of equal scores (ties decided by cell order)
+        # what the evictions cost (locret_stats' n_rows_*): rows kept, and rows whose cell changed (moved; without a
+        # schedule a unit's position is its cell, so exactly these are re-rotated)
+        self.evictions, self.rows_kept, self.rows_moved = 0, 0, 0
 
     def split(self, n_tokens, output_last):
         """The engine's ubatches for one batch: the local tail of a prompt end is its own ubatch."""
@@ -89,6 +92,9 @@ class Algorithm1:
                     self.cut_ties += 1
                 keep = pinned + sorted(order[:n_top].tolist()) + list(range(n - n_stab, n))
                 layer[h] = [units[i] for i in keep]
+                self.rows_kept += len(keep)
+                self.rows_moved += sum(1 for cell, i in enumerate(keep) if i != cell)
+        self.evictions += 1
 
     def pooled(self, positions, scores_of):
         """{position: [n_layer, n_head_kv] score} of one ubatch: the heads' scores, or with pooling their mean over
@@ -128,7 +134,9 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
                locret_stabilizers=32, locret_local=16)
     llm.eval(tokens)
     got = last_logits(llm)
-    assert llm.locret_stats()["n_evictions"] == 0
+    st = llm.locret_stats()
+    # ubatches that evict nothing cost the host no wait of the extension's own
+    assert st["n_evictions"] == 0 and st["n_host_syncs"] == 0 and st["n_rows_moved"] == st["n_rows_kept"] == 0
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
     assert int(np.argmax(got)) == int(np.argmax(want))
 
@@ -184,6 +192,13 @@ def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, pool, 
     assert checked == len(calls) * n_layer * n_head_kv
     assert ref.cut_ties >= 3, "no selection was decided by a tie: the tie rule went unchecked"
     assert stats["n_pinned"] == n_pin and stats["pool"] == pool
+    # the counts of what evictions cost: the rows the model keeps and moves; the host waits once for the previous
+    # ubatch and once for the compaction, and with the device's selection also for its graph and its read-back
+    assert stats["n_evictions"] == ref.evictions
+    assert (stats["n_rows_kept"], stats["n_rows_moved"], stats["n_rows_rotated"]) == \
+        (ref.rows_kept, ref.rows_moved, ref.rows_moved)
+    assert 0 < ref.rows_moved < ref.rows_kept
+    assert stats["n_host_syncs"] == ref.evictions * (2 if select == "host" else 4)
     if n_pin:
         # the model's rule kept the pinned units; the engine's read-out says the same in every head
         assert all(llm.locret_retained(il, h)[:n_pin].tolist() == list(range(n_pin))
