@@ -13,18 +13,22 @@
 #include <cstring>
 #include <string>
 
+// writes at most n_out - 1 bytes of s and a NUL into out (when not NULL); returns s's length, like snprintf
+static int32_t locret_copy_out(const std::string & s, char * out, int32_t n_out) {
+    if (out != nullptr && n_out > 0) {
+        const size_t n = std::min(s.size(), (size_t) n_out - 1);
+        std::memcpy(out, s.data(), n);
+        out[n] = '\0';
+    }
+    return (int32_t) s.size();
+}
+
 int32_t llama_locret_query_layout(const char * query, const char * text, char * out, int32_t n_out) {
     // the query without surrounding white space (a query file's last line end would otherwise widen the separator)
     std::string q = query != nullptr ? query : "";
     const size_t first = q.find_first_not_of(" \t\r\n");
     q = first == std::string::npos ? "" : q.substr(first, q.find_last_not_of(" \t\r\n") - first + 1);
-    const std::string placed = q + LLAMA_LOCRET_QUERY_SEPARATOR + (text != nullptr ? text : "");
-    if (out != nullptr && n_out > 0) {
-        const size_t n = std::min(placed.size(), (size_t) n_out - 1);
-        std::memcpy(out, placed.data(), n);
-        out[n] = '\0';
-    }
-    return (int32_t) placed.size();
+    return locret_copy_out(q + LLAMA_LOCRET_QUERY_SEPARATOR + (text != nullptr ? text : ""), out, n_out);
 }
 
 int32_t llama_locret_query_tokens(const llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
@@ -218,11 +222,5 @@ static std::string locret_find_question(const std::string & text) {
 }
 
 int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out) {
-    const std::string q = locret_find_question(text != nullptr ? text : "");
-    if (out != nullptr && n_out > 0) {
-        const size_t n = std::min(q.size(), (size_t) n_out - 1);
-        std::memcpy(out, q.data(), n);
-        out[n] = '\0';
-    }
-    return (int32_t) q.size();
+    return locret_copy_out(locret_find_question(text != nullptr ? text : ""), out, n_out);
 }

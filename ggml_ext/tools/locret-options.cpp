@@ -145,16 +145,23 @@ std::string locret_options_configure(const locret_options & o, llama_model * mod
     return "";
 }
 
-std::string locret_find_question(const std::string & text) {
-    const int32_t n = llama_locret_find_question(text.c_str(), nullptr, 0);
+// a string from a C function that, like snprintf, returns the length it needs when given no buffer
+template <typename F>
+static std::string locret_string_from(F && write) {
+    const int32_t n = write(nullptr, 0);
     std::string out((size_t) n, '\0');
-    llama_locret_find_question(text.c_str(), out.data(), n + 1);
+    write(out.data(), n + 1);
     return out;
 }
 
+std::string locret_find_question(const std::string & text) {
+    return locret_string_from([&](char * out, int32_t n_out) {
+        return llama_locret_find_question(text.c_str(), out, n_out);
+    });
+}
+
 std::string locret_query_layout(const std::string & query, const std::string & text) {
-    const int32_t n = llama_locret_query_layout(query.c_str(), text.c_str(), nullptr, 0);
-    std::string out((size_t) n, '\0');
-    llama_locret_query_layout(query.c_str(), text.c_str(), out.data(), n + 1);
-    return out;
+    return locret_string_from([&](char * out, int32_t n_out) {
+        return llama_locret_query_layout(query.c_str(), text.c_str(), out, n_out);
+    });
 }

@@ -17,25 +17,24 @@ def place_query(query: str, content: str) -> str:
     """The user turn's text with `query` in front."""
     if not query.strip():
         raise ValueError("the Locret-Q query is empty")
-    import ctypes
-
     from .eviction import _api
-    q, text = query.encode(), content.encode()
-    n = _api().llama_locret_query_layout(q, text, None, 0)   # the library builds the layout for every tool
-    out = ctypes.create_string_buffer(n + 1)
-    _api().llama_locret_query_layout(q, text, out, n + 1)
-    return out.raw[:n].decode()
+    # the library builds the layout for every tool
+    return _c_string(lambda out, n: _api().llama_locret_query_layout(query.encode(), content.encode(), out, n))
 
 
 
 def find_question(text: str) -> str:
     """Locret-Q auto: the question at the end of `text` (a chat's last user message, or a prompt), by the C library's
     written rule (llama_locret_find_question, docs/locret-q.md#the-question-found), or "" when it has none."""
+    from .eviction import _api
+    return _c_string(lambda out, n: _api().llama_locret_find_question(text.encode(), out, n))
+
+
+def _c_string(write) -> str:
+    """The text of a C function that, like snprintf, returns the length it needs when given no buffer."""
     import ctypes
 
-    from .eviction import _api
-    raw = text.encode()
-    n = _api().llama_locret_find_question(raw, None, 0)
+    n = write(None, 0)
     out = ctypes.create_string_buffer(n + 1)
-    _api().llama_locret_find_question(raw, out, n + 1)
+    write(out, n + 1)
     return out.raw[:n].decode(errors="replace")

@@ -142,6 +142,18 @@ def all_held(llm):
     return [llm.locret_retained(il, h).tolist() for il in range(n_layer) for h in range(n_head_kv)]
 
 
+def assert_resumes_exactly(llm, data, tokens, n_past, n_end, want_held, want_logits):
+    """A fresh context `llm` loads a saved state, decodes `tokens` after it, and then holds the same units in every
+    (layer, KV head) and gives the same logits as the context that saved it did; closes `llm`."""
+    from test_state_files import load_bytes
+
+    assert load_bytes(llm, data) > 0
+    assert decode(llm, tokens, n_past, True) == n_end
+    assert all_held(llm) == want_held
+    np.testing.assert_allclose(last_logits(llm), want_logits, rtol=0, atol=1e-4 * np.abs(want_logits).max())
+    llm.close()
+
+
 def prompt_calls(tokens, end_alone=True):
     """A prompt in ubatches without outputs, its last token alone asking for one."""
     body = tokens[:-1] if end_alone else tokens
@@ -297,7 +309,7 @@ def test_tools_evict_with_sage(model_path):
 
 
 def test_a_sage_state_resumes_exactly(model_path, prompt_tokens):
-    from test_state_files import captured_log, errors, load_bytes
+    from test_state_files import refusal_of
 
     # saved between the prompt's end and its selection: the pending selection and its query must come back
     a = make(model_path)
@@ -310,18 +322,12 @@ def test_a_sage_state_resumes_exactly(model_path, prompt_tokens):
     want_held, want_logits = all_held(a), last_logits(a)
     a.close()
 
-    b = make(model_path)
-    assert load_bytes(b, data) > 0
-    assert decode(b, prompt_tokens[900:901], n_past, True) == n_end
-    assert all_held(b) == want_held
-    np.testing.assert_allclose(last_logits(b), want_logits, rtol=0, atol=1e-4 * np.abs(want_logits).max())
-    b.close()
+    assert_resumes_exactly(make(model_path), data, prompt_tokens[900:901], n_past, n_end, want_held, want_logits)
 
     # another budget would choose another set from the same query: refused, never mixed
     c = make(model_path, locret_budget=96)
-    with captured_log() as lines:
-        assert load_bytes(c, data) == 0
-    assert "made with another model or budget" in errors(lines), errors(lines)
+    refused = refusal_of(c, data)
+    assert "made with another model or budget" in refused, refused
     c.close()
 
 

@@ -22,7 +22,7 @@ from locret.llama import Llama
 
 from conftest import free_port, http_server, natural_text, post_json, run, tool
 from test_eviction import decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
-from test_sage import all_held, shape
+from test_sage import all_held, assert_resumes_exactly, shape
 
 B, UB, NS = 128, 64, 16
 W, POOL = 32, 5   # LLAMA_LOCRET_SNAPKV_WINDOW, LLAMA_LOCRET_SNAPKV_POOL
@@ -206,7 +206,7 @@ def test_snapkv_settings_are_checked(model_path):
 
 
 def test_a_snapkv_state_resumes_exactly(model_path, prompt_tokens):
-    from test_state_files import captured_log, errors, load_bytes
+    from test_state_files import refusal_of
 
     # saved after a part whose window the next eviction reads: the window's queries must come back
     a = make(model_path)
@@ -219,18 +219,13 @@ def test_a_snapkv_state_resumes_exactly(model_path, prompt_tokens):
     want_held, want_logits = all_held(a), last_logits(a)
     a.close()
 
-    b = make(model_path)
-    assert load_bytes(b, data) > 0
-    assert decode(b, prompt_tokens[3 * UB:3 * UB + 40], n_past, True) == n_end
-    assert all_held(b) == want_held
-    np.testing.assert_allclose(last_logits(b), want_logits, rtol=0, atol=1e-4 * np.abs(want_logits).max())
-    b.close()
+    assert_resumes_exactly(make(model_path), data, prompt_tokens[3 * UB:3 * UB + 40], n_past, n_end, want_held,
+                           want_logits)
 
     # other pooling would rank the units on another scale: refused, never mixed
     c = make(model_path, locret_pool=3)
-    with captured_log() as lines:
-        assert load_bytes(c, data) == 0
-    assert "pooled over 5 tokens" in errors(lines), errors(lines)
+    refused = refusal_of(c, data)
+    assert "pooled over 5 tokens" in refused, refused
     c.close()
 
 

@@ -86,6 +86,13 @@ def load_bytes(llm, data: bytes) -> int:
     return llama_cpp.llama_state_set_data(llm._ctx.ctx, buf, len(data))
 
 
+def refusal_of(llm, data: bytes) -> str:
+    """Loads `data`, which must be refused, and returns the errors the refusal logged."""
+    with captured_log() as lines:
+        assert load_bytes(llm, data) == 0
+    return errors(lines)
+
+
 def load_file(llm, path) -> bool:
     tokens = (llama_cpp.llama_token * 4096)()
     n = ctypes.c_size_t(0)
@@ -124,9 +131,8 @@ def test_a_state_from_other_settings_is_refused_with_the_reason(case, saved, mod
     llm = make(model_path, other_heads) if kw is None else make(model_path, heads_file, **kw)
     decode(llm, prompt_tokens[:UB], 0, True)  # something the refusal must not leave behind
     data, path, state, seq_path = saved
-    with captured_log() as lines:
-        assert load_bytes(llm, data) == 0
-    assert reason in errors(lines), errors(lines)
+    refused = refusal_of(llm, data)
+    assert reason in refused, refused
     assert_empty_and_working(llm, prompt_tokens)
 
     llm.reset()
@@ -145,9 +151,8 @@ def test_a_state_saved_without_eviction_is_refused(model_path, heads_file, promp
     plain.close()
 
     llm = make(model_path, heads_file)
-    with captured_log() as lines:
-        assert load_bytes(llm, data) == 0
-    assert "ends before its Locret section" in errors(lines), errors(lines)
+    refused = refusal_of(llm, data)
+    assert "ends before its Locret section" in refused, refused
     assert_empty_and_working(llm, prompt_tokens)
     llm.close()
 
