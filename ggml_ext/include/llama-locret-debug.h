@@ -9,8 +9,8 @@
 extern "C" {
 #endif
 
-// Debug: logical positions of the units that layer il, KV head ih holds in sequence 0, in cell order (cell c has
-// physical position c). Copies them into logical_pos when it is not NULL (n_max must be large enough).
+// Debug: logical positions of the units that layer il, KV head ih holds in sequence 0, in cell order (with compact
+// positions cell c has physical position c; see llama_locret_debug_rope_positions). Copies them into logical_pos when it is not NULL (n_max must be large enough).
 // Returns the number of units, or -1 (see llama_locret_last_error()); -1 too for a window layer of an iSWA model,
 // which is not evicted.
 LLAMA_API int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih,
@@ -19,6 +19,13 @@ LLAMA_API int32_t llama_locret_retained(const struct llama_context * ctx, int32_
 // The same for sequence seq_id.
 LLAMA_API int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t ih,
                                             int32_t * logical_pos, int32_t n_max);
+
+// Debug: the RoPE positions the keys of the units llama_locret_retained_seq lists were rotated at, in the same order
+// (compact positions: the cell, after the cells a budget schedule masks in the layer for the units before them; kept
+// positions: the position each unit was read at, or given when positions were last compacted). Returns the number of
+// units (copies when rope_pos is not NULL and n_max holds them), or -1.
+LLAMA_API int32_t llama_locret_debug_rope_positions(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il,
+                                                   int32_t ih, int32_t * rope_pos, int32_t n_max);
 
 // Debug: layer il's K (read_v false) or V cache of sequence 0 for cells [0, n_cells), dequantized to F32 as
 // [n_cells][n_embd_gqa] (keys as stored: after RoPE at their physical positions). Returns n_embd_gqa, or -1.

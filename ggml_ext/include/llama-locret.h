@@ -151,6 +151,17 @@ LLAMA_API const char * llama_locret_policies_help(void);
 // names are valid).
 LLAMA_API int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out);
 
+// Where the units an eviction keeps sit in RoPE's positions (docs/policies.md, "Positions").
+enum llama_locret_positions {
+    LLAMA_LOCRET_POSITIONS_COMPACT = 0, // the paper's: the kept units get positions 0..n-1 in their order, so every
+                                        // eviction re-rotates (and moves) nearly every key; positions never pass b + B
+    LLAMA_LOCRET_POSITIONS_KEEP    = 1, // the kept units keep the positions they were read at; the chunk's survivors
+                                        // are copied into the holes the eviction left (no rotation, at most B rows per
+                                        // layer and KV head); positions grow with the input and are compacted as above
+                                        // only when the next part would pass the position limit. Policies that read
+                                        // units in position order (lagkv, sage, snapkv) and rope-less models refuse it
+};
+
 // Settings for the contexts created from a model. The chunk is the context's ubatch (n_ubatch).
 struct llama_locret_params {
     const struct llama_locret_heads * heads; // scores the units; required when budget > 0 and policy is HEADS
@@ -170,9 +181,13 @@ struct llama_locret_params {
     struct llama_locret_settings defaults; // the recommended values that settings left at -1 take when `heads` is NULL
                                            // (a tool that has not loaded the heads yet fills them with
                                            // llama_locret_file_recommended); zeros: the paper's
+    int32_t positions;      // enum llama_locret_positions; -1 = default (COMPACT)
+    int32_t position_limit; // KEEP: positions stay below this (>= b + n_ubatch); 0 or -1 = the model's trained
+                            // context (n_ctx_train)
 };
 
-// heads NULL, budget 0, stabilizers, local, pool and lag -1, policy HEADS, no schedule, no defaults. Defaults, resolved
+// heads NULL, budget 0, stabilizers, local, pool, lag, positions and position_limit -1, policy HEADS, no schedule, no
+// defaults. Defaults, resolved
 // when a context is created: the heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped
 // to n_ubatch, and n_s to b/2.
 LLAMA_API struct llama_locret_params llama_locret_params_default(void);
@@ -266,6 +281,15 @@ LLAMA_API int64_t llama_locret_fit_n_ctx(const char * model_path, const char * h
 // policy without per-layer selection (lagkv, sage).
 LLAMA_API int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const char * schedule);
 
+// Parse the tools' --locret-positions value: "compact", "keep", or "keep:N" (N the position limit) into *mode (enum
+// llama_locret_positions) and *limit (-1: the model's trained context). Returns 0, or -1 (llama_locret_last_error).
+LLAMA_API int32_t llama_locret_positions_parse(const char * text, int32_t * mode, int32_t * limit);
+
+// Where kept units sit for the contexts created next from `model` (llama_locret_params.positions and position_limit),
+// after llama_locret_model_configure, for tools whose configuration goes through llama_locret_configure_default.
+// Returns 0, or -1 (llama_locret_last_error) for settings the rule book refuses, or no budget configured.
+LLAMA_API int32_t llama_locret_model_set_positions(struct llama_model * model, int32_t mode, int32_t limit);
+
 // The budget layer il of a context keeps (its schedule's entry, or b), or -1 when the context does not evict that
 // layer.
 LLAMA_API int32_t llama_locret_layer_budget(const struct llama_context * ctx, int32_t il);
@@ -300,6 +324,11 @@ struct llama_locret_stats {
     uint64_t n_rows_kept;      // units retained at evictions
     uint64_t n_host_syncs;     // times an eviction waited for the backend or read data back (the wait for the
                                // previous ubatch, each eviction-time graph's compute, each read-back)
+    enum llama_locret_positions positions; // where kept units sit (resolved)
+    uint32_t position_limit;   // KEEP: positions stay below it (0 with COMPACT)
+    int64_t  pos_rope_next;    // the RoPE position the sequence's next token gets
+    uint64_t n_repositions;    // KEEP: evictions that compacted positions because the next part would pass the limit
+                               // (since the context was made, all its sequences; not in states)
 };
 
 // Whether the context evicts (was created with a Locret budget).

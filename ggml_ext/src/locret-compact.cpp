@@ -285,7 +285,9 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
 
     auto inp = std::make_unique<locret_compact_input>(moves, layers, kv);
     inp->inp.resize(layers.size());
-    inp->k_rot = kv->build_input_k_rot(ctx0);
+    // the Hadamard rotation of a quantized K cache, only when keys are re-rotated (an input the graph leaves unused
+    // would have no memory to be set into)
+    inp->k_rot = moves.rotate ? kv->build_input_k_rot(ctx0) : nullptr;
 
     for (size_t i = 0; i < layers.size(); ++i) {
         const locret_kv_layer & L = layers[i];
@@ -304,7 +306,7 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         // K: one row per (stream, cell, head)
         ggml_tensor * k_rows = ggml_view_2d(ctx0, L.k, L.d_k, n_rows, ggml_row_size(L.k->type, L.d_k), 0);
         ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, src); // F32 [d_k, n_moves]
-        if (L.rot.rope) {
+        if (L.rot.rope && moves.rotate) {
             ggml_tensor * delta = ggml_view_1d(ctx0, moves.t_delta, n_moves, m.at * sizeof(int32_t));
             if (!L.rot.freq_factors.empty()) {
                 li.factors = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());

@@ -81,12 +81,13 @@ struct locret_moves {
         int32_t * src   = nullptr; // the row a unit leaves
         int64_t * dst   = nullptr; // the row it goes to (I64 like llama.cpp's own set_rows indices: a backend may
                                    // then fuse the re-rotation with the write)
-        int32_t * delta = nullptr; // its new physical position minus its old one (cells are positions)
+        int32_t * delta = nullptr; // its new physical (RoPE) position minus its old one
         size_t    n     = 0;
         size_t    cap   = 0;
         size_t    at    = 0;       // first element of the layer in the tensors
     };
     std::vector<layer_moves> layer; // per layer (index into the layer list)
+    bool rotate = true;             // some move re-rotates its key (kept positions mostly copy: no RoPE in the graph)
 
     ggml_tensor * t_src   = nullptr; // I32 [sum of cap]
     ggml_tensor * t_dst   = nullptr; // I64 [sum of cap]

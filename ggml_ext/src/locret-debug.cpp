@@ -55,6 +55,10 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.n_rows_rotated  = mem->t.n_rows_rotated;
     st.n_rows_kept     = mem->t.n_rows_kept;
     st.n_host_syncs    = mem->t.n_host_syncs;
+    st.positions       = cfg.keep_positions ? LLAMA_LOCRET_POSITIONS_KEEP : LLAMA_LOCRET_POSITIONS_COMPACT;
+    st.position_limit  = cfg.keep_positions ? cfg.position_limit : 0;
+    st.pos_rope_next   = s->rope_next;
+    st.n_repositions   = mem->repositions();
     return st;
 }
 
@@ -91,6 +95,38 @@ int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id
         std::memcpy(logical_pos + m0, pos + m1, sizeof(int32_t) * (s->n_used - m1));
     }
     return (int32_t) n_held;
+}
+
+int32_t llama_locret_debug_rope_positions(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t ih,
+        int32_t * rope_pos, int32_t n_max) {
+    locret_set_error("");
+    const int32_t n_held = llama_locret_retained_seq(ctx, seq_id, il, ih, nullptr, 0);
+    if (n_held < 0) {
+        return -1;
+    }
+    if (rope_pos == nullptr) {
+        return n_held;
+    }
+    if (n_max < n_held) {
+        locret_set_error(format("llama_locret_debug_rope_positions: %d units do not fit in %d", n_held, n_max));
+        return -1;
+    }
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    const locret_stream * s = mem->get_stream(seq_id);
+    const int32_t i = mem->layer_index((uint32_t) il);
+    uint32_t m0 = 0;
+    uint32_t m1 = 0;
+    mem->masked_cells((size_t) i, (uint32_t) seq_id, &m0, &m1);
+    int32_t n = 0;
+    for (uint32_t c = 0; c < s->n_used; ++c) {
+        if (c >= m0 && c < m1) {
+            continue;
+        }
+        // kept positions: as recorded; compact: the cell, after the masked cells for the units before them
+        rope_pos[n++] = !s->rope.empty() ? s->rope[i][(size_t) ih * mem->config().n_cells + c] :
+                        (int32_t) (c < m0 ? c + (m1 - m0) : c);
+    }
+    return n;
 }
 
 int32_t llama_locret_layer_budget(const struct llama_context * ctx, int32_t il) {
@@ -259,7 +295,7 @@ int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id
     }
     // the window cache's cells hold physical positions; the uniform part of the global cache gives the offset to the
     // client's positions (the window cache follows every compaction, so the same offset holds for all its cells)
-    const llama_pos offset = s->logical_next - (llama_pos) s->n_used;
+    const llama_pos offset = s->logical_next - (llama_pos) s->rope_next;
     const llama_kv_cells & cells = mem->get_kv_swa()->get_cells(seq_id);
     int32_t n = 0;
     for (uint32_t c = 0; c < cells.size(); ++c) {

@@ -18,9 +18,12 @@
 // eviction
 //
 
-void llama_locret_memory::free_cells(uint32_t strm, uint32_t from) {
-    // cells hold their physical position: removing positions >= from frees cells [from, n_used)
-    kv->seq_rm((llama_seq_id) strm, (llama_pos) from, -1);
+void llama_locret_memory::free_cells(uint32_t strm, uint32_t from, llama_pos pos_from) {
+    // the cache's cells hold positions that grow with the cell (compact positions: the cell itself; kept positions:
+    // cells below the budget hold their own index, later ones the RoPE position they were placed at): removing
+    // positions >= pos_from frees cells [from, n_used)
+    GGML_UNUSED(from);
+    kv->seq_rm((llama_seq_id) strm, pos_from, -1);
 }
 
 bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llama_pos delta) {
@@ -255,7 +258,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     std::vector<locret_step> & evicting = evict_steps;
     evicting.clear();
     for (const locret_step & st : plan.steps) {
-        if (st.n_keep < streams[st.strm].n_used) {
+        if (st.n_keep < streams[st.strm].n_used || st.reposition) {
             evicting.push_back(st);
         }
     }
@@ -285,7 +288,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     const uint64_t readback_before_us = t.readback_us;
 
     // the selections, into the pending positions: nothing changes until the compaction has run
-    struct pending_t { locret_evict_args args; locret_protect prot; };
+    struct pending_t { locret_evict_args args; locret_protect prot; bool reposition; };
     const locret_policy_env env = policy_env();
     // a budget schedule: per pending eviction, the units each layer keeps (its live_end after the eviction)
     live_next.resize(std::max(live_next.size(), n_steps));
@@ -302,18 +305,22 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     for (size_t k_step = 0; k_step < n_steps; ++k_step) {
         const locret_step & st = steps[k_step];
         const locret_stream & s = streams[st.strm];
-        if (st.n_keep >= s.n_used) {
+        // kept positions: a part that would pass the position limit compacts positions, evicting or not
+        const bool evicts = st.n_keep < s.n_used;
+        if (!evicts && !st.reposition) {
             continue;
         }
         // a pinned query (Locret-Q) stays like the stabilizers: the rest of the budget is chosen by score; the policy
         // computes the scores it needs now and may protect more (sinks, units waiting for a score, a chosen set)
         const locret_evict_args args = { st.strm, s.n_used, st.n_keep, pinned_cells(s), st.n_stab };
         locret_protect prot;
-        if (!policy->prepare(env, args, streams[st.strm].policy_state, prot)) {
+        if (evicts && !policy->prepare(env, args, streams[st.strm].policy_state, prot)) {
             return -1;
         }
         const uint32_t n_pin  = prot.n_pin;
-        const uint32_t n_stab = prot.n_stab;
+        // kept positions fill holes with the chunk's units, so that cells are in position order only from the chunk
+        // on: the stabilizers are the chunk's last n_s units (all of a shorter chunk), as the paper words it
+        const uint32_t n_stab = cfg.keep_positions ? std::min(prot.n_stab, s.n_used - s.uniform_from) : prot.n_stab;
         if (n_pin + n_stab > st.n_keep) {
             // only a state loaded from elsewhere could bring this: the settings checks keep room for both
             locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
@@ -326,8 +333,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
 
         // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
         // nothing chosen by score (SAGE-KV after its selection): no score is read
-        const bool ends_only = n_top == 0;
-        const bool on_device = has_score_store() && select_graph && n_top > 0 && n_top < n_cand;
+        const bool ends_only = n_top == 0 || !evicts;
+        const bool on_device = evicts && has_score_store() && select_graph && n_top > 0 && n_top < n_cand;
         if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
             locret_set_error("the Locret selection graph could not run; the cache is unchanged");
             return -1;
@@ -357,9 +364,15 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
 
         if (pos_next.size() <= pending.size()) {
             pos_next.resize(pending.size() + 1);
+            rope_pos_next.resize(pending.size() + 1);
         }
         auto & next = pos_next[pending.size()];
         next.resize(layers.size());
+        auto & rnext = rope_pos_next[pending.size()];
+        rnext.resize(s.rope.size());
+        // kept positions: the kept units stay where they are, the chunk's survivors fill the holes, nothing is
+        // re-rotated; unless positions are compacted (the limit), which orders the cells by position as compact does
+        const bool keep_in_place = cfg.keep_positions && !st.reposition;
         evict_keep.resize(row0.back() * st.n_keep);
         const int64_t base = (int64_t) st.strm * cfg.n_cells;
         auto & live = live_next[pending.size()];
@@ -374,7 +387,19 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             const int32_t  old_shift = (int32_t) masked;
             const int32_t  new_shift = (int32_t) (st.n_keep - n_live);
             live[i] = n_live;
-            if (masked == 0 && n_live == st.n_keep) {
+            if (!evicts) {
+                // compacting positions only: every unit the layer holds stays
+                for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
+                    uint32_t * out = evict_keep.data() + (row0[i] + h) * st.n_keep;
+                    uint32_t k = 0;
+                    for (uint32_t c = 0; c < n_used; ++c) {
+                        if (c < s.live_end[i] || c >= s.dead_end) {
+                            out[k++] = c;
+                        }
+                    }
+                    GGML_ASSERT(k == n_live);
+                }
+            } else if (masked == 0 && n_live == st.n_keep) {
                 select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
                         evict_keep.data());
             } else {
@@ -383,6 +408,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             }
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());
+            if (!s.rope.empty()) {
+                rnext[i].resize(s.rope[i].size());
+            }
             // the layer's moves are written through local pointers and counted once at the end: the layers' headers
             // sit side by side, and a count updated per move from several threads would share their cache lines
             auto & m = moves.layer[i];
@@ -391,10 +419,64 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             int64_t * p_dst = m.dst   + m.n;
             int32_t * p_dlt = m.delta + m.n;
             size_t n = 0;
+            std::vector<uint32_t> order; // kept positions, compacted: the kept cells by position
             for (uint32_t h = 0; h < n_head_kv; ++h) {
                 const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
                 int32_t        * pos_new = next[i].data()  + (size_t) h * cfg.n_cells;
                 const uint32_t * kept    = evict_keep.data() + (row0[i] + h) * st.n_keep;
+                if (cfg.keep_positions) {
+                    const int32_t * rope     = s.rope[i].data() + (size_t) h * cfg.n_cells;
+                    int32_t       * rope_new = rnext[i].data()  + (size_t) h * cfg.n_cells;
+                    if (keep_in_place) {
+                        // kept cells below n_live stay; the others (the chunk's, in cell order) go to the holes below
+                        // n_live in cell order: at most the chunk's units move, and none is re-rotated
+                        uint32_t m = 0;
+                        while (m < n_live && kept[m] < n_live) {
+                            ++m;
+                        }
+                        uint32_t src = m;  // next kept cell at or above n_live
+                        uint32_t next_kept = 0;
+                        for (uint32_t c = 0; c < n_live; ++c) {
+                            if (next_kept < m && kept[next_kept] == c) {
+                                pos_new[c]  = pos[c];
+                                rope_new[c] = rope[c];
+                                ++next_kept;
+                                continue;
+                            }
+                            const uint32_t from = kept[src++];
+                            pos_new[c]  = pos[from];
+                            rope_new[c] = rope[from];
+                            turn_moved[i] += 1;
+                            p_src[n] = (int32_t) ((base + from) * n_head_kv + h);
+                            p_dst[n] = (base + c) * n_head_kv + h;
+                            p_dlt[n] = 0;
+                            ++n;
+                        }
+                        GGML_ASSERT(src == n_live);
+                    } else {
+                        // positions compacted: the kept units in position order at cells [0, n_live), rotated to
+                        // positions right before the next cell (after the layer's masked cells)
+                        order.assign(kept, kept + n_live);
+                        std::sort(order.begin(), order.end(), [rope](uint32_t a, uint32_t b) { return rope[a] < rope[b]; });
+                        for (uint32_t k = 0; k < n_live; ++k) {
+                            const uint32_t c     = order[k];
+                            const int32_t  p_new = (int32_t) k + new_shift;
+                            pos_new[k]  = pos[c];
+                            rope_new[k] = p_new;
+                            if (c != k || p_new != rope[c]) {
+                                turn_moved[i]   += c != k;
+                                turn_rotated[i] += p_new != rope[c];
+                                p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
+                                p_dst[n] = (base + k) * n_head_kv + h;
+                                p_dlt[n] = p_new - rope[c];
+                                ++n;
+                            }
+                        }
+                    }
+                    std::fill(pos_new + n_live, pos_new + st.n_keep, -1);
+                    std::fill(rope_new + n_live, rope_new + st.n_keep, -1);
+                    continue;
+                }
                 for (uint32_t k = 0; k < n_live; ++k) {
                     const uint32_t c = kept[k]; // c >= k: compacting forward in place is safe
                     pos_new[k] = pos[c];
@@ -414,7 +496,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             }
             m.n += n;
         });
-        pending.push_back({ args, prot });
+        pending.push_back({ args, prot, st.reposition });
         for (size_t i = 0; i < layers.size(); ++i) {
             turn_kept += (uint64_t) layers[i].n_head_kv * live[i];
         }
@@ -430,6 +512,10 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     // the device selection accounted for its own time; the host's (and the bookkeeping) is the rest
     t.select_us += (uint64_t) (t_selected_us - t_start_us) - (t.readback_us - readback_before_us);
 
+    moves.rotate = false;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        moves.rotate = moves.rotate || turn_rotated[i] > 0;
+    }
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
         locret_compact(evict_sched.get(), evict_res.get(), kv, v_trans, layers, moves,
                 take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
@@ -450,8 +536,19 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         const locret_evict_args & pd = pending[p].args;
         locret_stream & s = streams[pd.strm];
         const uint32_t n_used = s.n_used;
-        free_cells(pd.strm, pd.n_keep);
+        const uint32_t rope_before = s.rope_next;
+        if (pd.n_keep < n_used) {
+            free_cells(pd.strm, pd.n_keep, (llama_pos) pd.n_keep);
+        }
         s.pos.swap(pos_next[p]);
+        if (!s.rope.empty()) {
+            s.rope.swap(rope_pos_next[p]);
+        }
+        // the next part's RoPE position: on from the last with kept positions, else after the kept units
+        if (!cfg.keep_positions || pending[p].reposition) {
+            s.rope_next = pd.n_keep;
+        }
+        n_repositions += cfg.keep_positions && pending[p].reposition;
         uint64_t n_evicted = 0;
         for (size_t i = 0; i < layers.size(); ++i) {
             const uint32_t held = n_used - (s.dead_end - s.live_end[i]);
@@ -463,10 +560,10 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         s.uniform_from     = pd.n_keep;
         policy->compacted(cfg, pd, pending[p].prot, s.policy_state);
         s.undo.valid       = false;
-        s.n_evictions     += 1;
+        s.n_evictions     += pd.n_keep < n_used; // compacting kept positions alone evicts nothing
         s.n_units_evicted += n_evicted;
-        shifted = shifted || kv_swa != nullptr;
-        if (!shift_window(lctx, pd.strm, -(llama_pos) (n_used - pd.n_keep))) {
+        shifted = shifted || (kv_swa != nullptr && s.rope_next != rope_before);
+        if (!shift_window(lctx, pd.strm, (llama_pos) s.rope_next - (llama_pos) rope_before)) {
             LLAMA_LOG_ERROR("%s: Locret: the window cache could not follow the compaction\n", __func__);
             ok = false;
         }

@@ -66,27 +66,33 @@ uint32_t llama_locret_graph_n_nodes(uint32_t n_layer) {
 
 namespace {
 
-// the store rows of the ubatch's tokens: stream*n_cells + cell, where a Locret ubatch's cell is its physical position
-// and its stream its sequence (locret-memory.h)
+// the store rows of the ubatch's tokens: stream*n_cells + cell, the cell the memory's plan gives each token (its stream
+// is its sequence, locret-memory.h); the memory context is the one of the ubatch the graph computes
 class locret_score_rows_input : public llm_graph_input_i {
 public:
-    locret_score_rows_input(ggml_tensor * rows, uint32_t n_cells) : rows(rows), n_cells(n_cells) {}
+    locret_score_rows_input(ggml_tensor * rows, uint32_t n_cells, const llama_memory_context_i * mctx)
+        : rows(rows), n_cells(n_cells), mctx(mctx) {}
 
     void set_input(const llama_ubatch * ubatch) override {
         GGML_ASSERT(ubatch != nullptr && (int64_t) ubatch->n_tokens == rows->ne[0]);
+        llama_locret_memory * mem = nullptr;
+        const locret_ubatch_plan * plan = locret_plan_of(mctx, &mem);
+        GGML_ASSERT(plan != nullptr && plan->cell.size() == ubatch->n_tokens);
         data.resize(ubatch->n_tokens);
         for (uint32_t t = 0; t < ubatch->n_tokens; ++t) {
-            data[t] = (int64_t) ubatch->seq_id[t][0] * n_cells + ubatch->pos[t];
+            data[t] = (int64_t) ubatch->seq_id[t][0] * n_cells + plan->cell[t];
         }
         ggml_backend_tensor_set(rows, data.data(), 0, ggml_nbytes(rows));
     }
 
     bool can_reuse(const llm_graph_params & params) override {
+        mctx = params.mctx;
         return (int64_t) params.ubatch.n_tokens == rows->ne[0];
     }
 
     ggml_tensor * rows; // I64 [n_tokens]
     const uint32_t n_cells;
+    const llama_memory_context_i * mctx;
     std::vector<int64_t> data;
 };
 
@@ -135,7 +141,7 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
             ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
             ggml_set_input(rows);
             ggml_set_name(rows, "locret_score_rows");
-            res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells));
+            res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells, mctx));
             res->t_locret_rows = rows;
         }
         // the recorder reads the heads' own scores (cis); the store, which eviction reads, the pooled ones

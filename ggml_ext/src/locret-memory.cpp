@@ -181,6 +181,9 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
         for (size_t i = 0; i < layers.size(); ++i) {
             s.pos[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, -1);
         }
+        if (cfg.keep_positions) {
+            s.rope = s.pos;
+        }
     }
     if (policy->stores_scores()) {
         make_score_store(n_seq);
@@ -200,11 +203,13 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
                 "is sized for the largest)", cfg.budget_mean, cfg.layer_budget.front(), layers.front().il,
                 cfg.layer_budget.back(), layers.back().il);
     }
+    const std::string positions = cfg.keep_positions ?
+        format(", positions kept (compacted at %u)", cfg.position_limit) : std::string(", positions compacted");
     LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, %s, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
-            "cells per sequence, %u sequence(s) (logical context %u)%s\n", __func__, llama_locret_policy_name(cfg.policy),
+            "cells per sequence, %u sequence(s) (logical context %u)%s%s\n", __func__, llama_locret_policy_name(cfg.policy),
             !has_score_store() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
             budget.c_str(), cfg.stabilizers, cfg.local, pooling.c_str(), cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
-            kv_swa ? ", window layers in their own cache" : "");
+            kv_swa ? ", window layers in their own cache" : "", positions.c_str());
     if (!cfg.layer_budget.empty()) {
         std::string list;
         for (size_t i = 0; i < layers.size(); ++i) {
@@ -321,6 +326,8 @@ locret_plan_params llama_locret_memory::plan_params() const {
     p.capacity     = cfg.capacity;
     p.n_cells      = cfg.n_cells;
     p.selects_once = policy->reads_prompt_whole();
+    p.keep_positions = cfg.keep_positions;
+    p.position_limit = cfg.position_limit;
     return p;
 }
 
@@ -391,7 +398,8 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     for (size_t s = 0; s < streams.size(); ++s) {
         sim[s].n_used      = streams[s].n_used;
         sim[s].prev_output = streams[s].prev_output;
-        sim[s].offset      = streams[s].logical_next - (llama_pos) streams[s].n_used;
+        sim[s].rope_next   = streams[s].rope_next;
+        sim[s].offset      = streams[s].logical_next - (llama_pos) streams[s].rope_next;
         sim[s].sage_fresh  = policy->selection_due(streams[s].policy_state);
     }
 
@@ -431,10 +439,11 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
         sinfo.s0 = *std::min_element(sinfo.strm.begin(), sinfo.strm.end());
         sinfo.s1 = *std::max_element(sinfo.strm.begin(), sinfo.strm.end());
 
-        // the graph's copy of the ubatch: a token's physical position is its cell
+        // the graph's copy of the ubatch: a token's physical position is the one RoPE rotates it at (its cell with
+        // compact positions)
         std::vector<llama_pos> pos_phys(ubatch.n_tokens);
         for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
-            pos_phys[i] = (llama_pos) plan.cell[i];
+            pos_phys[i] = (llama_pos) plan.rope[i];
         }
         sinfos.push_back(std::move(sinfo));
         physical.push_back(locret_ubatch_with_pos(ubatch, pos_phys));
@@ -483,6 +492,7 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         s.undo.before        = s.snapshot();
         const bool prompt_end = locret_plan_sage_prompt_end(s.prev_output, st.n_tokens, st.output);
         s.n_used       = st.first_cell + st.n_tokens;
+        s.rope_next    = st.first_rope + st.n_tokens;
         s.prev_output  = st.output;
         policy->placed(cfg, s.policy_state, s.n_used, st.n_tokens, prompt_end);
     }
@@ -491,6 +501,9 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         for (size_t i = 0; i < layers.size(); ++i) {
             for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
                 s.pos[i][(size_t) h * cfg.n_cells + plan.cell[t]] = plan.logical[t];
+                if (!s.rope.empty()) {
+                    s.rope[i][(size_t) h * cfg.n_cells + plan.cell[t]] = (int32_t) plan.rope[t];
+                }
             }
         }
         s.logical_next = std::max(s.logical_next, plan.logical[t] + 1);
@@ -505,7 +518,11 @@ void llama_locret_memory::reset_stream(locret_stream & s) {
     for (size_t i = 0; i < layers.size(); ++i) {
         std::fill(s.pos[i].begin(), s.pos[i].end(), -1);
     }
+    for (auto & r : s.rope) {
+        std::fill(r.begin(), r.end(), -1);
+    }
     s.n_used       = 0;
+    s.rope_next    = 0;
     s.uniform_from = 0;
     s.prev_output  = true;
     s.logical_next = 0;
@@ -620,7 +637,9 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
     while (first < s.n_used && pos[first] < p0) {
         ++first;
     }
-    const llama_pos offset = s.logical_next - (llama_pos) s.n_used; // logical - physical of the uniform part
+    const llama_pos offset = s.logical_next - (llama_pos) s.rope_next; // logical - physical of the uniform part
+    // the uniform part is placed in order: its physical positions follow its logical ones
+    const llama_pos phys_first = p0 - offset;
     if (kv_swa != nullptr) {
         // the window layers continue from p0 only if their cache still holds the window before it
         const llama_pos swa_min = kv_swa->seq_pos_min(seq_id);
@@ -628,12 +647,15 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
             LLAMA_LOG_DEBUG("%s: Locret: the window cache of sequence %d no longer holds the window before %d\n", __func__, seq_id, p0);
             return false;
         }
-        kv_swa->seq_rm(seq_id, (llama_pos) first, -1);
+        kv_swa->seq_rm(seq_id, phys_first, -1);
     }
-    free_cells((uint32_t) seq_id, first);
+    free_cells((uint32_t) seq_id, first, phys_first);
     for (size_t i = 0; i < layers.size(); ++i) {
         for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
             std::fill(s.pos[i].begin() + (size_t) h * cfg.n_cells + first, s.pos[i].begin() + (size_t) h * cfg.n_cells + s.n_used, -1);
+            if (!s.rope.empty()) {
+                std::fill(s.rope[i].begin() + (size_t) h * cfg.n_cells + first, s.rope[i].begin() + (size_t) h * cfg.n_cells + s.n_used, -1);
+            }
         }
     }
     if (s.undo.valid && s.undo.first_logical == p0 && s.undo.before.n_used == first) {
@@ -641,6 +663,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         s.restore(s.undo.before);
     } else {
         s.n_used       = first;
+        s.rope_next    = (uint32_t) phys_first;
         s.logical_next = p0;
         s.prev_output  = true;
     }
@@ -743,14 +766,23 @@ llama_pos llama_locret_memory::seq_pos_min(llama_seq_id seq_id) const {
     llama_pos res = std::numeric_limits<llama_pos>::max();
     for (size_t i = 0; i < layers.size(); ++i) {
         for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
-            res = std::min(res, s->pos[i][(size_t) h * cfg.n_cells]); // cells are in position order
+            const int32_t * pos = s->pos[i].data() + (size_t) h * cfg.n_cells;
+            if (s->rope.empty()) {
+                res = std::min(res, pos[0]); // cells are in position order
+                continue;
+            }
+            for (uint32_t c = 0; c < s->n_used; ++c) { // kept positions fill holes out of order
+                if (pos[c] >= 0) {
+                    res = std::min(res, pos[c]);
+                }
+            }
         }
     }
     if (kv_swa != nullptr) {
         // like llama.cpp's iSWA cache: the positions every layer can still attend from
         const llama_pos swa_min = kv_swa->seq_pos_min(seq_id);
         if (swa_min >= 0) {
-            res = std::max(res, swa_min + s->logical_next - (llama_pos) s->n_used);
+            res = std::max(res, swa_min + s->logical_next - (llama_pos) s->rope_next);
         }
     }
     return res;

@@ -58,6 +58,7 @@ struct locret_stream {
     uint32_t  uniform_from = 0;     // cells >= this were placed after the last eviction: the same token in every head
     bool      prev_output  = true;  // the last part placed asked for an output
     llama_pos logical_next = 0;     // the client's position of the sequence's next token
+    uint32_t  rope_next    = 0;     // the RoPE position of its next token (== n_used with compact positions)
     uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
     locret_policy_state policy_state; // what the policy keeps per sequence (locret-policy.h)
 
@@ -74,6 +75,10 @@ struct locret_stream {
     // per evicting layer: [n_head_kv][n_cells] logical position of the unit in each cell (valid below n_used); the
     // units' scores live beside the cache, on its device (llama_locret_memory::scores)
     std::vector<std::vector<int32_t>> pos;
+    // kept positions (locret_config::keep_positions): per evicting layer [n_head_kv][n_cells] the RoPE position each
+    // cell's key was rotated at (valid below n_used; -1 in a cell a schedule masks). Empty with compact positions, where
+    // it follows from the cell (and the masked cells after it).
+    std::vector<std::vector<int32_t>> rope;
 
     // the bookkeeping a placed part changes (the units' positions are restored by freeing its cells)
     struct marks {
@@ -81,14 +86,16 @@ struct locret_stream {
         uint32_t  uniform_from;
         bool      prev_output;
         llama_pos logical_next;
+        uint32_t  rope_next;
         locret_policy_state policy_state;
     };
-    marks snapshot() const { return { n_used, uniform_from, prev_output, logical_next, policy_state }; }
+    marks snapshot() const { return { n_used, uniform_from, prev_output, logical_next, rope_next, policy_state }; }
     void restore(const marks & m) {
         n_used       = m.n_used;
         uniform_from = m.uniform_from;
         prev_output  = m.prev_output;
         logical_next = m.logical_next;
+        rope_next    = m.rope_next;
         policy_state = m.policy_state;
     }
 
@@ -138,6 +145,9 @@ public:
     //
     // Locret
     //
+
+    // kept positions: evictions that compacted positions because a part would pass the limit (all sequences)
+    uint64_t repositions() const { return n_repositions; }
 
     // the eviction the plan puts before its ubatch, on the memory's own scheduler: 1 if the context's scheduler was used
     // too (an iSWA window cache was shifted: the context's last graph cannot be reused), 0 otherwise (evicted or not
@@ -263,6 +273,8 @@ private:
 
     // per pending eviction: the positions after it, swapped in when it succeeds
     std::vector<std::vector<std::vector<int32_t>>> pos_next;
+    std::vector<std::vector<std::vector<int32_t>>> rope_pos_next; // and the RoPE positions (kept positions)
+    uint64_t n_repositions = 0; // kept positions: evictions that compacted positions (the limit), all sequences
 
     locret_fault fault = LOCRET_FAULT_NONE;
 
@@ -318,7 +330,7 @@ private:
     void state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id);
 
     void reset_stream(locret_stream & s);
-    void free_cells(uint32_t strm, uint32_t from);  // inner cells [from, n_used) of a stream become free
+    void free_cells(uint32_t strm, uint32_t from, llama_pos pos_from); // inner cells [from, n_used) (positions >= pos_from) become free
     bool shift_window(llama_context * lctx, uint32_t strm, llama_pos delta); // the window cache follows a compaction
 };
 

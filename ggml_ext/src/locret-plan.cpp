@@ -90,6 +90,7 @@ locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_
     plan.logical.assign(ub.pos, ub.pos + ub.n_tokens);
     plan.strm.resize(ub.n_tokens);
     plan.cell.resize(ub.n_tokens);
+    plan.rope.resize(ub.n_tokens);
     frame.resize(ub.n_tokens);
 
     // the parts of the ubatch: tokens of one sequence are consecutive (split_simple / split_seq: one part;
@@ -117,6 +118,13 @@ locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_
         locret_step st;
         st.strm          = s;
         st.n_keep        = locret_plan_eviction(p, sim.n_used, sim.prev_output, sim.sage_fresh, n, output, &st.n_stab);
+        // kept positions: a part that would pass the position limit goes after an eviction that also compacts
+        // positions; it keeps at most the budget, so that every kept cell is one a position below the budget's (the
+        // cache's own cell positions stay below the next part's)
+        st.reposition    = p.keep_positions && sim.rope_next + n > p.position_limit;
+        if (st.reposition) {
+            st.n_keep = std::min(st.n_keep, p.budget);
+        }
         st.first_cell    = st.n_keep;
         st.n_tokens      = n;
         st.first_logical = ub.pos[i0];
@@ -130,9 +138,12 @@ locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_
             return plan_fail(LOCRET_PLAN_NO_ROOM, plan_format("a part of %u tokens does not fit after %u retained units "
                     "in %u cells", n, st.first_cell, p.n_cells));
         }
+        // its RoPE positions: its cells (compact positions, or after compacting them), else on from the last part
+        st.first_rope = p.keep_positions && !st.reposition ? sim.rope_next : st.first_cell;
         for (uint32_t j = 0; j < n; ++j) {
             plan.strm[i0 + j] = s;
             plan.cell[i0 + j] = st.first_cell + j;
+            plan.rope[i0 + j] = st.first_rope + j;
             frame[i0 + j]     = ub.pos[i0 + j] - sim.offset;
         }
         if (p.selects_once) {
@@ -141,6 +152,7 @@ locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_
             sim.sage_fresh = end ? st.first_cell + n > p.budget : sim.sage_fresh && st.n_keep == sim.n_used;
         }
         sim.n_used      = st.first_cell + n;
+        sim.rope_next   = st.first_rope + n;
         sim.prev_output = output;
         plan.steps.push_back(st);
 

@@ -22,13 +22,17 @@ struct locret_step {
     uint32_t  n_tokens      = 0;
     llama_pos first_logical = 0;    // the client's position of its first token
     bool      output        = false; // the part asks for an output (a prompt end, or generation)
+    uint32_t  first_rope    = 0;    // the RoPE position of its first token (== first_cell with compact positions)
+    bool      reposition    = false; // kept positions: the eviction before it compacts positions too (the part would
+                                     // pass the limit); it may then keep every unit (n_keep == n_used)
 };
 
 struct locret_ubatch_plan {
     std::vector<locret_step> steps;   // one per sequence of the ubatch, in the order of the ubatch's streams
     std::vector<llama_pos>   logical; // per token: the client's position
     std::vector<uint32_t>    strm;    // per token: its stream
-    std::vector<uint32_t>    cell;    // per token: its cell (== its physical position)
+    std::vector<uint32_t>    cell;    // per token: its cell
+    std::vector<uint32_t>    rope;    // per token: its RoPE (physical) position (== its cell with compact positions)
 };
 
 // the settings planning reads (from locret_config; a budget schedule plans with its largest layer budget)
@@ -40,13 +44,16 @@ struct locret_plan_params {
     uint32_t capacity     = 0;     // b + B (SAGE-KV: the context per sequence, which a prompt must fit)
     uint32_t n_cells      = 0;     // KV cells per sequence
     bool     selects_once = false; // SAGE-KV: one selection after the prompt's end, then a sliding recent window
+    bool     keep_positions = false; // kept units keep their RoPE positions (locret_config::keep_positions)
+    uint32_t position_limit = 0;     // ... which stay below this
 };
 
 // what planning needs of a stream, advanced by each planned part as placed() and evict() will advance the stream
 struct locret_plan_stream {
     uint32_t  n_used      = 0;     // units held (cells [0, n_used))
     bool      prev_output = true;  // the last part placed asked for an output
-    llama_pos offset      = 0;     // logical_next - n_used at the batch's start: a token's position in the window
+    uint32_t  rope_next   = 0;     // the RoPE position of the next token (== n_used with compact positions)
+    llama_pos offset      = 0;     // logical_next - rope_next at the batch's start: a token's position in the window
                                    // cache's frame is its logical one minus this (constant over a batch)
     bool      sage_fresh  = false; // SAGE-KV: a prompt ended and its one selection has not run yet
 };

@@ -15,6 +15,7 @@ namespace {
 
 struct locret_policy_lagkv : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_LAGKV; }
+    bool reads_cells_in_order() const override { return true; }
     bool stores_scores() const override { return true; }
 
     void configure(const llama_locret_params & p, uint32_t, locret_config & cfg, std::string & err) const override {

@@ -18,6 +18,7 @@ namespace {
 
 struct locret_policy_sage : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_SAGE; }
+    bool reads_cells_in_order() const override { return true; }
     bool stores_scores() const override { return true; }
 
     std::string params_problem(const llama_locret_params & p) const override {

@@ -74,6 +74,7 @@ void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env 
 
 struct locret_policy_snapkv : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_SNAPKV; }
+    bool reads_cells_in_order() const override { return true; }
     bool stores_scores() const override { return true; }
     bool pools_scores() const override { return true; }
 

@@ -93,6 +93,9 @@ struct locret_policy {
     }
     // the score pooling window (--locret-pool) averages this policy's scores
     virtual bool pools_scores() const { return false; }
+    // the policy reads a sequence's units in position order from the cells (partitions, a recent window, pooling over
+    // neighbouring cells): --locret-positions keep, which fills holes out of order, does not apply
+    virtual bool reads_cells_in_order() const { return false; }
     // the units a sequence keeps unscored besides the stabilizers and a pinned query (they must fit in the budget)
     virtual uint64_t unscored_units(const locret_config & cfg) const { (void) cfg; return 0; }
     // why a pinned query (Locret-Q) does not apply ("" when it does)

@@ -40,6 +40,8 @@ struct llama_locret_params llama_locret_params_default(void) {
     p.lag         = -1;
     p.budget_schedule = nullptr;
     p.defaults    = {};
+    p.positions      = -1;
+    p.position_limit = -1;
     return p;
 }
 
@@ -188,6 +190,54 @@ int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const
     return 0;
 }
 
+int32_t llama_locret_positions_parse(const char * text, int32_t * mode, int32_t * limit) {
+    locret_set_error("");
+    const std::string t = text == nullptr ? "" : text;
+    *limit = -1;
+    if (t == "compact" || t == "keep") {
+        *mode = t == "keep" ? LLAMA_LOCRET_POSITIONS_KEEP : LLAMA_LOCRET_POSITIONS_COMPACT;
+        return 0;
+    }
+    if (t.rfind("keep:", 0) == 0) {
+        char * end = nullptr;
+        errno = 0;
+        const long long v = strtoll(t.c_str() + 5, &end, 10);
+        if (t.size() > 5 && *end == '\0' && errno == 0 && v >= 1 && v <= INT32_MAX) {
+            *mode  = LLAMA_LOCRET_POSITIONS_KEEP;
+            *limit = (int32_t) v;
+            return 0;
+        }
+    }
+    locret_set_error(format("Locret positions must be compact, keep or keep:N (N the position limit, a whole number); "
+            "got '%s'", t.c_str()));
+    return -1;
+}
+
+int32_t llama_locret_model_set_positions(struct llama_model * model, int32_t mode, int32_t limit) {
+    locret_set_error("");
+    std::string err;
+    std::lock_guard<std::mutex> lock(g_config_mutex);
+    auto it = g_config.find(model);
+    if (it == g_config.end() || it->second.budget <= 0) {
+        err = "--locret-positions says where the units an eviction keeps sit: set a budget first (--locret-budget, "
+              "llama_locret_model_configure)";
+    } else {
+        llama_locret_params with = it->second;
+        with.positions      = mode;
+        with.position_limit = limit;
+        err = locret_params_problem(with);
+        if (err.empty()) {
+            it->second = with;
+        }
+    }
+    if (!err.empty()) {
+        locret_set_error(err);
+        LLAMA_LOG_ERROR("%s: %s\n", __func__, err.c_str());
+        return -1;
+    }
+    return 0;
+}
+
 locret_schedule_spec locret_schedule_find(const llama_model & model) {
     std::lock_guard<std::mutex> lock(g_config_mutex);
     auto it = g_schedule.find(&model);
@@ -299,6 +349,20 @@ std::string locret_params_problem(const llama_locret_params & p) {
         if (!problem.empty()) {
             return problem;
         }
+    }
+    if (p.positions < -1 || p.positions > LLAMA_LOCRET_POSITIONS_KEEP) {
+        return format("unknown Locret positions mode %d (compact or keep)", p.positions);
+    }
+    if (p.position_limit < -1) {
+        return format("the Locret position limit must be a number of positions (got %d)", p.position_limit);
+    }
+    if (p.positions == LLAMA_LOCRET_POSITIONS_KEEP && scorer->reads_cells_in_order()) {
+        // the chunk's survivors fill holes anywhere in the cache: cells stop being in position order
+        return format("--locret-positions keep fills the holes an eviction leaves with the chunk's units, out of position "
+                "order; policy %s reads the units in position order (use compact)", policy->name);
+    }
+    if (p.position_limit > 0 && p.positions != LLAMA_LOCRET_POSITIONS_KEEP) {
+        return "a Locret position limit applies to --locret-positions keep only";
     }
     const bool scheduled = p.budget_schedule != nullptr && p.budget_schedule[0] != '\0' &&
             std::strcmp(p.budget_schedule, "uniform") != 0;
@@ -459,6 +523,24 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     }
     cfg.n_cells = GGML_PAD(cfg.capacity, 256);
 
+    // where kept units sit: their own positions until the next part would pass the limit, or compacted at every eviction
+    cfg.keep_positions = p.positions == LLAMA_LOCRET_POSITIONS_KEEP;
+    if (cfg.keep_positions) {
+        if (hp.rope_type == LLAMA_ROPE_TYPE_NONE) {
+            fail("--locret-positions keep saves re-rotating keys; this model has no RoPE (use compact)");
+        }
+        bool all_swa = hp.swa_type != LLAMA_SWA_TYPE_NONE;
+        for (uint32_t il = 0; il < hp.n_layer() && all_swa; ++il) {
+            all_swa = hp.is_swa(il);
+        }
+        if (all_swa) {
+            // a window masks by cell position, which a hole filled with a newer unit no longer tells
+            fail("--locret-positions keep needs full-attention layers to evict; every layer of this model has a sliding "
+                 "window (use compact)");
+        }
+        cfg.position_limit = p.position_limit > 0 ? (uint32_t) p.position_limit : hp.n_ctx_train;
+    }
+
     if (schedule.kind != locret_schedule_spec::UNIFORM) {
         // the layers the model's own cache holds and the memory evicts: those with a KV cache, without the window
         // layers of an iSWA model (the memory's constructor checks the count); the cache is sized for the largest
@@ -473,6 +555,12 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
         }
         cfg.capacity = cfg.budget + cfg.n_ubatch;
         cfg.n_cells  = locret_kv_cells(cfg.budget, cfg.n_ubatch);
+    }
+    if (cfg.keep_positions && cfg.position_limit < cfg.capacity) {
+        // after compacting positions a full cache is read at positions up to b + B
+        fail(format("the Locret position limit (%u) must be at least the budget plus the ubatch (%u)%s",
+                cfg.position_limit, cfg.capacity, p.position_limit > 0 ? "" : ": the model's trained context is smaller; "
+                "use compact positions"));
     }
     return cfg;
 }

@@ -28,6 +28,11 @@ struct locret_config {
                               // context per sequence, which a prompt must fit)
     uint32_t n_cells     = 0; // KV cells per sequence: capacity padded to 256
 
+    // --locret-positions keep: kept units keep their RoPE positions and the chunk's survivors fill the holes; positions
+    // are compacted to 0..n-1 (as always without it) only when the next part would reach position_limit
+    bool     keep_positions = false;
+    uint32_t position_limit = 0;
+
     // a budget schedule (--locret-budget-schedule): the units each evicting layer keeps (index into the memory's layer
     // list), summing to budget_mean times their count; `budget` is then their largest, which sizes the cache and sets
     // when evictions run. Empty: every layer keeps `budget`.

@@ -7,6 +7,7 @@
 #include "llama-impl.h"
 #include "llama-io.h"
 
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 #include <vector>
@@ -35,7 +36,9 @@ static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
 // cells each layer masks (dead_end, then live_end per layer) after its fields; 5: SAGE-KV's pending selection per
 // sequence, and its captured query after the layers' units; 4: LagKV's scored_to per sequence; 3: a sequence's pinned
 // query (Locret-Q). 5, 4, 3 and 2 (read as unpinned) load too, into a context without a schedule.
-static const uint32_t LOCRET_STATE_VERSION = 6;
+// 7: after the schedule, the positions mode (0 compact, 1 kept) and limit; per sequence its next RoPE position after
+// the masks, and with kept positions each (layer, KV head)'s RoPE positions after its scores.
+static const uint32_t LOCRET_STATE_VERSION = 7;
 
 // what a saved state must agree on with the context that loads it
 struct locret_state_header {
@@ -66,6 +69,7 @@ struct locret_stream_meta {
     uint64_t n_units_evicted;
     uint32_t dead_end;              // 6
     std::vector<uint32_t> live_end; // 6, per evicting layer
+    uint32_t rope_next;             // 7 (before: n_used, compact positions)
 };
 
 // the 32-bit fields of a sequence's meta part in each version (id, n_used, uniform_from, prev_output, then what each
@@ -104,6 +108,8 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
     io.write(&n_sched, sizeof(n_sched));
     locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
+    const uint32_t positions[2] = { cfg.keep_positions ? 1u : 0u, cfg.keep_positions ? cfg.position_limit : 0u };
+    io.write(positions, sizeof(positions));
     for (uint32_t id : ids) {
         state_write_meta(io, id);
         state_write_data(io, id);
@@ -121,6 +127,7 @@ void llama_locret_memory::state_write_meta(llama_io_write_i & io, uint32_t id) c
     io.write(stats, sizeof(stats));
     io.write(&s.dead_end, sizeof(s.dead_end));
     locret_write_span(io, s.live_end.data(), sizeof(uint32_t) * s.live_end.size());
+    io.write(&s.rope_next, sizeof(s.rope_next));
 }
 
 void llama_locret_memory::state_write_data(llama_io_write_i & io, uint32_t id) const {
@@ -140,6 +147,9 @@ void llama_locret_memory::state_write_data(llama_io_write_i & io, uint32_t id) c
             }
             locret_write_span(io, s.pos[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
             locret_write_span(io, row.data(), sizeof(float) * s.n_used);
+            if (!s.rope.empty()) {
+                locret_write_span(io, s.rope[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
+            }
         }
     }
     // the queries the policy's next scoring reads, per layer
@@ -199,6 +209,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.n_units_evicted = m.n_units_evicted;
             s.dead_end        = m.dead_end;
             s.live_end        = m.live_end;
+            s.rope_next       = m.rope_next;
             state_read_data(io, version, m.id);
         }
     } catch (...) {
@@ -251,6 +262,15 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
         sched.resize(n_sched);
         locret_read_span(io, sched.data(), sizeof(uint32_t) * n_sched);
     }
+    uint32_t positions[2] = { 0, 0 };
+    if (h.version >= 7) {
+        io.read(positions, sizeof(positions));
+    }
+    if (positions[0] != (cfg.keep_positions ? 1u : 0u) || (cfg.keep_positions && positions[1] != cfg.position_limit)) {
+        throw std::runtime_error(format("Locret: the saved state was made with %s positions, this context keeps %s "
+                "(--locret-positions)", positions[0] == 0 ? "compact" : format("kept (limit %u)", positions[1]).c_str(),
+                cfg.keep_positions ? format("them (limit %u)", cfg.position_limit).c_str() : "them compact"));
+    }
     if (sched != cfg.layer_budget) {
         throw std::runtime_error(format("Locret: the saved state was made with %s budget schedule than this context's "
                 "(--locret-budget-schedule)", sched.empty() || cfg.layer_budget.empty() ? "a different" : "another"));
@@ -287,6 +307,10 @@ locret_stream_meta llama_locret_memory::state_read_meta(llama_io_read_i & io, ui
         io.read(&m.dead_end, sizeof(m.dead_end));
         locret_read_span(io, m.live_end.data(), sizeof(uint32_t) * m.live_end.size());
     }
+    m.rope_next = m.n_used;
+    if (version >= 7) {
+        io.read(&m.rope_next, sizeof(m.rope_next));
+    }
     // before schedules every layer read every cell: live_end == dead_end == 0 above
     return m;
 }
@@ -299,7 +323,9 @@ void llama_locret_memory::state_check_meta(const locret_stream_meta & m) const {
     if (!masks_ok) {
         throw std::runtime_error("Locret: the saved state is corrupt (bad masked cells)");
     }
-    if (m.id >= streams.size() || m.n_used > cfg.n_cells || m.uniform_from > m.n_used || m.logical_next < m.n_used ||
+    const bool rope_ok = cfg.keep_positions ? m.rope_next >= m.n_used && m.rope_next <= cfg.position_limit :
+                                              m.rope_next == m.n_used;
+    if (!rope_ok || m.id >= streams.size() || m.n_used > cfg.n_cells || m.uniform_from > m.n_used || m.logical_next < m.n_used ||
             m.logical_next > std::numeric_limits<llama_pos>::max() ||
             (m.n_pinned > 0 && (uint64_t) m.n_pinned + cfg.stabilizers + policy->unscored_units(cfg) >= min_layer_budget()) ||
             !policy->state_ok(cfg, locret_policy_state { { m.policy_word0, m.policy_word1 } }, m.n_used)) {
@@ -312,25 +338,45 @@ void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version
     locret_stream & s = streams[id];
     std::vector<float> block;
     std::vector<float> row(s.n_used);
+    std::vector<int32_t> seen; // kept positions: a row's logical and RoPE positions, each once
     for (size_t i = 0; i < layers.size(); ++i) {
         const uint32_t n_head_kv = layers[i].n_head_kv;
         block.assign((size_t) s.n_used * n_head_kv, 0.0f);
         for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
-            int32_t * pos = s.pos[i].data() + (size_t) hd * cfg.n_cells;
+            int32_t * pos  = s.pos[i].data() + (size_t) hd * cfg.n_cells;
+            int32_t * rope = s.rope.empty() ? nullptr : s.rope[i].data() + (size_t) hd * cfg.n_cells;
             locret_read_span(io, pos, sizeof(int32_t) * s.n_used);
             locret_read_span(io, row.data(), sizeof(float) * s.n_used);
+            if (rope != nullptr) {
+                locret_read_span(io, rope, sizeof(int32_t) * s.n_used);
+                // cells below the last eviction's hold units in any order, each at one position; later ones in order
+                for (const int32_t * v : { pos, rope }) {
+                    seen.clear();
+                    for (uint32_t c = 0; c < s.n_used; ++c) {
+                        if (v[c] >= 0) {
+                            seen.push_back(v[c]);
+                        }
+                    }
+                    std::sort(seen.begin(), seen.end());
+                    if (std::adjacent_find(seen.begin(), seen.end()) != seen.end()) {
+                        throw std::runtime_error("Locret: the saved state is corrupt (a position held twice)");
+                    }
+                }
+            }
             int32_t prev = -1;
             for (uint32_t c = 0; c < s.n_used; ++c) {
                 if (c >= s.live_end[i] && c < s.dead_end) {
-                    if (pos[c] != -1) {
+                    if (pos[c] != -1 || (rope != nullptr && rope[c] != -1)) {
                         throw std::runtime_error("Locret: the saved state is corrupt (a masked cell holds a unit)");
                     }
                     continue; // masked in this layer: no unit
                 }
-                if (pos[c] < 0 || pos[c] >= s.logical_next || pos[c] <= prev) {
+                const bool ordered = rope == nullptr || c >= s.uniform_from;
+                if (pos[c] < 0 || pos[c] >= s.logical_next || (ordered && pos[c] <= prev) ||
+                        (rope != nullptr && (rope[c] < 0 || rope[c] >= (int32_t) s.rope_next))) {
                     throw std::runtime_error("Locret: the saved state is corrupt (positions out of order)");
                 }
-                prev = pos[c];
+                prev = ordered ? pos[c] : prev;
                 // pinned units are never evicted: every head holds the same ones, in the first cells
                 const int32_t pos0 = s.pos[0][c]; // layer 0, KV head 0 (read first)
                 if ((pos[c] < (int32_t) s.n_pinned || (pos0 >= 0 && pos0 < (int32_t) s.n_pinned)) && pos[c] != pos0) {

@@ -19,6 +19,8 @@ llama_locret_params locret_options::params() const {
     p.pool            = pool;
     p.lag             = lag;
     p.budget_schedule = budget_schedule.empty() ? nullptr : budget_schedule.c_str();
+    p.positions       = positions;
+    p.position_limit  = position_limit;
     return p;
 }
 
@@ -80,6 +82,17 @@ static std::vector<locret_option> locret_make_options() {
           "FILE of per-layer budgets (one whole number per evicting layer) summing to the budget times the layers;\n"
           "the KV cache is sized for the largest layer budget; heads, random and streaming policies (default: uniform)",
           [](locret_options & o, const std::string & v) { o.budget_schedule = v; } },
+        { "--locret-positions", "compact|keep[:N]", "LLAMA_ARG_LOCRET_POSITIONS",
+          "Locret: where kept units sit. compact: positions 0..n-1 after every eviction (the paper's; moves and\n"
+          "re-rotates nearly every key each time); keep: each unit keeps the position it was read at and the chunk's\n"
+          "survivors fill the holes (at most a chunk of rows moved, none re-rotated), positions compacted only when\n"
+          "they would reach N (default: the model's trained context); heads, random and streaming policies\n"
+          "(default: compact)",
+          [](locret_options & o, const std::string & v) {
+              if (llama_locret_positions_parse(v.c_str(), &o.positions, &o.position_limit) != 0) {
+                  throw std::invalid_argument(llama_locret_last_error());
+              }
+          } },
         { "--locret-query", "TEXT|auto|off", nullptr,
           "Locret-Q: a question placed at the start of the prompt (of the first user turn with a chat template),\n"
           "then a blank line; its tokens are never evicted and count in the budget, so every eviction sees it.\n"
@@ -135,7 +148,8 @@ std::string locret_options_configure(const locret_options & o, llama_model * mod
             o.policy, o.pool, o.lag, heads) != 0) {
         return llama_locret_last_error();
     }
-    if (!o.budget_schedule.empty() && llama_locret_model_set_budget_schedule(model, o.budget_schedule.c_str()) != 0) {
+    if ((!o.budget_schedule.empty() && llama_locret_model_set_budget_schedule(model, o.budget_schedule.c_str()) != 0) ||
+            (o.positions >= 0 && llama_locret_model_set_positions(model, o.positions, o.position_limit) != 0)) {
         const std::string reason = llama_locret_last_error();
         llama_locret_model_configure(model, nullptr);
         llama_locret_heads_free(*heads);

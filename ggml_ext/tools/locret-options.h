@@ -19,6 +19,8 @@ struct locret_options {
     int32_t     pool        = -1;               // -1: none
     int32_t     lag         = -1;               // -1: LagKV's default
     std::string budget_schedule;                // empty: uniform
+    int32_t     positions      = -1;            // --locret-positions (-1: compact)
+    int32_t     position_limit = -1;            // keep:N (-1: the model's trained context)
     std::string query;                          // Locret-Q: placed at the prompt's start and pinned
     bool        query_auto  = false;            // --locret-query auto: the question found in the prompt instead
     bool        query_off   = false;            // --locret-query off: no query, whatever the heads recommend

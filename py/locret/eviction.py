@@ -24,7 +24,8 @@ class _Params(ctypes.Structure):
     _fields_ = [("heads", ctypes.c_void_p), ("budget", ctypes.c_int32),
                 ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32),
                 ("policy", ctypes.c_int), ("pool", ctypes.c_int32), ("lag", ctypes.c_int32),
-                ("budget_schedule", ctypes.c_char_p), ("defaults", _Settings)]
+                ("budget_schedule", ctypes.c_char_p), ("defaults", _Settings),
+                ("positions", ctypes.c_int32), ("position_limit", ctypes.c_int32)]
 
 
 class _Stats(ctypes.Structure):
@@ -37,7 +38,9 @@ class _Stats(ctypes.Structure):
                 ("n_seq", ctypes.c_uint32), ("t_select_us", ctypes.c_uint64), ("t_compact_us", ctypes.c_uint64),
                 ("t_readback_us", ctypes.c_uint64), ("n_pinned", ctypes.c_uint32), ("pool", ctypes.c_uint32),
                 ("lag", ctypes.c_uint32), ("n_compactions", ctypes.c_uint64), ("n_rows_moved", ctypes.c_uint64),
-                ("n_rows_rotated", ctypes.c_uint64), ("n_rows_kept", ctypes.c_uint64), ("n_host_syncs", ctypes.c_uint64)]
+                ("n_rows_rotated", ctypes.c_uint64), ("n_rows_kept", ctypes.c_uint64), ("n_host_syncs", ctypes.c_uint64),
+                ("positions", ctypes.c_int), ("position_limit", ctypes.c_uint32), ("pos_rope_next", ctypes.c_int64),
+                ("n_repositions", ctypes.c_uint64)]
 
 
 _SIGNATURES = {
@@ -77,6 +80,11 @@ _SIGNATURES = {
     "llama_locret_query_tokens": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_char_p,
                                    ctypes.c_int32], ctypes.c_int32),
     "llama_locret_model_set_budget_schedule": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int32),
+    "llama_locret_positions_parse": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32)],
+                                     ctypes.c_int32),
+    "llama_locret_model_set_positions": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_debug_rope_positions": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
+                                           ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_layer_budget": ([ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_fill_masked": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_float],
                                        ctypes.c_int32),
@@ -148,7 +156,7 @@ _RESOLVED: dict = {}
 def _resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None, budget: int,
                  stabilizers: int | None = None, local: int | None = None, policy: str = "heads",
                  pool: int | None = None, lag: int | None = None, budget_schedule: str | os.PathLike | None = None,
-                 n_ctx: int, n_ubatch: int, n_batch: int | None = None, n_seq: int = 1,
+                 positions: str | None = None, n_ctx: int, n_ubatch: int, n_batch: int | None = None, n_seq: int = 1,
                  kv_type: str = "f16") -> dict:
     """What a context evicting with these settings resolves to, decided by the library's rule book
     (llama_locret_resolve_file: the function context creation uses) from the model file's hyperparameters and the
@@ -165,9 +173,11 @@ def _resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | N
     cp = llama_cpp.llama_context_default_params()
     cp.n_ctx, cp.n_ubatch, cp.n_seq_max, cp.type_k = n_ctx, n_ubatch, n_seq, type_k
     cp.n_batch = max(n_ubatch, n_seq) if n_batch is None else n_batch
+    mode, limit = parse_positions(positions)
     p = _Params(heads=None, budget=budget, stabilizers=_arg(stabilizers), local=_arg(local),
                 policy=policy_value(policy), pool=_arg(pool), lag=_arg(lag),
-                budget_schedule=None if budget_schedule is None else os.fsencode(budget_schedule))
+                budget_schedule=None if budget_schedule is None else os.fsencode(budget_schedule),
+                positions=mode, position_limit=limit)
     out = _Resolved()
     if _api().llama_locret_resolve_file(os.fsencode(model_path), os.fsencode(heads) if heads is not None else b"",
                                         ctypes.byref(p), ctypes.byref(cp), ctypes.byref(out)) != 0:
@@ -186,6 +196,19 @@ def _arg(value: int | None) -> int:
     return -1 if value is None else int(value)
 
 
+def parse_positions(positions: str | None) -> tuple[int, int]:
+    """(mode, limit) of a --locret-positions value ("compact", "keep", "keep:N"; None: the default, (-1, -1)), parsed
+    by the library's rule; HeadsError with the reason for another."""
+    if positions is None:
+        return -1, -1
+    mode, limit = ctypes.c_int32(-1), ctypes.c_int32(-1)
+    if not isinstance(positions, str) or \
+            _api().llama_locret_positions_parse(positions.encode(), ctypes.byref(mode), ctypes.byref(limit)) != 0:
+        raise HeadsError(_last_error() if isinstance(positions, str) else
+                         f"Locret positions must be compact, keep or keep:N (got {positions!r})")
+    return mode.value, limit.value
+
+
 def policy_value(name: str) -> int:
     """The `enum llama_locret_policy` value of a policy name; HeadsError (naming the valid ones) if unknown."""
     value = ctypes.c_int(0)
@@ -198,7 +221,7 @@ def policy_value(name: str) -> int:
 def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None,
               budget: int | None = None, stabilizers: int | None = None, local: int | None = None,
               policy: str | None = None, pool: int | None = None, lag: int | None = None,
-              budget_schedule: str | os.PathLike | None = None) -> Heads | None:
+              budget_schedule: str | os.PathLike | None = None, positions: str | None = None) -> Heads | None:
     """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
     llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
     to its default (`budget` None: no eviction; `policy` None: "heads"; `pool` None: no score pooling).
@@ -207,7 +230,9 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     (odd): each unit is scored by the mean of the heads' scores over the N tokens around it. `lag` N: LagKV's
     partition (policy "lagkv"; None: 128, the paper's). `budget_schedule`: "uniform" (None), "pyramid"
     (PyramidKV's per-layer budgets) or a file of per-layer budgets, summing to `budget` times the evicting
-    layers (see `set_budget_schedule`). Returns the heads loaded (keep them while the contexts live)."""
+    layers (see `set_budget_schedule`). `positions`: "compact" (None: the paper's positions 0..n-1 after every
+    eviction), "keep" or "keep:N" (units keep the positions they were read at; see `set_positions`). Returns the heads
+    loaded (keep them while the contexts live)."""
     out = ctypes.c_void_p()
     heads_path = os.fsencode(heads) if heads is not None else b""
     policy_id = policy_value("heads" if policy is None else policy)
@@ -218,7 +243,21 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     result = Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path)) if out.value else None
     if budget_schedule is not None:
         set_budget_schedule(model, budget_schedule)
+    if positions is not None:
+        set_positions(model, positions)
     return result
+
+
+def set_positions(model: int, positions: str) -> None:
+    """Where the units an eviction keeps sit, for the contexts created next from `model`, after `configure`:
+    "compact" (positions 0..n-1 after every eviction), "keep" (each keeps the position it was read at; the chunk's
+    survivors fill the holes, so an eviction moves at most a chunk of rows and re-rotates none; positions are compacted
+    only when the next part would reach the model's trained context) or "keep:N" (that limit N). HeadsError with the
+    reason (another word, no budget, a policy that reads units in position order, a limit below b + ubatch at context
+    creation)."""
+    mode, limit = parse_positions(positions)
+    if _api().llama_locret_model_set_positions(model, mode, limit) != 0:
+        raise HeadsError(_last_error())
 
 
 def set_budget_schedule(model: int, schedule: str | os.PathLike) -> None:
@@ -255,19 +294,32 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     t_compact_us, t_readback_us (time spent), n_compactions (compaction graphs run), and what evictions cost since
     the context was made: n_rows_moved (K/V rows written to another cell), n_rows_rotated (keys re-rotated),
     n_rows_kept (units retained; a row is one layer, KV head and unit) and n_host_syncs (times an eviction waited
-    for the backend or read data back)."""
+    for the backend or read data back); positions ("compact" or "keep"), position_limit, pos_rope_next (the RoPE
+    position of the next token) and n_repositions (evictions that compacted kept positions at the limit)."""
     s = _api().llama_locret_get_seq_stats(ctx, seq_id)
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
     out["policy"] = name.decode() if name is not None else str(s.policy)
+    out["positions"] = "keep" if s.positions == 1 else "compact"
     return out
+
+
+def rope_positions(ctx: int, layer: int, head: int, seq_id: int = 0) -> np.ndarray:
+    """Test only: the RoPE positions the keys of the units `retained` lists were rotated at, in the same order."""
+    n = _api().llama_locret_debug_rope_positions(ctx, seq_id, layer, head, None, 0)
+    if n < 0:
+        raise HeadsError(_last_error())
+    out = (ctypes.c_int32 * max(n, 1))()
+    if _api().llama_locret_debug_rope_positions(ctx, seq_id, layer, head, out, n) != n:
+        raise HeadsError(_last_error())
+    return np.frombuffer(out, dtype=np.int32, count=n).copy()
 
 
 def state_stats(stats_: dict) -> dict:
     """The part of `stats()` that is the sequence's state, which a saved and loaded state reproduces: all but
     the work done (the t_ timers and the n_compactions, n_rows_* and n_host_syncs counters, which count this
     context's own work)."""
-    work = ("n_compactions", "n_rows_moved", "n_rows_rotated", "n_rows_kept", "n_host_syncs")
+    work = ("n_compactions", "n_rows_moved", "n_rows_rotated", "n_rows_kept", "n_host_syncs", "n_repositions")
     return {k: v for k, v in stats_.items() if not k.startswith("t_") and k not in work}
 
 

@@ -19,6 +19,9 @@ the heads' (or SnapKV's) scores over the N tokens around it, so that whole sente
 rather than scattered tokens of them (15 is what makes the main job's long log answerable).
 `locret_budget_schedule` spreads the budget over the layers: "pyramid" (PyramidKV) or a file of per-layer
 budgets summing to `locret_budget` times the evicting layers; the cache is sized for the largest layer's.
+`locret_positions="keep"` (or "keep:N"): kept units keep the positions they were read at, so an eviction copies at
+most a chunk of rows and re-rotates none (positions are compacted when they would reach the model's trained context,
+or N); the default "compact" gives them positions 0..n-1 after every eviction, as the paper does.
 
 Locret-Q (`locret_query="..."`, or per call `create_completion(..., locret_query=...)` and
 `create_chat_completion(..., locret_query=...)`): the query goes at the start of the prompt (of the
@@ -55,10 +58,11 @@ class Llama(llama_cpp.Llama):
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
                  locret_query: str | None = None, locret_pool: int | None = None, locret_lag: int | None = None,
-                 locret_budget_schedule: str | os.PathLike | None = None, **kwargs: Any):
+                 locret_budget_schedule: str | os.PathLike | None = None, locret_positions: str | None = None,
+                 **kwargs: Any):
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
                         local=locret_local, policy=locret_policy, pool=locret_pool, lag=locret_lag,
-                        budget_schedule=locret_budget_schedule)
+                        budget_schedule=locret_budget_schedule, positions=locret_positions)
         self._locret_heads: Heads | None = None
         # the default query of every call (Locret-Q): text, "auto", or none ("" or "off"; None: what the heads recommend)
         self.locret_query = None if locret_query in ("", "off") else locret_query

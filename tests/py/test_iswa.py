@@ -109,14 +109,21 @@ def test_gemma_budget_above_the_input_gives_plain_logits(gemma, gemma_heads, tok
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
 
 
-def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows(gemma, gemma_heads, tokens):
-    llm = make(gemma, gemma_heads)
+# positions "keep:800": kept positions (test_kept_positions.py); the window cache shifts only when positions are
+# compacted (the limit, every few hundred tokens here)
+@pytest.mark.parametrize("positions", [None, "keep:800"])
+def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows(gemma, gemma_heads, tokens, positions):
+    llm = make(gemma, gemma_heads, locret_positions=positions)
     heads_api.record_scores(llm)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
     layers = evicting_layers(llm, n_layer)
     assert layers == [5, 11, 17], layers  # Gemma 3: every 6th layer attends to everything
-    ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)
+    if positions is None:
+        ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)
+    else:
+        from test_kept_positions import KeptPositions
+        ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=800)
 
     calls = [(tokens[i:i + UB], i + UB >= 1400) for i in range(0, 1400, UB)]
     calls += [([t], True) for t in tokens[1400:1440]]
@@ -124,6 +131,10 @@ def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows
     n_past = run_and_compare(llm, ref, calls, layers, n_head_kv)
     st = llm.locret_stats()
     assert st["n_evictions"] >= 15 and st["pos_logical"] == n_past
+    if positions is not None:
+        assert st["n_repositions"] == ref.repositions >= 2 and st["n_rows_rotated"] > 0
+        assert all(eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == [u[2] for u in ref.units[il][h]]
+                   for il in layers for h in range(n_head_kv))
     llm.close()
 
 

@@ -13,7 +13,7 @@ import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
-from locret import heads as heads_api
+from locret import eviction, heads as heads_api
 
 from test_eviction import B, NLOC, NS, UB, Algorithm1, make, prompt_tokens  # noqa: F401 (shared fixture)
 
@@ -78,18 +78,25 @@ def conversation(tokens, n_seq):
     return calls
 
 
-@pytest.mark.parametrize("n_seq,compact_seq", [(2, None), (4, None), (4, 1), (4, 3)])
+# positions "keep:200": kept positions (test_kept_positions.py), compacted every few parts of each sequence
+@pytest.mark.parametrize("n_seq,compact_seq,positions", [(2, None, None), (4, None, None), (4, 1, None), (4, 3, None),
+                                                         (4, 3, "keep:200")])
 def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file, prompt_tokens, n_seq, compact_seq,
-                                                         monkeypatch):
+                                                         positions, monkeypatch):
     # compact_seq: the sequences one compaction moves (LOCRET_DEBUG_COMPACT_SEQ; by default up to 4): a ubatch that
     # evicts more of them evicts them in turns, which must keep exactly the same units
     if compact_seq is not None:
         monkeypatch.setenv("LOCRET_DEBUG_COMPACT_SEQ", str(compact_seq))
-    llm = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024)
+    llm = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024, locret_positions=positions)
     heads_api.record_scores(llm)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
-    refs = [Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC) for _ in range(n_seq)]
+    if positions is None:
+        refs = [Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC) for _ in range(n_seq)]
+    else:
+        from test_kept_positions import KeptPositions
+        refs = [KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=int(positions.split(":")[1]))
+                for _ in range(n_seq)]
     n_past = [0] * n_seq
     checked = 0
     most_at_once = 0  # the most sequences one call evicted
@@ -119,6 +126,9 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
                 for h in range(n_head_kv):
                     got = llm.locret_retained(il, h, seq_id=s).tolist()
                     assert got == [u[0] for u in refs[s].units[il][h]], f"sequence {s} layer {il} head {h}"
+                    if positions is not None:
+                        assert eviction.rope_positions(llm._ctx.ctx, il, h, seq_id=s).tolist() == \
+                            [u[2] for u in refs[s].units[il][h]], f"sequence {s} layer {il} head {h}"
                     checked += 1
             st = llm.locret_stats(seq_id=s)
             assert st["n_cells_used"] <= B + UB and st["pos_logical"] == n_past[s]
@@ -126,6 +136,8 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     # sequences: more than one turn)
     assert most_at_once >= 2, most_at_once
     assert llm.locret_stats()["n_compactions"] > 0
+    if positions is not None:
+        assert all(r.repositions >= 2 for r in refs) and llm.locret_stats()["n_repositions"] == sum(r.repositions for r in refs)
     single = make(model_path, heads_file)
     for s in range(n_seq):
         st = llm.locret_stats(seq_id=s)

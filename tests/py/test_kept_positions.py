@@ -1,0 +1,315 @@
+"""--locret-positions keep: kept units keep the RoPE positions they were read at and the chunk's survivors fill the
+holes an eviction leaves, so an eviction copies at most a chunk of rows and re-rotates none; positions are compacted
+(as the default "compact" does at every eviction) only when the next part would reach the position limit.
+
+Checked against an independent numpy model of the cache (Algorithm 1 with this layout) and a numpy RoPE, with the
+small settings of test_eviction (b = 96, ubatch 32, n_s = 16, n_loc = 8).
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+import locret  # noqa: F401  (points llama_cpp at our library)
+import llama_cpp
+from locret import eviction, heads as heads_api
+from locret.heads import HeadsError
+
+from conftest import run, tool
+from test_eviction import B, NLOC, NS, UB, GGML_TYPE_F16, GGML_TYPE_Q8_0, Algorithm1, decode, hadamard, last_logits, \
+    make, prompt_tokens, rope_norm  # noqa: F401  (prompt_tokens: the fixture)
+
+SMOLLM2_TRAINED_CONTEXT = 8192
+
+
+class KeptPositions(Algorithm1):
+    """Algorithm 1 with kept positions: per (layer, head) a list of [logical position, score, RoPE position] in cell
+    order. An eviction selects as Algorithm 1 does (its stabilizers: the chunk's last n_s units, all of a shorter
+    chunk); the kept cells below the budget stay, the others fill the holes below it in cell order. A part that
+    would reach `limit` goes after an eviction to at most b that gives the kept units positions 0..n-1 in position
+    order, in cells 0..n-1."""
+
+    def __init__(self, *args, limit, **kw):
+        super().__init__(*args, **kw)
+        self.limit, self.rope_next, self.chunk_from = limit, 0, 0
+        self.rows_rotated, self.repositions = 0, 0
+
+    def evict_kept(self, n_keep, n_stab, reposition):
+        n_used = len(self.units[0][0])
+        n_stab = min(n_stab, n_used - self.chunk_from)
+        evicts = n_keep < n_used
+        for layer in self.units:
+            for h, units in enumerate(layer):
+                if evicts:
+                    pinned = [i for i, u in enumerate(units) if u[0] < self.n_pin]
+                    cand = np.array([i for i in range(n_used - n_stab) if units[i][0] >= self.n_pin], dtype=np.int64)
+                    scores = np.array([units[i][1] for i in cand], dtype=np.float32)
+                    order = cand[np.lexsort((cand, -scores))]  # score descending, earlier cell first on ties
+                    n_top = n_keep - n_stab - len(pinned)
+                    if 0 < n_top < len(order) and units[order[n_top - 1]][1] == units[order[n_top]][1]:
+                        self.cut_ties += 1
+                    keep = sorted(pinned + order[:n_top].tolist() + list(range(n_used - n_stab, n_used)))
+                else:
+                    keep = list(range(n_used))
+                if reposition:
+                    keep.sort(key=lambda i: units[i][2])  # by position
+                    new = []
+                    for k, i in enumerate(keep):
+                        u = units[i]
+                        self.rows_moved += i != k
+                        self.rows_rotated += u[2] != k
+                        new.append([u[0], u[1], k])
+                else:
+                    stay = {i for i in keep if i < n_keep}
+                    incoming = iter(i for i in keep if i >= n_keep)
+                    new = []
+                    for c in range(n_keep):
+                        i = c if c in stay else next(incoming)
+                        self.rows_moved += i != c
+                        new.append(list(units[i]))
+                layer[h] = new
+                self.rows_kept += len(keep)
+        self.evictions += evicts
+        self.repositions += reposition
+        self.chunk_from = n_keep
+        if reposition:
+            self.rope_next = n_keep
+
+    def place(self, positions, scores_of, is_output):
+        scores_of = self.pooled(positions, scores_of)
+        n_used, n = len(self.units[0][0]), len(positions)
+        n_keep, n_stab = n_used, 0
+        if not self.prev_output and n_used > self.b:
+            n_keep, n_stab = self.b, 0 if is_output else min(self.n_s, n_used)
+        elif n_used + n > self.capacity:
+            n_keep = min(self.b, n_used)
+        reposition = self.rope_next + n > self.limit
+        if reposition:
+            n_keep = min(n_keep, self.b)
+        if n_keep < n_used or reposition:
+            self.evict_kept(n_keep, n_stab, reposition)
+        for il, layer in enumerate(self.units):
+            for h, units in enumerate(layer):
+                units.extend([int(p), float(scores_of[p][il, h]), self.rope_next + j] for j, p in enumerate(positions))
+        self.rope_next += n
+        self.prev_output = is_output
+
+
+def shape(llm):
+    model = llm._model.model
+    return llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_head_kv(model)
+
+
+def session(prompt_tokens):
+    """A prompt in ubatch-sized batches (the last asks for logits), generation one token at a time, a second prompt:
+    the multi-turn case. A repeated stretch makes layer 0 score many units alike, so that cuts fall inside ties."""
+    prompt = prompt_tokens[:280] + prompt_tokens[100:112] * 10 + prompt_tokens[280:400]
+    calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
+    calls += [([t], True) for t in prompt_tokens[600:660]]
+    second = prompt_tokens[700:780]
+    calls += [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
+    return calls
+
+
+# limit 8192: positions never reach it here (no compaction of positions); 200: compacted every few parts
+@pytest.mark.parametrize("select,n_pin,pool,limit", [("host", 0, 0, None), ("graph", 0, 0, None), ("host", 24, 7, None),
+                                                     ("graph", 24, 5, 200), ("host", 0, 0, 200)])
+def test_retained_sets_and_positions_match_the_model_after_every_chunk(select, n_pin, pool, limit, model_path,
+                                                                      heads_file, prompt_tokens, monkeypatch):
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    llm = make(model_path, heads_file, locret_pool=pool or None,
+               locret_positions="keep" if limit is None else f"keep:{limit}")
+    heads_api.record_scores(llm)
+    if n_pin:
+        llm.locret_pin_query(n_pin)
+    n_layer, n_head_kv = shape(llm)
+    ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, n_pin, pool,
+                        limit=SMOLLM2_TRAINED_CONTEXT if limit is None else limit)
+
+    n_past = 0
+    for tokens, output_last in session(prompt_tokens):
+        n_past = decode(llm, tokens, n_past, output_last)
+        scores, positions = heads_api.recorded_scores(llm)
+        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
+        first, offset = n_past - len(tokens), 0
+        for size in ref.split(len(tokens), output_last):
+            ref.place(list(range(first + offset, first + offset + size)), scores_of,
+                      output_last and offset + size == len(tokens))
+            offset += size
+        for il in range(n_layer):
+            for h in range(n_head_kv):
+                where = f"layer {il} head {h} after position {n_past}"
+                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], where
+                assert eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == [u[2] for u in ref.units[il][h]], where
+        st = llm.locret_stats()
+        assert st["n_cells_used"] <= B + UB and st["pos_rope_next"] == ref.rope_next
+        assert ref.rope_next <= ref.limit
+    st = llm.locret_stats()
+    assert st["positions"] == "keep" and st["position_limit"] == ref.limit
+    assert st["n_evictions"] == ref.evictions >= 15 and st["n_repositions"] == ref.repositions
+    assert ref.cut_ties >= 3, "no selection was decided by a tie: the tie rule went unchecked"
+    assert (st["n_rows_kept"], st["n_rows_moved"], st["n_rows_rotated"]) == \
+        (ref.rows_kept, ref.rows_moved, ref.rows_rotated)
+    if limit is None:
+        # no key re-rotated; at most a chunk's rows moved per (layer, KV head) and eviction
+        assert ref.repositions == 0 and st["n_rows_rotated"] == 0
+        assert 0 < st["n_rows_moved"] <= ref.evictions * n_layer * n_head_kv * UB
+        assert st["n_rows_moved"] < 0.5 * st["n_rows_kept"]
+    else:
+        assert ref.repositions >= 3 and st["n_rows_rotated"] > 0
+    if n_pin:
+        assert all(llm.locret_retained(il, h)[:n_pin].tolist() == list(range(n_pin))
+                   for il in range(n_layer) for h in range(n_head_kv))
+
+
+@pytest.mark.parametrize("type_k,flash,limit", [(GGML_TYPE_F16, False, None), (GGML_TYPE_F16, True, 200),
+                                                (GGML_TYPE_Q8_0, True, None), (GGML_TYPE_Q8_0, True, 200)],
+                         ids=["f16", "f16-flash-attn-compacted", "q8_0", "q8_0-compacted"])
+def test_every_retained_key_is_rotated_at_the_position_the_layout_says(type_k, flash, limit, model_path, heads_file,
+                                                                       prompt_tokens):
+    # each unit's key, read before and after evictions, equals its earlier self rotated by numpy's RoPE from the
+    # position it had to the one the engine reports; V moves unchanged
+    llm = make(model_path, heads_file, type_k=type_k, type_v=type_k, flash_attn=flash,
+               locret_positions="keep" if limit is None else f"keep:{limit}")
+    model = llm._model.model
+    n_layer, n_head_kv = shape(llm)
+    d_head = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
+    width = n_head_kv * d_head
+    buf = ctypes.create_string_buffer(64)
+    assert llama_cpp.llama_model_meta_val_str(model, b"llama.rope.freq_base", buf, 64) > 0
+    base = float(buf.value)
+    quantized = type_k == GGML_TYPE_Q8_0
+    rot = hadamard(d_head) if quantized else np.eye(d_head)
+
+    def snapshot():
+        n = llm.locret_stats()["n_cells_used"]
+        out = {}
+        for il in (0, 13, n_layer - 1):
+            k = eviction.read_kv(llm._ctx.ctx, il, n, width=width)
+            v = eviction.read_kv(llm._ctx.ctx, il, n, values=True, width=width)
+            out[il] = (k, v, [(llm.locret_retained(il, h), eviction.rope_positions(llm._ctx.ctx, il, h))
+                              for h in range(n_head_kv)])
+        return out
+
+    n_past, worst, moved, rotated = 0, 0.0, 0, 0
+    before = None
+    for i in range(0, 480, UB):
+        before = snapshot() if n_past else None
+        n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
+        if before is None or llm.locret_stats()["n_evictions"] == 0:
+            continue
+        after = snapshot()
+        for il, (k1, v1, held1) in after.items():
+            k0, v0, held0 = before[il]
+            for h in range(n_head_kv):
+                (pos0, rope0), (pos1, rope1) = held0[h], held1[h]
+                where0 = {int(p): c for c, p in enumerate(pos0)}
+                cols = slice(h * d_head, (h + 1) * d_head)
+                for c, p in enumerate(pos1):
+                    if int(p) not in where0:
+                        continue  # placed by this ubatch
+                    c0 = where0[int(p)]
+                    delta = np.array([rope1[c] - rope0[c0]])
+                    want = rope_norm(k0[c0:c0 + 1, cols] @ rot, delta, base, d_head) @ rot
+                    err = np.abs(k1[c, cols] - want[0]).max() / max(np.abs(want).max(), 1e-6)
+                    worst = max(worst, err)
+                    assert err < (0.02 if quantized else 2e-3), f"layer {il} head {h} unit {p}: off by {err:.2e}"
+                    np.testing.assert_allclose(v1[c, cols], v0[c0, cols], rtol=0,
+                                               atol=(0.02 if quantized else 0) * np.abs(v0).max() + 1e-6)
+                    moved += c != c0
+                    rotated += delta[0] != 0
+    st = llm.locret_stats()
+    assert st["n_evictions"] >= 5 and moved > 0
+    assert (rotated > 0) == (limit is not None) and (st["n_repositions"] > 0) == (limit is not None)
+
+
+def test_kept_positions_resume_exactly_from_a_saved_state(model_path, heads_file, prompt_tokens):
+    from test_state_files import load_bytes, refusal_of
+
+    def fresh(positions="keep:300"):
+        return make(model_path, heads_file, locret_positions=positions)
+
+    llm = fresh()
+    n_past = 0
+    for i in range(0, 260, UB):
+        n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
+    st = llm.locret_stats()
+    assert st["n_evictions"] > 3 and st["pos_rope_next"] > st["n_cells_used"]
+    state = llm.save_state()
+    data = bytes(state.llama_state)
+    n_layer, n_head_kv = shape(llm)
+    held = {(il, h): (llm.locret_retained(il, h).tolist(), eviction.rope_positions(llm._ctx.ctx, il, h).tolist())
+            for il in range(n_layer) for h in range(n_head_kv)}
+    # past the limit: the continuation compacts positions
+    calls = [(prompt_tokens[i:i + UB], False) for i in range(n_past, n_past + 4 * UB, UB)] + [([prompt_tokens[500]], True)]
+    end = n_past
+    for tokens, out in calls:
+        end = decode(llm, tokens, end, out)
+    want, want_stats = last_logits(llm), eviction.state_stats(llm.locret_stats())
+    assert llm.locret_stats()["n_repositions"] > 0
+
+    other = fresh()
+    assert load_bytes(other, data) > 0
+    assert eviction.state_stats(other.locret_stats()) == eviction.state_stats(st)
+    assert {(il, h): (other.locret_retained(il, h).tolist(), eviction.rope_positions(other._ctx.ctx, il, h).tolist())
+            for il in range(n_layer) for h in range(n_head_kv)} == held
+    end = n_past
+    for tokens, out in calls:
+        end = decode(other, tokens, end, out)
+    assert eviction.state_stats(other.locret_stats()) == want_stats
+    np.testing.assert_allclose(last_logits(other), want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+    # a state of kept positions is refused by a context that compacts them, or keeps them under another limit
+    assert "positions" in refusal_of(fresh("compact"), data)
+    assert "limit 300" in refusal_of(fresh("keep:400"), data)
+
+
+def test_a_failed_eviction_leaves_kept_positions_as_they_were(model_path, heads_file, prompt_tokens):
+    llm = make(model_path, heads_file, locret_positions="keep")
+    n_layer, n_head_kv = shape(llm)
+    n_past = 0
+    for i in range(0, 5 * UB, UB):
+        n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
+    assert llm.locret_stats()["n_evictions"] >= 1
+
+    def held():
+        return [(llm.locret_retained(il, h).tolist(), eviction.rope_positions(llm._ctx.ctx, il, h).tolist())
+                for il in range(n_layer) for h in range(n_head_kv)]
+
+    before, stats = held(), eviction.state_stats(llm.locret_stats())
+    eviction.inject_fault(llm._ctx.ctx, "evict_compute")
+    llm._batch.set_batch(batch=prompt_tokens[n_past:n_past + UB], n_past=n_past, logits_all=False)
+    assert llama_cpp.llama_decode(llm._ctx.ctx, llm._batch.batch) != 0
+    assert held() == before and eviction.state_stats(llm.locret_stats()) == stats
+    # and the same ubatch then goes through
+    assert decode(llm, prompt_tokens[n_past:n_past + UB], n_past, False) == n_past + UB
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(locret_positions="sideways"), "compact, keep or keep:N"),
+    (dict(locret_positions="keep:0"), "compact, keep or keep:N"),
+    (dict(locret_positions="keep", locret_policy="lagkv"), "policy lagkv reads the units in position order"),
+    (dict(locret_positions="keep", locret_policy="snapkv"), "policy snapkv reads the units in position order"),
+    (dict(locret_positions="keep:100"), "position limit (100) must be at least the budget plus the ubatch (128)"),
+])
+def test_kept_positions_refusals(kw, message, model_path, heads_file):
+    with pytest.raises((HeadsError, ValueError), match=re.escape(message)):
+        make(model_path, heads_file, **kw)
+
+
+def test_the_tools_take_kept_positions(model_path, heads_file, tmp_path):
+    # llama-completion reads a document longer than its cache with kept positions and says so in its log; a bad
+    # value stops it with the reason
+    text = " ".join(f"Line {i}: the archive keeps record {i * 7} in box {i % 13}." for i in range(120))
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(text)
+    base = [tool("llama-completion"), "-m", str(model_path), "--locret-heads", str(heads_file), "--locret-budget", "256",
+            "-c", "4096", "-ub", "128", "-b", "128", "-n", "4", "-f", str(prompt), "--temp", "0", "-no-cnv"]
+    out = run(base + ["--locret-positions", "keep", "-v"], timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "positions kept" in out.stderr
+    bad = run(base + ["--locret-positions", "keep:abc"], timeout=120)
+    assert bad.returncode != 0 and "compact, keep or keep:N" in bad.stderr
