@@ -2,7 +2,7 @@
 """What evictions cost in rows and host round trips, over one prefill (issue 44's counts).
 
     .venv/bin/python scripts/eviction_rows.py [--model M.gguf] [--heads H.gguf] [--budget 1024] [--ubatch 512]
-        [--chars 20000] [--text FILE] [--policy heads] [--threads 1]
+        [--chars 20000] [--text FILE] [--policy heads] [--positions compact|keep|keep:N] [--threads 1]
 
 Reads the first --chars characters of --text (default: the bundled harbour log) in one locret.Llama prefill and
 prints one markdown row: evictions, rows kept / moved / re-rotated (a row is one layer, KV head and unit),
@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--chars", type=int, default=20000)
     ap.add_argument("--text", type=Path, default=REPO / "scripts" / "data" / "harbor-log.txt")
     ap.add_argument("--policy", default="heads")
+    ap.add_argument("--positions", default="compact", help="where kept units sit: compact (default), keep, keep:N")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
 
@@ -42,6 +43,7 @@ def main(argv: list[str]) -> int:
     text = args.text.read_text(errors="replace")[:args.chars]
     llm = Llama(model, n_ctx=1 << 20, n_batch=args.ubatch, n_ubatch=args.ubatch, locret_heads=heads,
                 locret_budget=args.budget, locret_policy=args.policy, locret_query="off", n_threads=args.threads,
+                locret_positions=args.positions,
                 n_threads_batch=args.threads, verbose=False)
     tokens = llm.tokenize(text.encode(), add_bos=True)
     t0 = time.perf_counter()
@@ -50,10 +52,11 @@ def main(argv: list[str]) -> int:
     st = llm.locret_stats()
     n_ev = max(1, st["n_evictions"])
     eviction_s = (st["t_select_us"] + st["t_readback_us"] + st["t_compact_us"]) / 1e6
-    print("| tokens | b | B | policy | evictions | rows kept | rows moved | rows re-rotated | moved / kept | "
+    print("| tokens | b | B | policy | positions | evictions | rows kept | rows moved | rows re-rotated | moved / kept | "
           "host syncs per eviction | eviction share of prefill |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-    print(f"| {len(tokens)} | {args.budget} | {args.ubatch} | {args.policy} | {st['n_evictions']} | "
+    print("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    positions = args.positions if st["n_repositions"] == 0 else f"{args.positions} ({st['n_repositions']} compacted)"
+    print(f"| {len(tokens)} | {args.budget} | {args.ubatch} | {args.policy} | {positions} | {st['n_evictions']} | "
           f"{st['n_rows_kept']} | {st['n_rows_moved']} | {st['n_rows_rotated']} | "
           f"{st['n_rows_moved'] / max(1, st['n_rows_kept']):.3f} | {st['n_host_syncs'] / n_ev:.1f} | "
           f"{100 * eviction_s / seconds:.1f} % ({eviction_s:.2f} s of {seconds:.2f} s) |")

@@ -638,8 +638,9 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         ++first;
     }
     const llama_pos offset = s.logical_next - (llama_pos) s.rope_next; // logical - physical of the uniform part
-    // the uniform part is placed in order: its physical positions follow its logical ones
-    const llama_pos phys_first = p0 - offset;
+    // the physical position of the first cell removed: its cell (compact), or the position it was placed at
+    const llama_pos phys_first = first == s.n_used ? (llama_pos) s.rope_next :
+                                 s.rope.empty() ? (llama_pos) first : (llama_pos) s.rope[0][first];
     if (kv_swa != nullptr) {
         // the window layers continue from p0 only if their cache still holds the window before it
         const llama_pos swa_min = kv_swa->seq_pos_min(seq_id);

@@ -129,6 +129,9 @@ def _add_eval(sub) -> None:
                      "the mean of the heads' scores over that many tokens around it (default: none)")
     how.add_argument("--lag", type=int, help="LagKV's partition in units for the method lagkv (default: 128, the "
                      "paper's; the budget must hold 16 sinks, two partitions and the stabilizers)")
+    how.add_argument("--positions", help="where kept units sit for every evicting method: compact (positions 0..n-1 "
+                     "after every eviction, the default), keep or keep:N (the positions they were read at, compacted "
+                     "at N, default the model's trained context; heads, random and streaming policies)")
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
     how.add_argument("--kv-type", help="KV cache type for K and V (default f16, or the profile's)")
     how.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all' (default 0, or the profile's)")

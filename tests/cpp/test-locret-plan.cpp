@@ -86,8 +86,17 @@ static locret_plan_stream stream_at(uint32_t n_used, bool prev_output, llama_pos
     locret_plan_stream s;
     s.n_used      = n_used;
     s.prev_output = prev_output;
+    s.rope_next   = n_used; // compact positions: a token's RoPE position is its cell
     s.offset      = logical_next - (llama_pos) n_used;
     s.sage_fresh  = sage_fresh;
+    return s;
+}
+
+// a stream with kept positions: its next RoPE position runs ahead of its cells by the units evicted so far
+static locret_plan_stream stream_kept(uint32_t n_used, bool prev_output, llama_pos logical_next, uint32_t rope_next) {
+    locret_plan_stream s = stream_at(n_used, prev_output, logical_next);
+    s.rope_next = rope_next;
+    s.offset    = logical_next - (llama_pos) rope_next;
     return s;
 }
 
@@ -508,6 +517,74 @@ static void test_sage() {
     CHECK_EQ(locret_plan_sage_prompt_end(false, 9, false), false); // a prefill chunk
 }
 
+// --locret-positions keep with a position limit of 200: parts continue from the last RoPE position; a part that would
+// pass the limit goes after an eviction that compacts positions, to at most the budget
+static void test_kept_positions() {
+    locret_plan_params p = params_locret();
+    p.keep_positions = true;
+    p.position_limit = 200;
+    std::vector<llama_pos> frame;
+
+    // 128 cells after a prefill chunk, 150 tokens read (22 evicted): the next chunk of 32 evicts to b = 96 with 16
+    // stabilizers and goes to cells 96..127 at RoPE positions 150..181 (150 + 32 <= 200); the window frame is the
+    // RoPE frame (logical 150 - offset 0)
+    std::vector<locret_plan_stream> streams = { stream_kept(128, false, 150, 150) };
+    ubatch_in a;
+    a.add(0, 150, 32, false);
+    locret_ubatch_plan plan = plan_ok(p, a, streams, frame);
+    check_step(plan.steps[0], 0, 96, 16, 96, 32, 150, false);
+    CHECK(!plan.steps[0].reposition, "no compaction of positions below the limit");
+    CHECK_EQ(plan.steps[0].first_rope, 150);
+    CHECK_EQ(plan.cell[0], 96);
+    CHECK_EQ(plan.rope[0], 150);
+    CHECK_EQ(plan.rope[31], 181);
+    CHECK_EQ(frame[31], 181);
+    CHECK_EQ(streams[0].n_used, 128);
+    CHECK_EQ(streams[0].rope_next, 182);
+
+    // the next chunk would reach 182 + 32 = 214 > 200: the eviction compacts positions and the chunk goes to cells and
+    // positions 96..127
+    ubatch_in b;
+    b.add(0, 182, 32, false);
+    plan = plan_ok(p, b, streams, frame);
+    check_step(plan.steps[0], 0, 96, 16, 96, 32, 182, false);
+    CHECK(plan.steps[0].reposition, "positions compacted at the limit");
+    CHECK_EQ(plan.rope[0], 96);
+    CHECK_EQ(plan.rope[31], 127);
+    CHECK_EQ(streams[0].rope_next, 128);
+
+    // generation: 100 cells (no eviction due below b + B = 128), RoPE at 190: the token goes to cell 100, position 190
+    streams = { stream_kept(100, true, 400, 190) };
+    ubatch_in c;
+    c.add(0, 400, 1, true);
+    plan = plan_ok(p, c, streams, frame);
+    check_step(plan.steps[0], 0, 100, 0, 100, 1, 400, true);
+    CHECK_EQ(plan.rope[0], 190);
+    CHECK_EQ(frame[0], 190); // offset 400 - 190
+
+    // at RoPE 200 the token would pass the limit: compacting positions evicts to the budget though no eviction was due
+    streams = { stream_kept(100, true, 410, 200) };
+    plan = plan_ok(p, c, streams, frame);
+    check_step(plan.steps[0], 0, 96, 0, 96, 1, 400, true);
+    CHECK(plan.steps[0].reposition, "positions compacted at the limit in generation");
+    CHECK_EQ(plan.rope[0], 96);
+
+    // a sequence cut below the budget (seq_rm of its end) keeps every unit when positions are compacted
+    streams = { stream_kept(90, true, 410, 200) };
+    plan = plan_ok(p, c, streams, frame);
+    check_step(plan.steps[0], 0, 90, 0, 90, 1, 400, true);
+    CHECK(plan.steps[0].reposition, "positions compacted, nothing evicted");
+    CHECK_EQ(plan.rope[0], 90);
+
+    // compact positions: a part's RoPE positions are its cells
+    p.keep_positions = false;
+    streams = { stream_at(128, false, 150) };
+    plan = plan_ok(p, a, streams, frame);
+    CHECK(!plan.steps[0].reposition, "compact positions never compact separately");
+    CHECK_EQ(plan.rope[0], 96);
+    CHECK_EQ(plan.rope[31], 127);
+}
+
 int main() {
     test_take();
     test_scan();
@@ -517,6 +594,7 @@ int main() {
     test_several_sequences();
     test_refusals();
     test_sage();
+    test_kept_positions();
 
     if (g_failures > 0) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);

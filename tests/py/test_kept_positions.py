@@ -267,27 +267,6 @@ def test_kept_positions_resume_exactly_from_a_saved_state(model_path, heads_file
     assert "limit 300" in refusal_of(fresh("keep:400"), data)
 
 
-def test_a_failed_eviction_leaves_kept_positions_as_they_were(model_path, heads_file, prompt_tokens):
-    llm = make(model_path, heads_file, locret_positions="keep")
-    n_layer, n_head_kv = shape(llm)
-    n_past = 0
-    for i in range(0, 5 * UB, UB):
-        n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
-    assert llm.locret_stats()["n_evictions"] >= 1
-
-    def held():
-        return [(llm.locret_retained(il, h).tolist(), eviction.rope_positions(llm._ctx.ctx, il, h).tolist())
-                for il in range(n_layer) for h in range(n_head_kv)]
-
-    before, stats = held(), eviction.state_stats(llm.locret_stats())
-    eviction.inject_fault(llm._ctx.ctx, "evict_compute")
-    llm._batch.set_batch(batch=prompt_tokens[n_past:n_past + UB], n_past=n_past, logits_all=False)
-    assert llama_cpp.llama_decode(llm._ctx.ctx, llm._batch.batch) != 0
-    assert held() == before and eviction.state_stats(llm.locret_stats()) == stats
-    # and the same ubatch then goes through
-    assert decode(llm, prompt_tokens[n_past:n_past + UB], n_past, False) == n_past + UB
-
-
 @pytest.mark.parametrize("kw,message", [
     (dict(locret_positions="sideways"), "compact, keep or keep:N"),
     (dict(locret_positions="keep:0"), "compact, keep or keep:N"),

@@ -30,6 +30,7 @@ def snapshot(llm):
     return {
         "stats": {k: st[k] for k in ("n_cells_used", "pos_logical", "n_evictions", "n_units_evicted")},
         "retained": {(il, h): llm.locret_retained(il, h).tolist() for il in range(30) for h in range(n_kv)},
+        "rope": {(il, h): eviction.rope_positions(llm._ctx.ctx, il, h).tolist() for il in LAYERS for h in range(n_kv)},
         "k": {il: eviction.read_kv(llm._ctx.ctx, il, n, width=width) for il in LAYERS},
         "v": {il: eviction.read_kv(llm._ctx.ctx, il, n, values=True, width=width) for il in LAYERS},
         "pos": (llama_cpp.llama_memory_seq_pos_min(mem, 0), llama_cpp.llama_memory_seq_pos_max(mem, 0)),
@@ -38,7 +39,7 @@ def snapshot(llm):
 
 def assert_same(a, b):
     assert a["stats"] == b["stats"]
-    assert a["retained"] == b["retained"]
+    assert a["retained"] == b["retained"] and a["rope"] == b["rope"]
     assert a["pos"] == b["pos"]
     for part in ("k", "v"):
         for il in LAYERS:
@@ -71,9 +72,11 @@ def assert_empty_then_like_a_fresh_context(llm, model_path, heads_file, tokens, 
 
 
 @pytest.fixture
-def pair(model_path, heads_file):
-    """A reference context and one to make fail, with the same settings."""
-    ref, llm = make(model_path, heads_file), make(model_path, heads_file)
+def pair(model_path, heads_file, request):
+    """A reference context and one to make fail, with the same settings (positions compacted, or kept when a test
+    is parametrized indirectly with "keep")."""
+    positions = getattr(request, "param", None)
+    ref, llm = (make(model_path, heads_file, locret_positions=positions) for _ in range(2))
     yield ref, llm
     ref.close()
     llm.close()
@@ -113,13 +116,15 @@ def injected(fault):
     return fail
 
 
-@pytest.mark.parametrize("fault", ["evict_alloc", "evict_compute"])
+@pytest.mark.parametrize("fault,pair", [("evict_alloc", None), ("evict_compute", None), ("evict_compute", "keep")],
+                         indirect=["pair"])
 def test_a_failed_eviction_leaves_cache_bookkeeping_and_positions_as_before(pair, prompt_tokens, fault):
     # chunk 5 comes after 5 chunks of 32 > b = 96 units: an eviction runs before it
     run_with_failure(pair, prompt_tokens, 5, injected(fault))
 
 
-@pytest.mark.parametrize("fail_at", [2, 6], ids=["no-eviction-before", "after-an-eviction"])
+@pytest.mark.parametrize("fail_at,pair", [(2, None), (6, None), (6, "keep")], indirect=["pair"],
+                         ids=["no-eviction-before", "after-an-eviction", "after-an-eviction-kept-positions"])
 def test_a_failed_ubatch_is_taken_back_in_the_clients_positions(pair, prompt_tokens, fail_at):
     # the ubatch is placed (its positions mapped to cells) and computed, then counts as failed: llama_decode takes it
     # back with seq_rm in the client's positions. After an eviction, the eviction stands and the retry does not

@@ -54,6 +54,7 @@ class EvalConfig:
     local: int | None = None
     pool: int | None = None        # score pooling window of the heads methods (None: none)
     lag: int | None = None         # LagKV's partition (None: the paper's 128)
+    positions: str | None = None   # where kept units sit ("compact", "keep", "keep:N"; None: the library's default)
     ubatch: int | None = None      # None: the device profile's, else 512
     threads: int = 2
     kv_type: str | None = None
@@ -73,6 +74,8 @@ class EvalConfig:
             d.pop("haystacks")  # what every run before the families was: such runs resume
         if d["lag"] is None:
             d.pop("lag")        # likewise for runs from before LagKV
+        if d["positions"] is None:
+            d.pop("positions")  # and from before kept positions
         return d
 
 
@@ -186,6 +189,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                random_heads if method == "random-heads" else None,
                                pool=cfg.pool if method in HEADS_METHODS else None,
                                lag=cfg.lag if method == "lagkv" else None,
+                               positions=cfg.positions,
                                # SAGE-KV splits its budget itself (b/4 sinks, b/4 recent) and reads the prompt
                                # whole, in a context sized for it
                                stabilizers=None if method == "sage" else cfg.stabilizers,
@@ -372,7 +376,8 @@ def run_cli(args) -> int:
                      depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
-                     stabilizers=args.stabilizers, local=args.local, pool=args.pool, lag=args.lag, ubatch=args.ubatch,
+                     stabilizers=args.stabilizers, local=args.local, pool=args.pool, lag=args.lag,
+                     positions=args.positions, ubatch=args.ubatch,
                      threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
                      max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,

@@ -39,6 +39,7 @@ class RunSpec:
     labels: dict = field(default_factory=dict)  # copied into every sample record
     pool: int | None = None      # score pooling window of the heads methods (None: none)
     lag: int | None = None       # LagKV's partition (method lagkv; None: the paper's 128)
+    positions: str | None = None # where kept units sit (locret_positions; None: the library's default)
 
     @property
     def name(self) -> str:
@@ -62,7 +63,8 @@ def make_llm(spec: RunSpec):
 
 def locret_settings(spec: RunSpec) -> dict:
     """The Locret settings (locret.Llama's locret_* arguments) of an evicting method's run."""
-    out = dict(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local)
+    out = dict(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local,
+               locret_positions=spec.positions)
     if spec.method in HEADS_METHODS:
         # what the run asks for and nothing the heads recommend: no pooling unless --pool (and no query but
         # locret-q's own, pinned by the worker: make_llm), so that a run means the same whatever heads file it reads
