@@ -133,7 +133,7 @@ def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows
     assert st["n_evictions"] >= 15 and st["pos_logical"] == n_past
     if positions is not None:
         assert st["n_repositions"] == ref.repositions >= 2 and st["n_rows_rotated"] > 0
-        assert all(eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == [u[2] for u in ref.units[il][h]]
+        assert all(eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == ref.held(il, h, 2)
                    for il in layers for h in range(n_head_kv))
     llm.close()
 

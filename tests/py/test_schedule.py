@@ -17,6 +17,7 @@ from locret.llama import Llama
 
 from conftest import run, tool
 from test_eviction import Algorithm1, decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
+from test_kept_positions import KeptPositions
 from test_policies import random_table, shape
 
 B, UB, NS, NLOC = 96, 32, 16, 8
@@ -81,76 +82,6 @@ class ScheduledAlgorithm1(Algorithm1):
                 units.extend((int(p), float(scores_of[p][il, h])) for p in positions)
         self.rows += len(positions)
         self.prev_output = is_output
-
-
-class ScheduledKeptPositions:
-    """ScheduledAlgorithm1 with kept positions (test_kept_positions.KeptPositions): per (layer, head) the cells in
-    order, each a [logical position, score, RoPE position] or None where the layer masks it. An eviction keeps each
-    layer's own budget of the units it holds (its last n_stab, the chunk's, as stabilizers); those in cells below that
-    budget stay, the others fill the holes below it in cell order; the cells between it and the budget of the largest
-    layer are masked. A part that would reach `limit` compacts positions: each layer's units in position order, at
-    positions right before the next cell."""
-
-    def __init__(self, n_layer, n_head_kv, layer_b, ub, n_s, n_loc, limit):
-        self.cells = [[[] for _ in range(n_head_kv)] for _ in range(n_layer)]
-        self.layer_b, self.b, self.ub, self.n_s, self.n_loc = layer_b, max(layer_b), ub, n_s, n_loc
-        self.capacity, self.limit = self.b + ub, limit
-        self.prev_output, self.rope_next, self.chunk_from, self.n_evictions, self.repositions = True, 0, 0, 0, 0
-
-    split = Algorithm1.split
-
-    def evict(self, n_keep, n_stab, reposition):
-        n_used = len(self.cells[0][0])
-        n_stab = min(n_stab, n_used - self.chunk_from)
-        for il, layer in enumerate(self.cells):
-            for h, cells in enumerate(layer):
-                held = [c for c in range(n_used) if cells[c] is not None]
-                n_live = min(n_keep, self.layer_b[il], len(held))
-                if n_keep < n_used:
-                    stab = min(n_stab, len(held))
-                    cand = np.array(held[:len(held) - stab], dtype=np.int64)
-                    scores = np.array([cells[c][1] for c in cand], dtype=np.float32)
-                    order = cand[np.lexsort((cand, -scores))]
-                    keep = sorted(order[:n_live - stab].tolist()) + held[len(held) - stab:]
-                else:
-                    keep = held
-                new = [None] * n_keep
-                if reposition:
-                    shift = n_keep - n_live
-                    for k, c in enumerate(sorted(keep, key=lambda c: cells[c][2])):
-                        new[k] = [cells[c][0], cells[c][1], k + shift]
-                else:
-                    stay = [c for c in keep if c < n_live]
-                    incoming = iter(c for c in keep if c >= n_live)
-                    for c in range(n_live):
-                        new[c] = list(cells[c] if c in stay else cells[next(incoming)])
-                layer[h] = new
-        self.n_evictions += n_keep < n_used
-        self.repositions += reposition
-        self.chunk_from = n_keep
-        if reposition:
-            self.rope_next = n_keep
-
-    def place(self, positions, scores_of, is_output):
-        n_used, n = len(self.cells[0][0]), len(positions)
-        n_keep, n_stab = n_used, 0
-        if not self.prev_output and n_used > self.b:
-            n_keep, n_stab = self.b, 0 if is_output else min(self.n_s, n_used)
-        elif n_used + n > self.capacity:
-            n_keep = min(self.b, n_used)
-        reposition = self.rope_next + n > self.limit
-        if reposition:
-            n_keep = min(n_keep, self.b)
-        if n_keep < n_used or reposition:
-            self.evict(n_keep, n_stab, reposition)
-        for il, layer in enumerate(self.cells):
-            for h, cells in enumerate(layer):
-                cells.extend([int(p), float(scores_of[p][il, h]), self.rope_next + j] for j, p in enumerate(positions))
-        self.rope_next += n
-        self.prev_output = is_output
-
-    def held(self, il, h, field):
-        return [u[field] for u in self.cells[il][h] if u is not None]
 
 
 def make(model_path, schedule, policy="random", **kw):
@@ -234,7 +165,7 @@ def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path)
     del probe
     layer_b = varied(n_layer, B)
     llm = make(model_path, schedule_file(tmp_path, layer_b), locret_positions="keep:200")
-    ref = ScheduledKeptPositions(n_layer, n_head_kv, layer_b, UB, NS, NLOC, limit=200)
+    ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=200, layer_b=layer_b)
     prompt = prompt_tokens[:520]
     calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
     calls += [([t], True) for t in prompt_tokens[600:700]]
@@ -255,7 +186,9 @@ def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path)
                 assert llm.locret_retained(il, h).tolist() == ref.held(il, h, 0), where
                 assert eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == ref.held(il, h, 2), where
     st = llm.locret_stats()
-    assert st["n_evictions"] == ref.n_evictions >= 10 and st["n_repositions"] == ref.repositions >= 3
+    assert st["n_evictions"] == ref.evictions >= 10 and st["n_repositions"] == ref.repositions >= 3
+    assert (st["n_rows_kept"], st["n_rows_moved"], st["n_rows_rotated"]) == \
+        (ref.rows_kept, ref.rows_moved, ref.rows_rotated)
 
 
 @pytest.mark.parametrize("positions", [None, "keep"])

@@ -128,7 +128,7 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
                     assert got == [u[0] for u in refs[s].units[il][h]], f"sequence {s} layer {il} head {h}"
                     if positions is not None:
                         assert eviction.rope_positions(llm._ctx.ctx, il, h, seq_id=s).tolist() == \
-                            [u[2] for u in refs[s].units[il][h]], f"sequence {s} layer {il} head {h}"
+                            refs[s].held(il, h, 2), f"sequence {s} layer {il} head {h}"
                     checked += 1
             st = llm.locret_stats(seq_id=s)
             assert st["n_cells_used"] <= B + UB and st["pos_logical"] == n_past[s]

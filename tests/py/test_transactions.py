@@ -116,8 +116,7 @@ def injected(fault):
     return fail
 
 
-@pytest.mark.parametrize("fault,pair", [("evict_alloc", None), ("evict_compute", None), ("evict_compute", "keep")],
-                         indirect=["pair"])
+@pytest.mark.parametrize("fault", ["evict_alloc", "evict_compute"])
 def test_a_failed_eviction_leaves_cache_bookkeeping_and_positions_as_before(pair, prompt_tokens, fault):
     # chunk 5 comes after 5 chunks of 32 > b = 96 units: an eviction runs before it
     run_with_failure(pair, prompt_tokens, 5, injected(fault))
