@@ -79,6 +79,14 @@ class Algorithm1:
             remaining -= take
         return sizes
 
+    def place_call(self, first, n_tokens, output_last, scores_of):
+        """The ubatches of one decode call of n_tokens from position `first`, placed as the engine splits them."""
+        offset = 0
+        for size in self.split(n_tokens, output_last):
+            self.place(list(range(first + offset, first + offset + size)), scores_of,
+                       output_last and offset + size == n_tokens)
+            offset += size
+
     def evict(self, n_keep, n_stab):
         for layer in self.units:
             for h, units in enumerate(layer):

@@ -141,11 +141,7 @@ def test_retained_sets_and_positions_match_the_model_after_every_chunk(select, n
         n_past = decode(llm, tokens, n_past, output_last)
         scores, positions = heads_api.recorded_scores(llm)
         scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
-        first, offset = n_past - len(tokens), 0
-        for size in ref.split(len(tokens), output_last):
-            ref.place(list(range(first + offset, first + offset + size)), scores_of,
-                      output_last and offset + size == len(tokens))
-            offset += size
+        ref.place_call(n_past - len(tokens), len(tokens), output_last, scores_of)
         for il in range(n_layer):
             for h in range(n_head_kv):
                 where = f"layer {il} head {h} after position {n_past}"

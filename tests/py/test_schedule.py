@@ -175,11 +175,7 @@ def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path)
     n_past = 0
     for tokens, output_last in calls:
         n_past = decode(llm, tokens, n_past, output_last)
-        first, offset = n_past - len(tokens), 0
-        for size in ref.split(len(tokens), output_last):
-            ref.place(list(range(first + offset, first + offset + size)), table,
-                      output_last and offset + size == len(tokens))
-            offset += size
+        ref.place_call(n_past - len(tokens), len(tokens), output_last, table)
         for il in range(n_layer):
             for h in range(n_head_kv):
                 where = f"layer {il} head {h} after position {n_past}"
