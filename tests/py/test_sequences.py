@@ -78,24 +78,24 @@ def conversation(tokens, n_seq):
     return calls
 
 
-# positions "keep:200": kept positions (test_kept_positions.py), compacted every few parts of each sequence
-@pytest.mark.parametrize("n_seq,compact_seq,positions", [(2, None, None), (4, None, None), (4, 1, None), (4, 3, None),
-                                                         (4, 3, "keep:200")])
+# layout "keep:200": kept positions (test_kept_positions.py), compacted every few parts of each sequence
+@pytest.mark.parametrize("n_seq,compact_seq,layout", [(2, None, None), (4, None, None), (4, 1, None), (4, 3, None),
+                                                      (4, 3, "keep:200")])
 def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file, prompt_tokens, n_seq, compact_seq,
-                                                         positions, monkeypatch):
+                                                         layout, monkeypatch):
     # compact_seq: the sequences one compaction moves (LOCRET_DEBUG_COMPACT_SEQ; by default up to 4): a ubatch that
     # evicts more of them evicts them in turns, which must keep exactly the same units
     if compact_seq is not None:
         monkeypatch.setenv("LOCRET_DEBUG_COMPACT_SEQ", str(compact_seq))
-    llm = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024, locret_positions=positions)
+    llm = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024, locret_positions=layout)
     heads_api.record_scores(llm)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
-    if positions is None:
+    if layout is None:
         refs = [Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC) for _ in range(n_seq)]
     else:
         from test_kept_positions import KeptPositions
-        refs = [KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=int(positions.split(":")[1]))
+        refs = [KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=int(layout.split(":")[1]))
                 for _ in range(n_seq)]
     n_past = [0] * n_seq
     checked = 0
@@ -126,7 +126,7 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
                 for h in range(n_head_kv):
                     got = llm.locret_retained(il, h, seq_id=s).tolist()
                     assert got == [u[0] for u in refs[s].units[il][h]], f"sequence {s} layer {il} head {h}"
-                    if positions is not None:
+                    if layout is not None:
                         assert eviction.rope_positions(llm._ctx.ctx, il, h, seq_id=s).tolist() == \
                             refs[s].held(il, h, 2), f"sequence {s} layer {il} head {h}"
                     checked += 1
@@ -136,7 +136,7 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     # sequences: more than one turn)
     assert most_at_once >= 2, most_at_once
     assert llm.locret_stats()["n_compactions"] > 0
-    if positions is not None:
+    if layout is not None:
         assert all(r.repositions >= 2 for r in refs) and llm.locret_stats()["n_repositions"] == sum(r.repositions for r in refs)
     single = make(model_path, heads_file)
     for s in range(n_seq):
