@@ -284,7 +284,7 @@ def test_kept_positions_refusals(kw, message, model_path, heads_file):
 def test_the_tools_take_kept_positions(model_path, heads_file, tmp_path):
     # llama-completion reads a document longer than its cache with kept positions and says so in its log; a bad
     # value stops it with the reason
-    text = " ".join(f"Line {i}: the archive keeps record {i * 7} in box {i % 13}." for i in range(120))
+    text = " ".join(f"Line {i}: the archive keeps record {i * 7} in box {i % 13}." for i in range(45))  # ~700 tokens
     prompt = tmp_path / "p.txt"
     prompt.write_text(text)
     base = [tool("llama-completion"), "-m", str(model_path), "--locret-heads", str(heads_file), "--locret-budget", "256",
