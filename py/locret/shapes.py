@@ -45,6 +45,10 @@ Shapes (the Hugging Face configs of the real models; llama.cpp's convert_hf_to_g
   fewer weight multiply-adds per token than the full model, 16 times fewer attention ones per cached token):
   8 layers, 8 heads / 2 KV heads of 128 (GQA 4:1 kept), n_embd 1024, FFN 3584 (the FFN/n_embd ratio 3.5 kept),
   vocab 32000, all RoPE settings unchanged.
+- ``smollm2-135m``: SmolLM2-135M-Instruct, the project's default model, for GPU machines its 98 MB file cannot
+  travel to: ``llama``, 30 layers, n_embd 576, 9 heads / 3 KV heads of 64, FFN 1536, vocab 49152, RMS eps 1e-5,
+  rope theta 100000, context 8192, no RoPE scaling, output tied to the token embedding (Q8_0, as llama-quantize
+  wrote it in the shipped file); its matrices Q4_1 as the shipped file with ``--weight-type q4_1``. 134,515,008 parameters, as the real model.
 - ``phi3-mini-128k-mini``: 8 layers, 8 heads / 8 KV heads of 96 (no GQA, as Phi-3-mini), n_embd 768, FFN 2048
   (ratio 8/3 kept), vocab 32064, LongRoPE factors, attention factor and contexts unchanged.
 
@@ -134,7 +138,7 @@ class Shape:
     rope_theta: float
     n_ctx_train: int
     n_ctx_orig: int               # the pre-extension context of the RoPE scaling
-    rope_scaling: str             # "llama3" (rope_freqs tensor) or "longrope" (long/short factor tensors)
+    rope_scaling: str             # "llama3" (rope_freqs tensor), "longrope" (long/short factor tensors) or "none"
     llama3_factor: float = 0.0
     llama3_low_freq_factor: float = 0.0
     llama3_high_freq_factor: float = 0.0
@@ -143,6 +147,8 @@ class Shape:
     sliding_window: int | None = None   # phi3.attention.sliding_window as the converter writes it
     add_bos: bool = True
     eos: tuple[int, str] = (2, "</s>")  # (id, text) of the end-of-sequence token
+    tied_output: bool = False     # no output.weight: llama.cpp reuses token_embd (SmolLM2)
+    embd_type: str | None = None  # the token embedding's weight type when not the matrices' (llama-quantize's choice)
 
     def __post_init__(self):
         if self.arch not in ("llama", "phi3"):
@@ -154,7 +160,7 @@ class Shape:
         if self.rope_scaling == "longrope":
             if not (len(self.long_factor) == len(self.short_factor) == self.head_dim // 2):
                 raise ShapeError(f"{self.name}: LongRoPE needs {self.head_dim // 2} long and short factors")
-        elif self.rope_scaling != "llama3":
+        elif self.rope_scaling not in ("llama3", "none"):
             raise ShapeError(f"{self.name}: unknown RoPE scaling {self.rope_scaling!r}")
         if self.arch == "phi3" and self.rope_scaling != "longrope":
             raise ShapeError(f"{self.name}: phi3 shapes carry LongRoPE factors")
@@ -189,6 +195,9 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
           n_ff=8192, n_vocab=32064, **_PHI3_128K),
     Shape("llama3.1-8b-mini", "Llama-3.1-8B-Instruct, scaled down (head size, GQA 4:1 and RoPE kept)",
           n_layer=8, n_embd=1024, n_head=8, n_head_kv=2, n_ff=3584, n_vocab=32000, **_LLAMA31),
+    Shape("smollm2-135m", "SmolLM2-135M-Instruct", arch="llama", n_layer=30, n_embd=576, n_head=9, n_head_kv=3,
+          head_dim=64, n_ff=1536, n_vocab=49152, rms_eps=1e-5, rope_theta=100000.0, n_ctx_train=8192,
+          n_ctx_orig=8192, rope_scaling="none", tied_output=True, embd_type="q8_0"),
     Shape("phi3-mini-128k-mini", "Phi-3-mini-128K-instruct, scaled down (head size 96 and LongRoPE kept)",
           n_layer=8, n_embd=768, n_head=8, n_head_kv=8, n_ff=2048, n_vocab=32064, **_PHI3_128K),
 ]}
@@ -227,6 +236,8 @@ def llama3_rope_factors(head_dim: int, theta: float, factor: float, low_freq_fac
 
 def rope_tensors(s: Shape) -> dict[str, np.ndarray]:
     """The F32 RoPE tensors of the shape's GGUF, by tensor name."""
+    if s.rope_scaling == "none":
+        return {}
     if s.rope_scaling == "llama3":
         return {"rope_freqs.weight": llama3_rope_factors(s.head_dim, s.rope_theta, s.llama3_factor,
                                                          s.llama3_low_freq_factor, s.llama3_high_freq_factor,
@@ -239,6 +250,7 @@ def rope_tensors(s: Shape) -> dict[str, np.ndarray]:
 
 WEIGHT_TYPES = {
     "q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (gguf.GGMLQuantizationType.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     "f16": (gguf.GGMLQuantizationType.F16, gguf.LlamaFileType.MOSTLY_F16),
 }
@@ -267,19 +279,20 @@ def plan_tensors(s: Shape, weight_type: str = "q4_0") -> list[PlannedTensor]:
     if weight_type not in WEIGHT_TYPES:
         raise ShapeError(f"unknown weight type {weight_type!r}; known: {', '.join(WEIGHT_TYPES)}")
     qtype = WEIGHT_TYPES[weight_type][0]
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
 
-    def matrix(name: str, n_out: int, n_in: int) -> PlannedTensor:
+    def matrix(name: str, n_out: int, n_in: int, mtype: gguf.GGMLQuantizationType = qtype) -> PlannedTensor:
+        block = gguf.GGML_QUANT_SIZES[mtype][0]
         if n_in % block:
             raise ShapeError(f"{s.name}: {name} has rows of {n_in} values, not a multiple of the {weight_type} "
                              f"block ({block})")
-        return PlannedTensor(name, (n_out, n_in), qtype, "matrix")
+        return PlannedTensor(name, (n_out, n_in), mtype, "matrix")
 
     def norm(name: str) -> PlannedTensor:
         return PlannedTensor(name, (s.n_embd,), F32, "norm")
 
     e, q, kv, ff = s.n_embd, s.n_head * s.head_dim, s.n_embd_kv, s.n_ff
-    tensors = [matrix("token_embd.weight", s.n_vocab, e)]
+    embd_q = WEIGHT_TYPES[s.embd_type][0] if s.embd_type else qtype
+    tensors = [matrix("token_embd.weight", s.n_vocab, e, embd_q)]
     for il in range(s.n_layer):
         b = f"blk.{il}"
         tensors.append(norm(f"{b}.attn_norm.weight"))
@@ -294,7 +307,9 @@ def plan_tensors(s: Shape, weight_type: str = "q4_0") -> list[PlannedTensor]:
         else:  # phi3: gate and up in one projection
             tensors.append(matrix(f"{b}.ffn_up.weight", 2 * ff, e))
         tensors.append(matrix(f"{b}.ffn_down.weight", e, ff))
-    tensors += [norm("output_norm.weight"), matrix("output.weight", s.n_vocab, e)]
+    tensors.append(norm("output_norm.weight"))
+    if not s.tied_output:
+        tensors.append(matrix("output.weight", s.n_vocab, e))
     tensors += [PlannedTensor(name, values.shape, F32, "rope") for name, values in rope_tensors(s).items()]
     return tensors
 
@@ -361,9 +376,10 @@ def _add_key_values(w: gguf.GGUFWriter, s: Shape, weight_type: str) -> None:
 
 # --- random tensor data ---------------------------------------------------------------------------------------------
 
-# RMS of the integer codes: Q4_0 stores q in 0..15 and means (q - 8) * d; Q8_0 stores int8 q and means q * d.
+# RMS of the integer codes: Q4_0 stores q in 0..15 and means (q - 8) * d (Q4_1 means q * d + m, written with
+# m = -8 d: the same values); Q8_0 stores int8 q and means q * d.
 # Uniform codes: E[(q - 8)^2] = 255/12 + 1/4 = 21.5, E[q^2] = 65535/12 + 1/4 = 5461.5.
-_CODE_RMS = {gguf.GGMLQuantizationType.Q4_0: math.sqrt(21.5), gguf.GGMLQuantizationType.Q8_0: math.sqrt(5461.5),
+_CODE_RMS = {gguf.GGMLQuantizationType.Q4_0: math.sqrt(21.5), gguf.GGMLQuantizationType.Q4_1: math.sqrt(21.5), gguf.GGMLQuantizationType.Q8_0: math.sqrt(5461.5),
              gguf.GGMLQuantizationType.F16: math.sqrt(5461.5)}
 
 
@@ -375,7 +391,7 @@ def _scale(n_in: int, ggml_type: gguf.GGMLQuantizationType) -> float:
 def random_matrix(rows: int, n_in: int, ggml_type: gguf.GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
     """A random matrix in `ggml_type`: uint8 block bytes [rows, bytes per row] for Q4_0/Q8_0, float16 for F16.
 
-    A quantized block is its f16 scale d followed by the codes; the codes are random bytes (uniform 4-bit or 8-bit
+    A quantized block is its f16 scale d (Q4_1: then its f16 offset m = -8 d) followed by the codes; the codes are random bytes (uniform 4-bit or 8-bit
     values) and d is drawn from 256 values between 0.5 and 1.5 times `_scale`, picked by one of the block's own
     random code bytes (no second random stream for 250 million blocks)."""
     base = _scale(n_in, ggml_type)
@@ -386,7 +402,10 @@ def random_matrix(rows: int, n_in: int, ggml_type: gguf.GGMLQuantizationType, rn
     n_blocks = rows * n_in // block
     data = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
     table = (base * np.linspace(0.5, 1.5, 256)).astype("<f2").view(np.uint8).reshape(256, 2)
-    data[:, 0:2] = table[data[:, 2]]
+    picked = data[:, 2].copy()
+    data[:, 0:2] = table[picked]
+    if ggml_type == gguf.GGMLQuantizationType.Q4_1:  # m = -8 d after d
+        data[:, 2:4] = (-8 * base * np.linspace(0.5, 1.5, 256)).astype("<f2").view(np.uint8).reshape(256, 2)[picked]
     return data.reshape(rows, n_in // block * type_size)
 
 

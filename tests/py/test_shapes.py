@@ -7,6 +7,7 @@
 - the scaled-down shapes are written and read back with gguf-py (keys, tensor names, shapes, types, RoPE data,
   tokenizer), their quantized blocks decode to finite weights of the intended scale, llama.cpp loads them with those
   hyperparameters, their random heads (d_R 1024) attach and score, and llama-bench runs with and without the heads;
+- the SmolLM2 shape plans the shipped default model's tensors (names, shapes, types) and keys, read from that file;
 - the full shapes' layer geometry (one layer at full width) loads in llama.cpp with its heads;
 - a second build is found in the cache at once; the command line prints the two paths.
 """
@@ -101,6 +102,26 @@ def _converter():
 
 def _tensor_name(kind):
     return gguf.TENSOR_NAMES[kind] + ".weight"
+
+
+def test_smollm2_shape_is_the_shipped_default_model():
+    """The stand-in that GPU machines build (the real file cannot travel there) has the real file's tensors and keys."""
+    from locret import models
+
+    real = _reader(models.resolve(models.DEFAULT_MODEL))
+    s = shapes.SHAPES["smollm2-135m"]
+    planned = {t.name: (tuple(reversed(t.shape)), t.ggml_type) for t in shapes.plan_tensors(s, "q4_1")}
+    actual = {t.name: (tuple(int(n) for n in t.shape), t.tensor_type) for t in real.tensors}
+    assert planned == actual
+    for key, want in [("llama.block_count", s.n_layer), ("llama.context_length", s.n_ctx_train),
+                      ("llama.embedding_length", s.n_embd), ("llama.feed_forward_length", s.n_ff),
+                      ("llama.attention.head_count", s.n_head), ("llama.attention.head_count_kv", s.n_head_kv),
+                      ("llama.rope.dimension_count", s.head_dim)]:
+        assert _value(real, key) == want, key
+    assert _value(real, "llama.rope.freq_base") == pytest.approx(s.rope_theta)
+    assert _value(real, "llama.attention.layer_norm_rms_epsilon") == pytest.approx(s.rms_eps)
+    assert real.get_field("llama.rope.scaling.type") is None and s.rope_scaling == "none"
+    assert shapes.n_parameters(s) == sum(math.prod(int(n) for n in t.shape) for t in real.tensors)
 
 
 def test_llama3_rope_freqs_are_the_converters():
@@ -225,7 +246,7 @@ def _check_quantized(raw: np.ndarray, ggml_type, n_in: int):
     assert d.min() >= 0.499 * base and d.max() <= 1.501 * base
     weights = gguf.quants.dequantize(raw, ggml_type)
     assert weights.shape == (raw.shape[0], n_in) and np.isfinite(weights).all()
-    max_code = 8 if ggml_type == gguf.GGMLQuantizationType.Q4_0 else 128
+    max_code = 8 if ggml_type in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1) else 128
     assert np.abs(weights).max() <= max_code * d.max() * 1.0001
     row_rms = np.sqrt((weights.astype(np.float64) ** 2).mean(axis=1))
     assert np.allclose(row_rms * math.sqrt(n_in), 1.0, atol=0.25)  # unit-RMS inputs give O(1) outputs
@@ -247,7 +268,7 @@ def test_quantized_blocks_are_valid(name, built):
     assert checked >= 5
 
 
-@pytest.mark.parametrize("weight_type", ["q8_0", "f16"])
+@pytest.mark.parametrize("weight_type", ["q4_1", "q8_0", "f16"])
 def test_other_weight_types_are_valid(weight_type):
     qtype = shapes.WEIGHT_TYPES[weight_type][0]
     data = shapes.random_matrix(48, 1024, qtype, np.random.default_rng(1))

@@ -1,0 +1,68 @@
+"""The GPU check's pieces, run here on the CPU (a GPU session runs them for real: scripts/gpu_check.sh).
+
+- bench_eviction.py --positions passes each layout to llama-bench and reads its row counts: kept positions move fewer
+  rows than compact positions and re-rotate none on the same prompt;
+- backend_check.py's child run saves the last logits and every (layer, KV head)'s kept positions, and its comparison
+  counts shared units and logit differences exactly;
+- gpu_check.sh refuses unknown stages and arguments with exit 2 before doing anything.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+
+def test_bench_eviction_measures_each_positions_layout(model_path):
+    import bench_eviction  # scripts/, on sys.path through conftest
+
+    args = bench_eviction.parse(["--model", str(model_path), "--budget", "256", "--ubatch", "128", "--threads", "1",
+                                 "--heads", str(REPO / "heads" / "smollm2-135m-instruct.gguf")])
+    bench_eviction.apply_device(args)
+    rows = {pos: bench_eviction.bench(args, locret=True, prompt=768, gen=0, depth=0, positions=pos)
+            for pos in ("keep", "compact")}
+    for r in rows.values():
+        assert r["compactions"] >= 3 and r["rows_kept"] > 0
+    assert rows["keep"]["rows_kept"] == rows["compact"]["rows_kept"]       # the same evictions
+    assert rows["keep"]["rows_rotated"] == 0 < rows["compact"]["rows_rotated"]
+    assert rows["keep"]["rows_moved"] < 0.6 * rows["compact"]["rows_moved"]
+    with pytest.raises(SystemExit, match="llama-bench failed"):
+        bench_eviction.bench(args, locret=True, prompt=256, gen=0, depth=0, positions="sideways")
+
+
+def test_backend_check_child_and_comparison(model_path, tmp_path):
+    import backend_check
+
+    cfg = dict(model=str(model_path), heads=str(REPO / "heads" / "smollm2-135m-instruct.gguf"), budget=64,
+               ubatch=32, tokens=256, name="a", positions="keep", v="f16", fa=True, ngl=0, select=None)
+    a = backend_check.run(cfg, tmp_path)
+    again = backend_check.run({**cfg, "name": "again"}, tmp_path)  # one backend: deterministic
+    assert not isinstance(a, str) and not isinstance(again, str), (a, again)
+    assert a["logits"].shape == (49152,) and np.isfinite(a["logits"]).all()
+    kept = [a[k] for k in a if k.startswith("kept_")]
+    assert len(kept) == 30 * 3
+    for k in kept:
+        assert len(set(k.tolist())) == len(k) and 64 <= len(k) <= 64 + 32 and k.max() < 256 and k.min() >= 0
+    assert backend_check.compare(a, again) == (1.0, pytest.approx(1.0), 0.0)
+    b = dict(a, logits=a["logits"] + np.linspace(0, 1, len(a["logits"]), dtype=np.float32))
+    share, cos, diff = backend_check.compare(a, b)
+    assert share == 1.0 and diff == pytest.approx(1.0) and cos < 1.0
+    # one unit swapped in one (layer, head): the shared share falls by exactly one unit
+    c = dict(a)
+    first = next(k for k in a if k.startswith("kept_"))
+    c[first] = np.array(sorted(set(range(256)) - set(a[first].tolist())))[: len(a[first])]
+    total = sum(len(k) for k in kept)
+    assert backend_check.compare(a, c)[0] == pytest.approx((total - len(a[first])) / total)
+    bad = backend_check.run({**cfg, "name": "bad", "model": str(tmp_path / "missing.gguf")}, tmp_path)
+    assert isinstance(bad, str) and bad.startswith("failed")
+
+
+@pytest.mark.parametrize("argv, message", [(["--stage", "measure"], "unknown stage measure"),
+                                           (["--fast"], "unknown argument --fast")])
+def test_gpu_check_refuses_bad_arguments(argv, message):
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *argv], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2 and message in proc.stderr
