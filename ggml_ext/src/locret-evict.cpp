@@ -143,21 +143,22 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
         return false;
     }
     const int64_t p2 = ggml_time_us();
-    t.n_host_syncs += 1;
-    if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+    if (ggml_backend_sched_graph_compute_async(sched, gf) != GGML_STATUS_SUCCESS) {
         LLAMA_LOG_ERROR("%s: Locret: the selection graph failed\n", __func__);
         return false;
     }
-    if (locret_profile()) {
-        fprintf(stderr, "locret-profile: select build %.2f alloc %.2f compute %.2f ms (splits %d)\n", (p1 - p0) / 1e3,
-                (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3, ggml_backend_sched_get_n_splits(sched));
-    }
-    // the one read-back of an eviction: the kept cells of every (layer, KV head)
-    const int64_t t0_us = ggml_time_us();
+    // the one read-back of an eviction: the kept cells of every (layer, KV head), queued on the backend that computed
+    // them (ordered after the graph, as llama.cpp reads its logits) and waited for once
     GGML_ASSERT((size_t) ggml_nelements(top) <= select_idx_cap);
-    ggml_backend_tensor_get(top, select_idx, 0, ggml_nbytes(top));
+    ggml_backend_tensor_get_async(ggml_backend_sched_get_tensor_backend(sched, top), top, select_idx, 0, ggml_nbytes(top));
+    const int64_t t0_us = ggml_time_us();
+    ggml_backend_sched_synchronize(sched);
     t.n_host_syncs += 1;
     t.readback_us += ggml_time_us() - t0_us;
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: select build %.2f alloc %.2f compute and read-back %.2f ms (splits %d)\n",
+                (p1 - p0) / 1e3, (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3, ggml_backend_sched_get_n_splits(sched));
+    }
     return true;
 }
 
