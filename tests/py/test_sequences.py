@@ -79,9 +79,9 @@ def conversation(tokens, n_seq):
 
 
 # layout "keep:200": kept positions (test_kept_positions.py), compacted every few parts of each sequence
-# (turns of 3 with compact positions ran here too; turns of 1 and of 4 cover what it did)
-@pytest.mark.parametrize("n_seq,compact_seq,layout", [(2, None, None), (4, None, None), (4, 1, None),
-                                                      (4, 3, "keep:200")])
+# (turns of 3 with compact positions ran here too, and 2 sequences in one turn: 4 sequences in turns of 1 and of 4
+# cover what they did)
+@pytest.mark.parametrize("n_seq,compact_seq,layout", [(4, None, None), (4, 1, None), (4, 3, "keep:200")])
 def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file, prompt_tokens, n_seq, compact_seq,
                                                          layout, monkeypatch):
     # compact_seq: the sequences one compaction moves (LOCRET_DEBUG_COMPACT_SEQ; by default up to 4): a ubatch that
