@@ -123,7 +123,8 @@ def main(argv: list[str]) -> int:
     for v in ("f16", "q8_0", "f32"):
         for fa in (True, False):
             if v == "q8_0" and not fa:
-                rows.append(f"| V {v}, flash attention off | - | - | - | refused by llama.cpp (a quantized V needs it) |")
+                rows.append(f"| V {v}, flash attention off | - | - | - | "
+                            "refused by llama.cpp (a quantized V needs it) |")
                 continue
             for pos in (("keep", "compact") if v == "f16" else ("keep",)):
                 name = f"{v}-fa{int(fa)}-{pos}"

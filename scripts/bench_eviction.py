@@ -17,11 +17,11 @@ selection, read-back, compaction) and the issue's targets as ratios measured in 
   - Locret decode tok/s after a --decode-depth prompt >= 0.9 x plain decode after a 2.5K prompt;
   - Locret prefill at the longest length against plain llama.cpp's prefill of one ubatch at the attention depth
     Locret works at (llama-bench -p B -d b+B: the per-ubatch cost the comparison really is; >= 0.9 on a GPU).
-Exits 1 when a target is missed (the targets are the first policy's, with the first --positions). --policies runs the same figures for each
-eviction policy (and --positions compact,keep: each way of placing the kept units), side by side (lagkv with --lag; sage, random and streaming need no heads; sage caches each whole
-prompt, so its lengths must reach the budget plus the ubatch); every policy's prefill and
-decode are also reported against plain llama.cpp. Without --heads it makes random heads (speed does not depend on
-their values).
+Exits 1 when a target is missed (the targets are the first policy's, with the first --positions). --policies runs
+the same figures for each eviction policy (and --positions compact,keep: each way of placing the kept units), side by
+side (lagkv with --lag; sage, random and streaming need no heads; sage caches each whole prompt, so its lengths must
+reach the budget plus the ubatch); every policy's prefill and decode are also reported against plain llama.cpp.
+Without --heads it makes random heads (speed does not depend on their values).
 --shape NAME benchmarks a random-weight model with the exact shapes of a model the paper ran (py/locret/shapes.py:
 llama3.1-8b, phi3-mini-128k, and scaled-down variants for a CPU), with its d_R = 1024 random heads.
 

@@ -52,7 +52,10 @@ case ",$STAGES," in
     ,all,) STAGES="build,check,bench" ;;
 esac
 for s in ${STAGES//,/ }; do
-    case "$s" in build|check|bench) ;; *) echo "gpu_check: error: unknown stage $s (build, check, bench)" >&2; exit 2 ;; esac
+    case "$s" in
+        build|check|bench) ;;
+        *) echo "gpu_check: error: unknown stage $s (build, check, bench)" >&2; exit 2 ;;
+    esac
 done
 want() { case ",$STAGES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 log() { echo "gpu_check: $*" >&2; }
@@ -97,7 +100,10 @@ START=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - START )) s"; }
 
 if [ ! -f "$TREE/CMakeLists.txt" ]; then
-    [ -f "$PACKED" ] || { echo "gpu_check: error: no $TREE and no $PACKED (run --pack where setup.sh ran)" >&2; exit 1; }
+    if [ ! -f "$PACKED" ]; then
+        echo "gpu_check: error: no $TREE and no $PACKED (run --pack where setup.sh ran)" >&2
+        exit 1
+    fi
     log "unpacking $PACKED"
     mkdir -p third_party
     tar -C third_party -xJf "$PACKED"
@@ -126,7 +132,11 @@ if want build || [ ! -x "$BUILD/bin/llama-bench" ]; then
 fi
 
 if need_shapes; then
-    wait "$SHAPES_PID" || { cat "$OUT_DIR"/shape-*.log >&2; echo "gpu_check: error: the shape models failed" >&2; exit 1; }
+    if ! wait "$SHAPES_PID"; then
+        cat "$OUT_DIR"/shape-*.log >&2
+        echo "gpu_check: error: the shape models failed" >&2
+        exit 1
+    fi
     read -r SMOL_MODEL < "$OUT_DIR/shape-smollm2-135m.paths"
     if want bench; then { read -r BIG_MODEL; read -r BIG_HEADS; } < "$OUT_DIR/shape-llama3.1-8b.paths"; fi
     SMOL_HEADS=heads/smollm2-135m-instruct.gguf   # the shipped heads fit the shape (and travel: tracked)
@@ -136,8 +146,9 @@ fi
 {
     echo "# GPU check"
     echo
-    echo "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'),"\
-         "sm_$ARCH build, $(git rev-parse --short HEAD 2>/dev/null || echo 'tree without git'), $(date -u +%Y-%m-%dT%H:%MZ)"
+    gpu="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no GPU')"
+    rev="$(git rev-parse --short HEAD 2>/dev/null || echo 'tree without git')"
+    echo "$gpu, sm_$ARCH build, $rev, $(date -u +%Y-%m-%dT%H:%MZ)"
 } > "$REPORT"
 
 if want check; then

@@ -82,6 +82,8 @@ def main() -> int:
                          "spans such as a delivery number stay together (without it a 20K-token soak answered 9-3-3-8 "
                          "for 9-3-3-3)")
     ap.add_argument("--generate", type=int, default=8, help="tokens generated after every turn (default 8)")
+    ap.add_argument("--positions", default=None,
+                    help="--locret-positions: compact, keep or keep:N (default: the engine's, compact)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0,
                     help="layers on the GPU (a CUDA build; -1: all): on a GPU the 10M tokens take minutes, not hours")
@@ -116,6 +118,8 @@ def main() -> int:
         settings["gpu_layers"] = args.gpu_layers
     if args.pool:
         settings["pool"] = args.pool
+    if args.positions:
+        settings["positions"] = args.positions
 
     progress = {"settings": settings, "tokens": 0, "n_past": 0, "turn": 0, "checks": [], "non_finite": 0,
                 "seconds": 0.0}
@@ -132,9 +136,9 @@ def main() -> int:
             return 2
 
     try:
-        llm = Llama(str(model_path), n_ctx=1 << 25, n_batch=args.ubatch, n_ubatch=args.ubatch, locret_budget=args.budget,
-                    locret_policy=args.policy, locret_heads=heads,
-                    locret_pool=args.pool or None, n_threads=args.threads,
+        llm = Llama(str(model_path), n_ctx=1 << 25, n_batch=args.ubatch, n_ubatch=args.ubatch,
+                    locret_budget=args.budget, locret_policy=args.policy, locret_heads=heads,
+                    locret_pool=args.pool or None, locret_positions=args.positions, n_threads=args.threads,
                     n_threads_batch=args.threads, n_gpu_layers=args.gpu_layers, verbose=False)
     except (HeadsError, ValueError) as e:
         print(f"soak: error: {e}", file=sys.stderr)
@@ -270,7 +274,19 @@ def main() -> int:
     if saved_state:
         (out / saved_state).unlink(missing_ok=True)
     print(f"answer: {answer!r} (code {last_code}): {'right' if progress['answer_right'] else 'WRONG'}")
+    eviction_costs(llm.locret_stats(), time.time() - t_start)
     return report(progress, final=True, first_at=every)
+
+
+def eviction_costs(stats: dict, seconds: float) -> None:
+    """What this part's evictions cost (the stats count from the context's creation: a resumed soak's last part)."""
+    spent = (stats["t_select_us"] + stats["t_compact_us"] + stats["t_readback_us"]) / 1e6
+    moved = stats["n_rows_moved"] / stats["n_rows_kept"] if stats["n_rows_kept"] else float("nan")
+    per = stats["n_host_syncs"] / stats["n_evictions"] if stats["n_evictions"] else float("nan")
+    print(f"evictions: {stats['n_evictions']}, {spent:.2f} s of {seconds:.0f} s ({100 * spent / seconds:.1f} %; "
+          f"selection {stats['t_select_us'] / 1e6:.2f} s, compaction {stats['t_compact_us'] / 1e6:.2f} s, read-back "
+          f"{stats['t_readback_us'] / 1e6:.2f} s); rows moved / kept {moved:.3f}, rows re-rotated "
+          f"{stats['n_rows_rotated']}; host syncs per eviction {per:.1f}; positions {stats['positions']}")
 
 
 def report(progress: dict, final: bool, first_at: int = CHECK_EVERY) -> int:

@@ -48,7 +48,8 @@ Shapes (the Hugging Face configs of the real models; llama.cpp's convert_hf_to_g
 - ``smollm2-135m``: SmolLM2-135M-Instruct, the project's default model, for GPU machines its 98 MB file cannot
   travel to: ``llama``, 30 layers, n_embd 576, 9 heads / 3 KV heads of 64, FFN 1536, vocab 49152, RMS eps 1e-5,
   rope theta 100000, context 8192, no RoPE scaling, output tied to the token embedding (Q8_0, as llama-quantize
-  wrote it in the shipped file); its matrices Q4_1 as the shipped file with ``--weight-type q4_1``. 134,515,008 parameters, as the real model.
+  wrote it in the shipped file); its matrices Q4_1 as the shipped file with ``--weight-type q4_1``. 134,515,008
+  parameters, as the real model.
 - ``phi3-mini-128k-mini``: 8 layers, 8 heads / 8 KV heads of 96 (no GQA, as Phi-3-mini), n_embd 768, FFN 2048
   (ratio 8/3 kept), vocab 32064, LongRoPE factors, attention factor and contexts unchanged.
 
@@ -379,7 +380,8 @@ def _add_key_values(w: gguf.GGUFWriter, s: Shape, weight_type: str) -> None:
 # RMS of the integer codes: Q4_0 stores q in 0..15 and means (q - 8) * d (Q4_1 means q * d + m, written with
 # m = -8 d: the same values); Q8_0 stores int8 q and means q * d.
 # Uniform codes: E[(q - 8)^2] = 255/12 + 1/4 = 21.5, E[q^2] = 65535/12 + 1/4 = 5461.5.
-_CODE_RMS = {gguf.GGMLQuantizationType.Q4_0: math.sqrt(21.5), gguf.GGMLQuantizationType.Q4_1: math.sqrt(21.5), gguf.GGMLQuantizationType.Q8_0: math.sqrt(5461.5),
+_CODE_RMS = {gguf.GGMLQuantizationType.Q4_0: math.sqrt(21.5), gguf.GGMLQuantizationType.Q4_1: math.sqrt(21.5),
+             gguf.GGMLQuantizationType.Q8_0: math.sqrt(5461.5),
              gguf.GGMLQuantizationType.F16: math.sqrt(5461.5)}
 
 
@@ -389,11 +391,11 @@ def _scale(n_in: int, ggml_type: gguf.GGMLQuantizationType) -> float:
 
 
 def random_matrix(rows: int, n_in: int, ggml_type: gguf.GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
-    """A random matrix in `ggml_type`: uint8 block bytes [rows, bytes per row] for Q4_0/Q8_0, float16 for F16.
+    """A random matrix in `ggml_type`: uint8 block bytes [rows, bytes per row] for Q4_0/Q4_1/Q8_0, float16 for F16.
 
-    A quantized block is its f16 scale d (Q4_1: then its f16 offset m = -8 d) followed by the codes; the codes are random bytes (uniform 4-bit or 8-bit
-    values) and d is drawn from 256 values between 0.5 and 1.5 times `_scale`, picked by one of the block's own
-    random code bytes (no second random stream for 250 million blocks)."""
+    A quantized block is its f16 scale d (Q4_1: then its f16 offset m = -8 d) followed by the codes; the codes are
+    random bytes (uniform 4-bit or 8-bit values) and d is drawn from 256 values between 0.5 and 1.5 times `_scale`,
+    picked by one of the block's own random code bytes (no second random stream for 250 million blocks)."""
     base = _scale(n_in, ggml_type)
     if ggml_type == gguf.GGMLQuantizationType.F16:
         codes = rng.integers(-128, 128, size=(rows, n_in), dtype=np.int8)
