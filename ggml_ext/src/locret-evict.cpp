@@ -18,11 +18,10 @@
 // eviction
 //
 
-void llama_locret_memory::free_cells(uint32_t strm, uint32_t from, llama_pos pos_from) {
+void llama_locret_memory::free_cells(uint32_t strm, llama_pos pos_from) {
     // the cache's cells hold positions that grow with the cell (compact positions: the cell itself; kept positions:
     // cells below the budget hold their own index, later ones the RoPE position they were placed at): removing
-    // positions >= pos_from frees cells [from, n_used)
-    GGML_UNUSED(from);
+    // positions >= pos_from frees the cells from the first that holds such a position on
     kv->seq_rm((llama_seq_id) strm, pos_from, -1);
 }
 
@@ -539,7 +538,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         const uint32_t n_used = s.n_used;
         const uint32_t rope_before = s.rope_next;
         if (pd.n_keep < n_used) {
-            free_cells(pd.strm, pd.n_keep, (llama_pos) pd.n_keep);
+            free_cells(pd.strm, (llama_pos) pd.n_keep);
         }
         s.pos.swap(pos_next[p]);
         if (!s.rope.empty()) {

@@ -650,7 +650,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         }
         kv_swa->seq_rm(seq_id, phys_first, -1);
     }
-    free_cells((uint32_t) seq_id, first, phys_first);
+    free_cells((uint32_t) seq_id, phys_first);
     for (size_t i = 0; i < layers.size(); ++i) {
         for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
             std::fill(s.pos[i].begin() + (size_t) h * cfg.n_cells + first, s.pos[i].begin() + (size_t) h * cfg.n_cells + s.n_used, -1);

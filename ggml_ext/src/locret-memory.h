@@ -330,7 +330,7 @@ private:
     void state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id);
 
     void reset_stream(locret_stream & s);
-    void free_cells(uint32_t strm, uint32_t from, llama_pos pos_from); // inner cells [from, n_used) (positions >= pos_from) become free
+    void free_cells(uint32_t strm, llama_pos pos_from); // the inner cells holding positions >= pos_from become free
     bool shift_window(llama_context * lctx, uint32_t strm, llama_pos delta); // the window cache follows a compaction
 };
 

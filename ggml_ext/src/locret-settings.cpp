@@ -45,6 +45,13 @@ struct llama_locret_params llama_locret_params_default(void) {
     return p;
 }
 
+// a setter's refusal: the reason for llama_locret_last_error() and the log, and the C API's -1
+static int32_t locret_refuse(const char * fn, const std::string & err) {
+    locret_set_error(err);
+    LLAMA_LOG_ERROR("%s: %s\n", fn, err.c_str());
+    return -1;
+}
+
 int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params) {
     locret_set_error("");
     std::lock_guard<std::mutex> lock(g_config_mutex);
@@ -68,9 +75,7 @@ int32_t llama_locret_model_configure(struct llama_model * model, const struct ll
         }
     }
     if (!err.empty()) {
-        locret_set_error(err);
-        LLAMA_LOG_ERROR("%s: %s\n", __func__, err.c_str());
-        return -1;
+        return locret_refuse(__func__, err);
     }
     g_config[model] = *params;
     g_config[model].budget_schedule = nullptr; // the caller's string; its parsed form is kept below
@@ -178,9 +183,7 @@ int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const
         }
     }
     if (!err.empty()) {
-        locret_set_error(err);
-        LLAMA_LOG_ERROR("%s: %s\n", __func__, err.c_str());
-        return -1;
+        return locret_refuse(__func__, err);
     }
     if (spec.kind == locret_schedule_spec::UNIFORM) {
         g_schedule.erase(model);
@@ -231,9 +234,7 @@ int32_t llama_locret_model_set_positions(struct llama_model * model, int32_t mod
         }
     }
     if (!err.empty()) {
-        locret_set_error(err);
-        LLAMA_LOG_ERROR("%s: %s\n", __func__, err.c_str());
-        return -1;
+        return locret_refuse(__func__, err);
     }
     return 0;
 }
