@@ -18,6 +18,87 @@
 // eviction
 //
 
+// One (layer, KV head)'s rows an eviction moves, appended to its layer's move table: a row is (cell, KV head), moved
+// from one cell to another and re-rotated by delta positions (0: a copy).
+struct locret_row_moves {
+    int32_t * src;
+    int64_t * dst;
+    int32_t * delta;
+    size_t    n;          // rows appended
+    int64_t   base;       // the stream's first cell
+    uint32_t  n_head_kv;
+    uint32_t  h;          // the KV head being placed
+    uint64_t  moved;      // rows written to another cell
+    uint64_t  rotated;    // keys re-rotated
+
+    void add(uint32_t from, uint32_t to, int32_t dlt) {
+        src[n]   = (int32_t) ((base + from) * n_head_kv + h);
+        dst[n]   = (base + to) * n_head_kv + h;
+        delta[n] = dlt;
+        ++n;
+        moved   += from != to;
+        rotated += dlt != 0;
+    }
+};
+
+// Compact positions: the kept cells (ascending) in order at cells [0, n_live); cell k sits at physical position
+// k + new_shift, and a kept cell c below live_end sat at c + old_shift (the layer's masked cells after it), others at c.
+static void place_compact(const uint32_t * kept, uint32_t n_live, const int32_t * pos, int32_t * pos_new,
+        uint32_t live_end, int32_t old_shift, int32_t new_shift, locret_row_moves & mv) {
+    for (uint32_t k = 0; k < n_live; ++k) {
+        const uint32_t c = kept[k]; // c >= k: compacting forward in place is safe
+        pos_new[k] = pos[c];
+        const int32_t p_old = (int32_t) c + (c < live_end ? old_shift : 0);
+        const int32_t p_new = (int32_t) k + new_shift;
+        if (c != k || p_new != p_old) {
+            mv.add(c, k, p_new - p_old);
+        }
+    }
+}
+
+// Kept positions: the kept cells below n_live stay; the others (the chunk's survivors, in cell order) fill the holes
+// below n_live in cell order. At most the chunk's units move, as copies: none is re-rotated.
+static void place_in_holes(const uint32_t * kept, uint32_t n_live, const int32_t * pos, const int32_t * rope,
+        int32_t * pos_new, int32_t * rope_new, locret_row_moves & mv) {
+    uint32_t m = 0;
+    while (m < n_live && kept[m] < n_live) {
+        ++m;
+    }
+    uint32_t src = m;  // the next kept cell at or above n_live
+    uint32_t next_kept = 0;
+    for (uint32_t c = 0; c < n_live; ++c) {
+        if (next_kept < m && kept[next_kept] == c) {
+            pos_new[c]  = pos[c];
+            rope_new[c] = rope[c];
+            ++next_kept;
+            continue;
+        }
+        const uint32_t from = kept[src++];
+        pos_new[c]  = pos[from];
+        rope_new[c] = rope[from];
+        mv.add(from, c, 0);
+    }
+    GGML_ASSERT(src == n_live);
+}
+
+// Kept positions at their limit: the kept units in RoPE-position order at cells [0, n_live), re-rotated to positions
+// k + shift (right before the next cell, after the layer's masked cells), as compact positions place them.
+static void place_by_position(const uint32_t * kept, uint32_t n_live, int32_t shift, const int32_t * pos,
+        const int32_t * rope, int32_t * pos_new, int32_t * rope_new, std::vector<uint32_t> & order,
+        locret_row_moves & mv) {
+    order.assign(kept, kept + n_live);
+    std::sort(order.begin(), order.end(), [rope](uint32_t a, uint32_t b) { return rope[a] < rope[b]; });
+    for (uint32_t k = 0; k < n_live; ++k) {
+        const uint32_t c     = order[k];
+        const int32_t  p_new = (int32_t) k + shift;
+        pos_new[k]  = pos[c];
+        rope_new[k] = p_new;
+        if (c != k || p_new != rope[c]) {
+            mv.add(c, k, p_new - rope[c]);
+        }
+    }
+}
+
 void llama_locret_memory::free_cells(uint32_t strm, llama_pos pos_from) {
     // the cache's cells hold positions that grow with the cell (compact positions: the cell itself; kept positions:
     // cells below the budget hold their own index, later ones the RoPE position they were placed at): removing
@@ -415,86 +496,31 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             // sit side by side, and a count updated per move from several threads would share their cache lines
             auto & m = moves.layer[i];
             GGML_ASSERT(m.n + (size_t) n_head_kv * st.n_keep <= m.cap);
-            int32_t * p_src = m.src   + m.n;
-            int64_t * p_dst = m.dst   + m.n;
-            int32_t * p_dlt = m.delta + m.n;
-            size_t n = 0;
+            locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, base, n_head_kv, 0, 0, 0 };
             std::vector<uint32_t> order; // kept positions, compacted: the kept cells by position
             for (uint32_t h = 0; h < n_head_kv; ++h) {
                 const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
                 int32_t        * pos_new = next[i].data()  + (size_t) h * cfg.n_cells;
                 const uint32_t * kept    = evict_keep.data() + (row0[i] + h) * st.n_keep;
-                if (cfg.keep_positions) {
-                    const int32_t * rope     = s.rope[i].data() + (size_t) h * cfg.n_cells;
-                    int32_t       * rope_new = rnext[i].data()  + (size_t) h * cfg.n_cells;
-                    if (keep_in_place) {
-                        // kept cells below n_live stay; the others (the chunk's, in cell order) go to the holes below
-                        // n_live in cell order: at most the chunk's units move, and none is re-rotated
-                        uint32_t m = 0;
-                        while (m < n_live && kept[m] < n_live) {
-                            ++m;
-                        }
-                        uint32_t src = m;  // next kept cell at or above n_live
-                        uint32_t next_kept = 0;
-                        for (uint32_t c = 0; c < n_live; ++c) {
-                            if (next_kept < m && kept[next_kept] == c) {
-                                pos_new[c]  = pos[c];
-                                rope_new[c] = rope[c];
-                                ++next_kept;
-                                continue;
-                            }
-                            const uint32_t from = kept[src++];
-                            pos_new[c]  = pos[from];
-                            rope_new[c] = rope[from];
-                            turn_moved[i] += 1;
-                            p_src[n] = (int32_t) ((base + from) * n_head_kv + h);
-                            p_dst[n] = (base + c) * n_head_kv + h;
-                            p_dlt[n] = 0;
-                            ++n;
-                        }
-                        GGML_ASSERT(src == n_live);
-                    } else {
-                        // positions compacted: the kept units in position order at cells [0, n_live), rotated to
-                        // positions right before the next cell (after the layer's masked cells)
-                        order.assign(kept, kept + n_live);
-                        std::sort(order.begin(), order.end(), [rope](uint32_t a, uint32_t b) { return rope[a] < rope[b]; });
-                        for (uint32_t k = 0; k < n_live; ++k) {
-                            const uint32_t c     = order[k];
-                            const int32_t  p_new = (int32_t) k + new_shift;
-                            pos_new[k]  = pos[c];
-                            rope_new[k] = p_new;
-                            if (c != k || p_new != rope[c]) {
-                                turn_moved[i]   += c != k;
-                                turn_rotated[i] += p_new != rope[c];
-                                p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
-                                p_dst[n] = (base + k) * n_head_kv + h;
-                                p_dlt[n] = p_new - rope[c];
-                                ++n;
-                            }
-                        }
-                    }
-                    std::fill(pos_new + n_live, pos_new + st.n_keep, -1);
-                    std::fill(rope_new + n_live, rope_new + st.n_keep, -1);
-                    continue;
-                }
-                for (uint32_t k = 0; k < n_live; ++k) {
-                    const uint32_t c = kept[k]; // c >= k: compacting forward in place is safe
-                    pos_new[k] = pos[c];
-                    // its physical position: before, after, and the rotation between them
-                    const int32_t p_old = (int32_t) c + (c < s.live_end[i] ? old_shift : 0);
-                    const int32_t p_new = (int32_t) k + new_shift;
-                    if (c != k || p_new != p_old) {
-                        turn_moved[i]   += c != k;
-                        turn_rotated[i] += p_new != p_old;
-                        p_src[n] = (int32_t) ((base + c) * n_head_kv + h);
-                        p_dst[n] = (base + k) * n_head_kv + h;
-                        p_dlt[n] = p_new - p_old;
-                        ++n;
-                    }
+                mv.h = h;
+                if (!cfg.keep_positions) {
+                    place_compact(kept, n_live, pos, pos_new, s.live_end[i], old_shift, new_shift, mv);
+                } else if (keep_in_place) {
+                    place_in_holes(kept, n_live, pos, s.rope[i].data() + (size_t) h * cfg.n_cells, pos_new,
+                            rnext[i].data() + (size_t) h * cfg.n_cells, mv);
+                } else {
+                    place_by_position(kept, n_live, new_shift, pos, s.rope[i].data() + (size_t) h * cfg.n_cells,
+                            pos_new, rnext[i].data() + (size_t) h * cfg.n_cells, order, mv);
                 }
                 std::fill(pos_new + n_live, pos_new + st.n_keep, -1); // masked in this layer until the next eviction
+                if (cfg.keep_positions) {
+                    std::fill(rnext[i].data() + (size_t) h * cfg.n_cells + n_live,
+                              rnext[i].data() + (size_t) h * cfg.n_cells + st.n_keep, -1);
+                }
             }
-            m.n += n;
+            m.n += mv.n;
+            turn_moved[i]   += mv.moved;
+            turn_rotated[i] += mv.rotated;
         });
         pending.push_back({ args, prot, st.reposition });
         for (size_t i = 0; i < layers.size(); ++i) {
