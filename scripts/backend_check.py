@@ -94,6 +94,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tokens", type=int, default=6000)
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--ubatch", type=int, default=512)
+    ap.add_argument("--checks", default="selection,cache",
+                    help="which comparisons: selection (device against host), cache (V types and flash attention, "
+                         "GPU against CPU); default both")
     ap.add_argument("--min-kept-share", type=float, default=0.98,
                     help="GPU against CPU: the least share of kept units both hold (default 0.98; 0 for a stand-in)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -115,12 +118,15 @@ def main(argv: list[str]) -> int:
         return {**base, "name": name, "positions": "compact", "v": "f16", "fa": True, "ngl": args.gpu_layers,
                 "select": None, **kw}
 
+    wanted = set(args.checks.split(","))
+    if not wanted or wanted - {"selection", "cache"}:
+        ap.error(f"--checks takes selection and cache, comma-separated; got {args.checks!r}")
     checks = []  # (label, config a, config b, kind)
-    for pos in ("keep", "compact"):
+    for pos in (("keep", "compact") if "selection" in wanted else ()):
         checks.append((f"device selection = host selection, positions {pos}",
                        cfg(f"dev-{pos}", positions=pos, select="graph"), cfg(f"host-{pos}", positions=pos,
                                                                               select="host"), "same"))
-    for v in ("f16", "q8_0", "f32"):
+    for v in (("f16", "q8_0", "f32") if "cache" in wanted else ()):
         for fa in (True, False):
             if v == "q8_0" and not fa:
                 rows.append(f"| V {v}, flash attention off | - | - | - | "
