@@ -4,7 +4,8 @@
   rows than compact positions and re-rotate none on the same prompt;
 - backend_check.py's child run saves the last logits and every (layer, KV head)'s kept positions, and its comparison
   counts shared units and logit differences exactly;
-- gpu_check.sh refuses unknown stages and arguments with exit 2 before doing anything.
+- gpu_check.sh refuses unknown stages and arguments, and backend_check.py unknown checks, with exit 2 before doing
+  anything.
 """
 from __future__ import annotations
 
@@ -66,3 +67,11 @@ def test_gpu_check_refuses_bad_arguments(argv, message):
     proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *argv], capture_output=True, text=True,
                           timeout=30)
     assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_backend_check_refuses_unknown_checks(capsys):
+    import backend_check
+
+    with pytest.raises(SystemExit) as e:
+        backend_check.main(["--model", "m.gguf", "--heads", "h.gguf", "--checks", "selection,speed"])
+    assert e.value.code == 2 and "--checks takes selection and cache" in capsys.readouterr().err
