@@ -104,10 +104,7 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.child:
         child(json.loads(args.child), args.out)
-        # the results are on disk: skip the interpreter's teardown, where llama-cpp-python's finalizers free the
-        # context after the CUDA backend has unloaded (a segmentation fault at exit, seen on an H200)
-        sys.stdout.flush()
-        os._exit(0)
+        return 0
     if not args.model or not args.heads:
         ap.error("--model and --heads are required")
     base = dict(model=args.model, heads=args.heads, budget=args.budget, ubatch=args.ubatch, tokens=args.tokens)
