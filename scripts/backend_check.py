@@ -37,8 +37,6 @@ if "--child" in sys.argv:
 
 import numpy as np
 
-V_TYPES = {"f16": 1, "f32": 0, "q8_0": 8}  # ggml_type ids (ggml.h)
-
 
 def child(cfg: dict, out: Path) -> None:
     """One configuration: run the sequence, save logits and kept sets."""
@@ -50,7 +48,7 @@ def child(cfg: dict, out: Path) -> None:
 
     llm = locret.Llama(cfg["model"], locret_heads=cfg["heads"], locret_budget=cfg["budget"],
                        locret_positions=cfg["positions"], n_ctx=cfg["tokens"] + 64, n_batch=cfg["ubatch"],
-                       n_ubatch=cfg["ubatch"], n_gpu_layers=cfg["ngl"], type_v=V_TYPES[cfg["v"]],
+                       n_ubatch=cfg["ubatch"], n_gpu_layers=cfg["ngl"], type_v=getattr(llama_cpp, f"GGML_TYPE_{cfg['v'].upper()}"),
                        flash_attn=cfg["fa"], verbose=bool(os.environ.get("LOCRET_BACKEND_CHECK_VERBOSE")))
     n_vocab = llm.n_vocab()
     tokens = np.random.default_rng(0).integers(3, n_vocab, cfg["tokens"]).tolist()
