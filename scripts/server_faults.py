@@ -39,12 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "py"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
     """a process's resident memory (VmRSS) or its peak (VmHWM), MiB"""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -119,6 +113,7 @@ def main() -> int:
     import locret  # noqa: F401  (points llama_cpp at our library: first)
     import llama_cpp
     from locret import models, planner, tasks, tool_path
+    from locret.serve import free_port
     from locret.evaluation import decoding
     from locret.tasks import passkey
 

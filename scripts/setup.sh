@@ -104,7 +104,8 @@ step() { printf '\n==> [%4ds] %s\n' "$((SECONDS - START))" "$*"; }
 # --- 1. system packages --------------------------------------------------------------------------
 step "system packages"
 missing=()
-for tool in git:git cmake:cmake ninja:ninja-build ccache:ccache g++:g++ gcc:gcc make:make; do
+# curl and jq: the documentation's llama-server examples (run by the tests)
+for tool in git:git cmake:cmake ninja:ninja-build ccache:ccache g++:g++ gcc:gcc make:make curl:curl jq:jq; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
 done
 "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)

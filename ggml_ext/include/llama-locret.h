@@ -329,6 +329,11 @@ struct llama_locret_stats {
     int64_t  pos_rope_next;    // the RoPE position the sequence's next token gets
     uint64_t n_repositions;    // KEEP: evictions that compacted positions because the next part would pass the limit
                                // (since the context was made, all its sequences; not in states)
+    // n_evictions and n_units_evicted of all the context's sequences since it was made, never reset (not in states):
+    // what a server's counters read
+    uint64_t n_evictions_total;
+    uint64_t n_units_evicted_total;
+                               // (since the context was made, all its sequences; not in states)
 };
 
 // Whether the context evicts (was created with a Locret budget).
@@ -340,6 +345,12 @@ LLAMA_API struct llama_locret_stats llama_locret_get_stats(const struct llama_co
 
 // The same for sequence seq_id (all zero when the context does not evict or has no such sequence).
 LLAMA_API struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context * ctx, llama_seq_id seq_id);
+
+// Speculative decoding: the most tokens sequence seq_id's next generation batch (the sampled token and its draft, every
+// token asking for an output) may hold so that, once the rejected tokens are removed (llama_memory_seq_rm of the
+// batch's tail), the cache is what decoding the accepted tokens one by one leaves: no eviction falls inside the batch.
+// At least 1; -1 when the context does not evict or has no such sequence.
+LLAMA_API int32_t llama_locret_seq_room(const struct llama_context * ctx, llama_seq_id seq_id);
 
 // Locret-Q: positions [0, n_tokens) of sequence seq_id (the query, placed at the start of the prompt) are never
 // evicted; they count in the budget. Call it before the sequence's first eviction (typically before decoding the

@@ -59,11 +59,19 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.position_limit  = cfg.keep_positions ? cfg.position_limit : 0;
     st.pos_rope_next   = s->rope_next;
     st.n_repositions   = mem->repositions();
+    st.n_evictions_total     = mem->t.n_evictions;
+    st.n_units_evicted_total = mem->t.n_units_evicted;
     return st;
 }
 
 struct llama_locret_stats llama_locret_get_stats(const struct llama_context * ctx) {
     return llama_locret_get_seq_stats(ctx, 0);
+}
+
+int32_t llama_locret_seq_room(const struct llama_context * ctx, llama_seq_id seq_id) {
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    const uint32_t room = mem != nullptr ? mem->generation_room(seq_id) : 0;
+    return room > 0 ? (int32_t) room : -1;
 }
 
 int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id seq_id, int32_t il, int32_t ih,

@@ -588,6 +588,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         s.undo.valid       = false;
         s.n_evictions     += pd.n_keep < n_used; // compacting kept positions alone evicts nothing
         s.n_units_evicted += n_evicted;
+        t.n_evictions     += pd.n_keep < n_used;
+        t.n_units_evicted += n_evicted;
         shifted = shifted || (kv_swa != nullptr && s.rope_next != rope_before);
         if (!shift_window(lctx, pd.strm, (llama_pos) s.rope_next - (llama_pos) rope_before)) {
             LLAMA_LOG_ERROR("%s: Locret: the window cache could not follow the compaction\n", __func__);

@@ -119,6 +119,15 @@ static ggml_tensor * locret_build_pooled(ggml_context * ctx, ggml_tensor * cis, 
     return ggml_reshape_2d(ctx, pooled, n_head_kv, ubatch.n_tokens);
 }
 
+static bool locret_every_token_outputs(const llama_ubatch & ubatch) {
+    for (uint32_t i = 0; i < ubatch.n_tokens; ++i) {
+        if (ubatch.output[i] == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
 void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
         const llama_locret_heads * heads, const llama_memory_context_i * mctx,
         ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const llama_ubatch & ubatch, int il) {
@@ -144,9 +153,13 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
             res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells, mctx));
             res->t_locret_rows = rows;
         }
-        // the recorder reads the heads' own scores (cis); the store, which eviction reads, the pooled ones
+        // the recorder reads the heads' own scores (cis); the store, which eviction reads, the pooled ones. A part
+        // whose every token asks for an output (generation: a speculative batch, the sampled token and its draft) is
+        // scored token by token as single generated tokens are, so that its accepted tokens get the scores a
+        // token-by-token run gives them, whatever was drafted beside them
         const uint32_t pool = mem->config().pool;
-        ggml_tensor * kept = pool > 1 ? locret_build_pooled(ctx, cis, ubatch, pool) : cis;
+        ggml_tensor * kept = pool > 1 && !locret_every_token_outputs(ubatch) ? locret_build_pooled(ctx, cis, ubatch, pool)
+                                                                             : cis;
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, kept, res->t_locret_rows));
     }
 

@@ -331,6 +331,23 @@ locret_plan_params llama_locret_memory::plan_params() const {
     return p;
 }
 
+locret_plan_stream llama_locret_memory::plan_stream(size_t s) const {
+    locret_plan_stream p;
+    p.n_used      = streams[s].n_used;
+    p.prev_output = streams[s].prev_output;
+    p.rope_next   = streams[s].rope_next;
+    p.offset      = streams[s].logical_next - (llama_pos) streams[s].rope_next;
+    p.sage_fresh  = policy->selection_due(streams[s].policy_state);
+    return p;
+}
+
+uint32_t llama_locret_memory::generation_room(llama_seq_id seq_id) const {
+    if (seq_id < 0 || (size_t) seq_id >= streams.size()) {
+        return 0;
+    }
+    return locret_plan_room(plan_params(), plan_stream((size_t) seq_id));
+}
+
 llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) {
     GGML_UNUSED(embd_all);
     auto failed = [] { return std::make_unique<llama_kv_cache_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE); };
@@ -396,11 +413,7 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     // simulate the evictions and placements, per stream
     std::vector<locret_plan_stream> sim(streams.size());
     for (size_t s = 0; s < streams.size(); ++s) {
-        sim[s].n_used      = streams[s].n_used;
-        sim[s].prev_output = streams[s].prev_output;
-        sim[s].rope_next   = streams[s].rope_next;
-        sim[s].offset      = streams[s].logical_next - (llama_pos) streams[s].rope_next;
-        sim[s].sage_fresh  = policy->selection_due(streams[s].policy_state);
+        sim[s] = plan_stream(s);
     }
 
     llama_kv_cache::slot_info_vec_t sinfos;

@@ -219,6 +219,9 @@ public:
     llama_kv_cache * get_kv_swa() const { return kv_swa; }
     bool get_v_trans() const { return v_trans; }
     int32_t layer_index(uint32_t il) const; // index into get_layers(), or -1 for a layer this cache does not evict
+    // speculative decoding: the most tokens sequence seq_id's next generation part may hold (locret_plan_room); 0 for
+    // a sequence it does not have
+    uint32_t generation_room(llama_seq_id seq_id) const;
 
     uint64_t kv_bytes() const;
 
@@ -233,6 +236,9 @@ public:
         uint64_t n_rows_rotated = 0; // keys re-rotated (their position changed)
         uint64_t n_rows_kept    = 0; // units retained at evictions
         uint64_t n_host_syncs   = 0; // times the eviction waited for the backend or read data back
+        // evictions and units evicted of every sequence, never reset (a server's counters; not in states)
+        uint64_t n_evictions     = 0;
+        uint64_t n_units_evicted = 0;
     } t;
 
 
@@ -319,6 +325,8 @@ private:
 
     // the settings ubatch planning reads (locret-plan.h: the rules, as pure functions)
     locret_plan_params plan_params() const;
+    // what planning needs of stream s, as the stream stands
+    locret_plan_stream plan_stream(size_t s) const;
 
     // state files (locret-state.cpp): per sequence a meta part (its bookkeeping) and a data part (its units' positions
     // and scores, the policy's captured queries); one reader for every version, checks before anything is trusted

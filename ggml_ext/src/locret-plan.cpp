@@ -80,6 +80,31 @@ uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, boo
     return n_used;
 }
 
+uint32_t locret_plan_room(const locret_plan_params & p, const locret_plan_stream & s) {
+    if (p.selects_once) {
+        return 1;
+    }
+    // what a single generated token meets: an eviction (to n_keep units) and, with kept positions, a repositioning
+    uint32_t n_stab = 0;
+    uint32_t n_keep = locret_plan_eviction(p, s.n_used, s.prev_output, s.sage_fresh, 1, true, &n_stab);
+    const bool reposition = p.keep_positions && s.rope_next + 1 > p.position_limit;
+    if (reposition) {
+        n_keep = std::min(n_keep, p.budget);
+    }
+    // a longer part meets the same eviction (the rule for a generation part depends on its size only through
+    // n_used + n_tokens > capacity, true for one token already); after it, or without one, the part must stay within
+    // the capacity, where the token-by-token run evicts next
+    const bool     evicts = n_keep < s.n_used || reposition;
+    const uint32_t used   = evicts ? n_keep : s.n_used;
+    const uint32_t limit  = std::min(p.capacity, p.n_cells);
+    uint32_t room = limit > used ? limit - used : 0;
+    if (p.keep_positions) {
+        const uint32_t rope = reposition ? n_keep : s.rope_next;
+        room = std::min(room, p.position_limit > rope ? p.position_limit - rope : 0);
+    }
+    return std::max(room, 1u);
+}
+
 locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_plan_tokens & ub,
                                      std::vector<locret_plan_stream> & streams, locret_ubatch_plan & plan,
                                      std::vector<llama_pos> & frame) {

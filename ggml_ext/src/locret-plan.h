@@ -106,6 +106,13 @@ uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining,
 uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool sage_fresh,
                               uint32_t n_tokens, bool output, uint32_t * n_stab);
 
+// Speculative decoding: the most tokens a generation part (every token asking for an output: the sampled token and
+// its draft) may hold so that the cache ends up as a token-by-token run leaves it once the rejected tokens are removed
+// (llama_memory_seq_rm of the part's tail). No eviction or repositioning may fall inside the part: it comes before the
+// part only where it would come before a single token too, and the part then fits the room after it. With SAGE-KV 1
+// (a part of several tokens would read as a prompt's end). Never 0.
+uint32_t locret_plan_room(const locret_plan_params & p, const locret_plan_stream & s);
+
 // SAGE-KV: a part ends a prompt (its last token asks for an output, and it is more than one token or follows a part
 // without one)
 static inline bool locret_plan_sage_prompt_end(bool prev_output, uint32_t n_tokens, bool output) {

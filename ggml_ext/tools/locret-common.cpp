@@ -46,6 +46,35 @@ static void locret_stop(const std::string & reason) {
     common_log_flush(common_log_main());
 }
 
+std::string locret_common_speculation_refused(const common_params & params) {
+    const locret_options & o = params.locret;
+    if (o.budget < 0) {
+        return "";
+    }
+    // the n-gram kinds draft from the tokens read so far and need no second cache: the server caps each draft at the
+    // room before the next eviction (llama_locret_seq_room), so rejected tokens are always the cache's newest and
+    // removable, and generation evicts exactly where it does without speculation
+    bool ngram = false;
+    bool model = params.speculative.has_dft();
+    for (const auto t : params.speculative.types) {
+        const bool is_ngram = t == COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE || t == COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K ||
+                              t == COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K4V || t == COMMON_SPECULATIVE_TYPE_NGRAM_MOD ||
+                              t == COMMON_SPECULATIVE_TYPE_NGRAM_CACHE;
+        ngram = ngram || is_ngram;
+        model = model || (t != COMMON_SPECULATIVE_TYPE_NONE && !is_ngram);
+    }
+    if (model) {
+        return "speculative decoding with a draft model (-md, or --spec-type draft-*/mtp/eagle3) cannot be used with "
+               "--locret-budget yet: the draft context would need its own bounded cache kept in step with the target's; "
+               "the n-gram kinds (--spec-type ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) work";
+    }
+    if (ngram && o.policy == LLAMA_LOCRET_POLICY_SAGE) {
+        return "speculative decoding cannot be used with --locret-policy sage: SAGE-KV selects once at a prompt's end, "
+               "and a verification batch of several tokens reads as one";
+    }
+    return "";
+}
+
 bool locret_common_before_load(const common_params & params, llama_context_params * cparams_fit) {
     const locret_options & o = params.locret;
     if (o.budget < 0) {
@@ -53,16 +82,17 @@ bool locret_common_before_load(const common_params & params, llama_context_param
     }
     // these features move or reuse positions of a cache that keeps every token; an evicting cache has compacted
     // them, so they are refused rather than silently ignored
-    const bool speculative = params.speculative.has_dft() ||
-            std::any_of(params.speculative.types.begin(), params.speculative.types.end(),
-                    [](auto t) { return t != COMMON_SPECULATIVE_TYPE_NONE; });
     const char * refused = params.ctx_shift         ? "--context-shift" :
                            params.n_keep != 0       ? "--keep" :
-                           params.n_cache_reuse > 0 ? "--cache-reuse" :
-                           speculative              ? "speculative decoding" : nullptr;
+                           params.n_cache_reuse > 0 ? "--cache-reuse" : nullptr;
     if (refused != nullptr) {
         locret_stop(string_format("%s cannot be used with --locret-budget: the evicting cache compacts positions, so "
-                "there is no context to shift or reuse, and rejected draft tokens cannot always be taken back", refused));
+                "there is no context to shift or reuse", refused));
+        return false;
+    }
+    const std::string spec_refused = locret_common_speculation_refused(params);
+    if (!spec_refused.empty()) {
+        locret_stop(spec_refused);
         return false;
     }
     if (cparams_fit == nullptr || o.budget == 0) {

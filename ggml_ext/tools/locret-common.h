@@ -19,6 +19,10 @@ std::vector<common_arg> locret_common_args();
 // Before anything is loaded: the llama.cpp features an evicting cache cannot serve are refused, and -fit's context
 // becomes the cells the cache will hold (cparams_fit, when fitting). Returns false, with the reason logged, when the
 // tool must stop.
+// Speculative decoding with a budget: the n-gram kinds are served; a draft model, or any kind with SAGE-KV, is refused.
+// The reason ("" when allowed or without a budget).
+std::string locret_common_speculation_refused(const common_params & params);
+
 bool locret_common_before_load(const common_params & params, llama_context_params * cparams_fit);
 
 // After -fit: the logical context stays what the user asked for (-c limits positions, not cells)

@@ -3,10 +3,13 @@
 #include "locret-server.h"
 #include "locret-options.h"
 
+#include "common.h"
 #include "json.h"
 #include "llama-locret.h"
 #include "log.h"
 
+#include <algorithm>
+#include <sstream>
 #include <stdexcept>
 
 static bool g_query_auto = false;
@@ -127,4 +130,92 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
         return false;
     }
     return true;
+}
+
+int locret_server_draft_max(llama_context * ctx, llama_seq_id seq_id, int n_draft_max) {
+    const int32_t room = llama_locret_seq_room(ctx, seq_id);
+    return room < 0 ? n_draft_max : std::min(n_draft_max, (int) room - 1);
+}
+
+static common_json g_props;      // the resolved settings /props shows (null: the context does not evict)
+static bool        g_evicting = false;
+
+static const char * locret_positions_name(llama_locret_positions p) {
+    return p == LLAMA_LOCRET_POSITIONS_KEEP ? "keep" : "compact";
+}
+
+void locret_server_init(const llama_context * ctx, const common_params & params) {
+    g_evicting = llama_locret_is_evicting(ctx);
+    if (!g_evicting) {
+        return;
+    }
+    const llama_locret_stats st = llama_locret_get_stats(ctx);
+    const locret_options & o = params.locret;
+    g_props = {
+        {"budget",          st.budget},
+        {"budget_schedule", o.budget_schedule},
+        {"policy",          llama_locret_policy_name(st.policy)},
+        {"heads",           o.heads.empty() ? params.model.path : o.heads},
+        {"stabilizers",     st.stabilizers},
+        {"local",           st.local},
+        {"pool",            st.pool},
+        {"lag",             st.lag},
+        {"positions",       locret_positions_name(st.positions)},
+        {"position_limit",  st.position_limit},
+        {"query",           o.query_auto_on ? "auto" : o.query.empty() ? "off" : "given"},
+        {"n_ubatch",        st.n_ubatch},
+        {"n_cells",         st.n_cells},
+        {"kv_bytes",        st.kv_bytes},
+    };
+}
+
+void locret_server_props(common_json & props) {
+    if (g_evicting) {
+        props["locret"] = g_props;
+    }
+}
+
+void locret_server_slot_state(const llama_context * ctx, llama_seq_id seq_id, common_json & slot) {
+    if (!llama_locret_is_evicting(ctx)) {
+        return;
+    }
+    const llama_locret_stats st = llama_locret_get_seq_stats(ctx, seq_id);
+    slot["locret"] = {
+        {"budget",          st.budget},
+        {"policy",          llama_locret_policy_name(st.policy)},
+        {"n_cells_used",    st.n_cells_used},
+        {"n_cells",         st.n_cells},
+        {"pos_logical",     st.pos_logical},
+        {"n_evictions",     st.n_evictions},
+        {"n_units_evicted", st.n_units_evicted},
+        {"n_pinned",        st.n_pinned},
+    };
+}
+
+std::string locret_server_metrics(const llama_context * ctx, int n_slots) {
+    if (!llama_locret_is_evicting(ctx)) {
+        return "";
+    }
+    const llama_locret_stats st = llama_locret_get_stats(ctx);
+    std::ostringstream out;
+    // counts are written as integers (a double's default format would round a large one)
+    auto item = [&](const char * type, const char * name, const char * help, const std::string & value) {
+        out << "# HELP llamacpp:" << name << " " << help << "\n"
+            << "# TYPE llamacpp:" << name << " " << type << "\n"
+            << "llamacpp:" << name << " " << value << "\n";
+    };
+    item("counter", "locret_evictions_total", "Locret: evictions, all slots", std::to_string(st.n_evictions_total));
+    item("counter", "locret_units_evicted_total", "Locret: KV units evicted (one per layer, KV head and token), all slots",
+         std::to_string(st.n_units_evicted_total));
+    item("counter", "locret_eviction_seconds_total", "Locret: time spent choosing, reading back and compacting",
+         string_format("%.6f", (double) (st.t_select_us + st.t_compact_us + st.t_readback_us) / 1e6));
+    item("gauge", "locret_budget", "Locret: KV units each slot keeps per layer and KV head", std::to_string(st.budget));
+    item("gauge", "locret_kv_bytes", "Locret: bytes of the K and V cache tensors, all slots", std::to_string(st.kv_bytes));
+    out << "# HELP llamacpp:locret_cells_used Locret: KV cells holding units, per slot\n"
+        << "# TYPE llamacpp:locret_cells_used gauge\n";
+    for (int i = 0; i < n_slots; ++i) {
+        out << "llamacpp:locret_cells_used{slot=\"" << i << "\"} " << llama_locret_get_seq_stats(ctx, i).n_cells_used
+            << "\n";
+    }
+    return out.str();
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 class common_json;
+struct common_params;
 
 // Locret-Q auto in effect for the requests that give no query (locret_common_configure sets it when the model is
 // configured): the question at the end of the request's last user message (chat) or prompt (completion) becomes the
@@ -38,3 +39,23 @@ std::string locret_server_task_query(const common_json & data);
 bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, llama_seq_id seq_id, llama_pos p0,
                               int32_t n_cached, const std::vector<llama_token> & tokens, const std::string & query,
                               bool * clear_cached, std::string * error);
+
+// Speculative decoding on an evicting cache: the largest draft (after the sampled token) the slot of sequence seq_id may
+// verify next, at most n_draft_max: its batch stays within the room before the next eviction (llama_locret_seq_room),
+// so the rejected tokens are the cache's newest and the evictions fall where they fall without speculation
+int locret_server_draft_max(llama_context * ctx, llama_seq_id seq_id, int n_draft_max);
+
+// Observability. The server's context was made: its resolved Locret settings are kept for /props (which must not read
+// the context: it answers while the server sleeps). Nothing when the context does not evict.
+void locret_server_init(const llama_context * ctx, const common_params & params);
+
+// /props: the Locret settings under "locret" (absent without eviction)
+void locret_server_props(common_json & props);
+
+// /slots: a slot's Locret state under "locret": budget, policy, cells used and allocated, logical position, evictions and
+// units evicted since the slot's sequence was last emptied, pinned query tokens (absent without eviction)
+void locret_server_slot_state(const llama_context * ctx, llama_seq_id seq_id, common_json & slot);
+
+// /metrics: Locret's counters (evictions, units evicted, eviction time; all slots since start) and gauges (cells used per
+// slot, budget, KV bytes) in Prometheus' text format with llama-server's prefix ("" without eviction)
+std::string locret_server_metrics(const llama_context * ctx, int n_slots);

@@ -40,7 +40,8 @@ class _Stats(ctypes.Structure):
                 ("lag", ctypes.c_uint32), ("n_compactions", ctypes.c_uint64), ("n_rows_moved", ctypes.c_uint64),
                 ("n_rows_rotated", ctypes.c_uint64), ("n_rows_kept", ctypes.c_uint64), ("n_host_syncs", ctypes.c_uint64),
                 ("positions", ctypes.c_int), ("position_limit", ctypes.c_uint32), ("pos_rope_next", ctypes.c_int64),
-                ("n_repositions", ctypes.c_uint64)]
+                ("n_repositions", ctypes.c_uint64), ("n_evictions_total", ctypes.c_uint64),
+                ("n_units_evicted_total", ctypes.c_uint64)]
 
 
 _SIGNATURES = {
@@ -67,6 +68,7 @@ _SIGNATURES = {
     "llama_locret_debug_read_kv": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_bool,
                                     ctypes.POINTER(ctypes.c_float), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_get_seq_stats": ([ctypes.c_void_p, ctypes.c_int32], _Stats),
+    "llama_locret_seq_room": ([ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_retained_seq": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                    ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_read_kv_seq": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_bool,
@@ -304,6 +306,13 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     return out
 
 
+def seq_room(ctx: int, seq_id: int = 0) -> int:
+    """Speculative decoding: the most tokens the next generation batch of sequence `seq_id` (the sampled token and its
+    draft, every token asking for logits) may hold so that no eviction falls inside it: once the rejected tokens are
+    removed, the cache is what decoding the accepted ones one by one leaves. -1 when the context does not evict."""
+    return int(_api().llama_locret_seq_room(ctx, seq_id))
+
+
 def rope_positions(ctx: int, layer: int, head: int, seq_id: int = 0) -> np.ndarray:
     """Test only: the RoPE positions the keys of the units `retained` lists were rotated at, in the same order."""
     n = _api().llama_locret_debug_rope_positions(ctx, seq_id, layer, head, None, 0)
@@ -319,7 +328,8 @@ def state_stats(stats_: dict) -> dict:
     """The part of `stats()` that is the sequence's state, which a saved and loaded state reproduces: all but
     the work done (the t_ timers and the n_compactions, n_rows_* and n_host_syncs counters, which count this
     context's own work)."""
-    work = ("n_compactions", "n_rows_moved", "n_rows_rotated", "n_rows_kept", "n_host_syncs", "n_repositions")
+    work = ("n_compactions", "n_rows_moved", "n_rows_rotated", "n_rows_kept", "n_host_syncs", "n_repositions",
+            "n_evictions_total", "n_units_evicted_total")
     return {k: v for k, v in stats_.items() if not k.startswith("t_") and k not in work}
 
 

@@ -60,6 +60,12 @@ class Llama(llama_cpp.Llama):
                  locret_query: str | None = None, locret_pool: int | None = None, locret_lag: int | None = None,
                  locret_budget_schedule: str | os.PathLike | None = None, locret_positions: str | None = None,
                  **kwargs: Any):
+        if kwargs.get("draft_model") is not None and locret_budget:
+            # llama-cpp-python's speculative loop asks logits for every prompt token (each slice would read as a
+            # prompt's end) and drafts past the room before the next eviction (locret_room); llama-server's n-gram
+            # kinds serve speculation with a budget
+            raise HeadsError("draft_model cannot be used with locret_budget: use llama-server's n-gram speculation "
+                             "(--spec-type ngram-simple), or decode drafts of at most Llama.locret_room() tokens")
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
                         local=locret_local, policy=locret_policy, pool=locret_pool, lag=locret_lag,
                         budget_schedule=locret_budget_schedule, positions=locret_positions)
@@ -126,6 +132,11 @@ class Llama(llama_cpp.Llama):
     def locret_layer_budget(self, layer: int) -> int:
         """The units `layer` keeps (its budget schedule's entry, or the budget); -1 for a layer not evicted."""
         return eviction.layer_budget(self._ctx.ctx, layer)
+
+    def locret_room(self, seq_id: int = 0) -> int:
+        """Speculative decoding: the most tokens (the sampled one and its draft) the next batch of sequence `seq_id` may
+        hold so that no eviction falls inside it (`locret.eviction.seq_room`); -1 without eviction."""
+        return eviction.seq_room(self._ctx.ctx, seq_id)
 
     def locret_retained(self, layer: int, head: int, seq_id: int = 0):
         """Logical positions of the units that (layer, KV head) holds in sequence `seq_id`, in cell order."""

@@ -19,6 +19,15 @@ DEFAULT_UBATCH = 512
 DEFAULT_CONTEXT = "128k"
 
 
+def free_port() -> int:
+    """A loopback port free now, for a server a script or test starts next."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def command(args: argparse.Namespace) -> list[str]:
     """The llama-server command line; PlanError / DeviceError / ModelError / LibraryError on bad input."""
     server = tool_path("llama-server")

@@ -585,6 +585,84 @@ static void test_kept_positions() {
     CHECK_EQ(plan.rope[31], 127);
 }
 
+// speculative decoding: a generation part of at most locret_plan_room tokens (every token asking for an output) meets
+// the evictions a token-by-token run of the same tokens meets, all of them before its first token; one token more
+// would not (checked against the token-by-token plans for every state of a generation, both position layouts)
+static void plan_generation(const locret_plan_params & p, locret_plan_stream & s, uint32_t n, locret_step * first) {
+    ubatch_in ub;
+    ub.pos.clear();
+    for (uint32_t j = 0; j < n; ++j) {
+        ub.pos.push_back(1000 + (llama_pos) j);
+        ub.seq.push_back(0);
+        ub.out.push_back(1);
+    }
+    std::vector<locret_plan_stream> streams = { s };
+    std::vector<llama_pos> frame;
+    const locret_ubatch_plan plan = plan_ok(p, ub, streams, frame);
+    *first = plan.steps[0];
+    s = streams[0];
+}
+
+// the part of n tokens and n single tokens from the same state: the same stream after it, and the single tokens meet
+// no eviction or repositioning after the first (where the part meets it)
+static bool part_matches_tokens(const locret_plan_params & p, const locret_plan_stream & s0, uint32_t n) {
+    locret_plan_stream part = s0;
+    locret_step st;
+    plan_generation(p, part, n, &st);
+    locret_plan_stream one = s0;
+    for (uint32_t j = 0; j < n; ++j) {
+        locret_step t;
+        const uint32_t before = one.n_used;
+        plan_generation(p, one, 1, &t);
+        if (j == 0 && (t.n_keep != st.n_keep || t.reposition != st.reposition)) {
+            return false;
+        }
+        if (j > 0 && (t.n_keep != before || t.reposition)) {
+            return false; // the token-by-token run evicts inside the part
+        }
+    }
+    return one.n_used == part.n_used && one.rope_next == part.rope_next;
+}
+
+static void test_room() {
+    locret_plan_params p = params_locret();
+    // hand-computed: 100 units, capacity 128: 28 tokens without an eviction
+    CHECK_EQ(locret_plan_room(p, stream_at(100, true, 400)), 28);
+    // full (128): a single token evicts to b = 96 first, then 32 fit
+    CHECK_EQ(locret_plan_room(p, stream_at(128, true, 400)), 32);
+    // one cell left: the sampled token alone
+    CHECK_EQ(locret_plan_room(p, stream_at(127, true, 400)), 1);
+    // kept positions, limit 200: 100 units at RoPE 190 leave 10 positions; at RoPE 200 a token repositions to 96
+    p.keep_positions = true;
+    p.position_limit = 200;
+    CHECK_EQ(locret_plan_room(p, stream_kept(100, true, 400, 190)), 10);
+    CHECK_EQ(locret_plan_room(p, stream_kept(100, true, 400, 200)), 32);
+    // SAGE-KV: one token at a time
+    CHECK_EQ(locret_plan_room(params_sage(), stream_at(100, true, 400)), 1);
+
+    for (int keep = 0; keep < 2; ++keep) {
+        p = params_locret();
+        p.keep_positions = keep != 0;
+        p.position_limit = keep ? 300 : 0;
+        // every state a long generation passes through (from 96 units at RoPE 96)
+        locret_plan_stream s = keep ? stream_kept(96, true, 1000, 96) : stream_at(96, true, 1000);
+        int n_checked = 0;
+        for (int step = 0; step < 600; ++step) {
+            const uint32_t room = locret_plan_room(p, s);
+            CHECK(room >= 1, "room %u", room);
+            CHECK(part_matches_tokens(p, s, room), "a part of the room (%u) at %u units, RoPE %u", room, s.n_used,
+                  s.rope_next);
+            // one more token: the token-by-token run would evict or reposition inside it
+            CHECK(!part_matches_tokens(p, s, room + 1), "a part of room + 1 (%u) at %u units, RoPE %u", room + 1,
+                  s.n_used, s.rope_next);
+            n_checked++;
+            locret_step t;
+            plan_generation(p, s, 1, &t);
+        }
+        CHECK_EQ(n_checked, 600);
+    }
+}
+
 int main() {
     test_take();
     test_scan();
@@ -595,6 +673,7 @@ int main() {
     test_refusals();
     test_sage();
     test_kept_positions();
+    test_room();
 
     if (g_failures > 0) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);

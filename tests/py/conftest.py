@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "scripts"))  # llama_tree is a script, imported by
 LONGEST_FIRST = ["test_docs.py", "test_eviction.py", "test_eval_runner.py", "test_locret_q.py", "test_sequences.py", "test_kept_positions.py",
                  "test_sage.py", "test_api_long_inputs.py", "test_iswa.py", "test_lagkv.py", "test_transactions.py",
                  "test_schedule.py", "test_inspect.py", "test_trainer.py", "test_devices_planner.py", "test_passkey.py",
-                 "test_server_faults.py", "test_snapkv.py", "test_auto_query.py", "test_models.py", "test_needle_ranks.py", "test_policies.py",
+                 "test_server_faults.py", "test_openai_client.py", "test_speculative.py", "test_snapkv.py", "test_auto_query.py", "test_models.py", "test_needle_ranks.py", "test_policies.py",
                  "test_heads_runtime.py", "test_state_files.py", "test_soak.py", "test_cis_parity.py",
                  "test_gpu_scripts.py"]
 
@@ -101,11 +101,9 @@ def run(cmd: list, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
 
 
 def free_port() -> int:
-    import socket
+    from locret.serve import free_port as port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return port()
 
 
 @contextlib.contextmanager

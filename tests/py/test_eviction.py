@@ -429,7 +429,7 @@ SERVER_BAD_SETTINGS = {
     "pooling": (["--pooling", "mean"], "embeddings or pooling context"),
     "cache-reuse": (["--cache-reuse", "256"], "--cache-reuse cannot be used with --locret-budget"),
     "unified-kv": (["-np", "2", "-kvu"], "unified KV cache"),
-    "speculative": (["-md", "MODEL"], "speculative decoding cannot be used with --locret-budget"),
+    "draft-model": (["-md", "MODEL"], "speculative decoding with a draft model"),
 }
 
 
