@@ -15,6 +15,7 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-graph.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-context.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-settings.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-size.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-policy.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-lagkv.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-sage.cpp

@@ -68,13 +68,14 @@ LLAMA_API int32_t llama_locret_debug_window(const struct llama_context * ctx, ll
 LLAMA_API void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx_bytes, size_t * evict_bytes);
 
 // Bytes of an evicting context's own buffers, for memory plans (locret plan): the eviction graphs' compute buffers, the
-// compaction's move tables, the score store, and the most sequences one compaction moves. All zero when the context
-// does not evict.
+// compaction's move tables, the score store, and the most sequences one compaction moves, then the query store
+// (policies that capture queries). All zero when the context does not evict.
 struct llama_locret_buffers {
     size_t   evict_compute;
     size_t   move_tables;
     size_t   score_store;
     uint32_t compact_seq;
+    size_t   query_store;
 };
 LLAMA_API struct llama_locret_buffers llama_locret_debug_buffers(const struct llama_context * ctx);
 

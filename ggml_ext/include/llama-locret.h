@@ -248,6 +248,11 @@ struct llama_locret_resolved {
     uint32_t stabilizers; // n_s as resolved (SAGE-KV: its recent window, b/4)
     uint32_t local;       // n_loc as resolved
     uint32_t n_ubatch;    // the chunk
+    // the memory it allocates, per sequence (bytes; llama_locret_budget_for_mib fits their sum to a size)
+    uint32_t n_cells_window; // cells of the sliding-window layers' own cache (iSWA; 0 without)
+    uint64_t kv_bytes;       // K and V of the evicting layers (n_cells each)
+    uint64_t window_bytes;   // K and V of the window layers (n_cells_window each)
+    uint64_t store_bytes;    // the F32 score store (a score per evicting layer, KV head and cell) and query store
 };
 
 // For tools that plan memory before they load the model (-fit, locret plan): the settings a context created with
@@ -259,6 +264,28 @@ LLAMA_API int32_t llama_locret_resolve_file(const char * model_path, const char 
                                             const struct llama_locret_params * params,
                                             const struct llama_context_params * cparams,
                                             struct llama_locret_resolved * out);
+
+// The K and V bytes per sequence of each layer of such a context (llama_locret_resolve_file's settings): n_cells or
+// n_cells_window rows of the cache types, 0 for a layer without KV; what locret plan places layer by layer. Writes
+// min(n_out, n_layer) entries of out and returns n_layer, or -1 (llama_locret_last_error).
+LLAMA_API int32_t llama_locret_resolve_file_layers(const char * model_path, const char * heads_path,
+                                                   const struct llama_locret_params * params,
+                                                   const struct llama_context_params * cparams, uint64_t * out,
+                                                   int32_t n_out);
+
+// --locret-budget-mib: the largest budget whose memory per sequence (kv_bytes + window_bytes + store_bytes of
+// llama_locret_resolved: the K/V cells of the budget and the chunk, padded to 256, the window layers' cache and the
+// score and query stores) is at most `mib` MiB (2^20 bytes), for the model in `model_path`, the K/V types of
+// `cparams` and the schedule and policy of `params` (params->budget is ignored). Memory grows in steps of 256 cells,
+// so the budget returned is the last of its step: one unit more needs 256 cells more, which do not fit. *out (may be
+// NULL) gets what that budget resolves to. Not counted: the eviction's compute buffers and move tables, one set per
+// context (its start-up log prints them). Returns the budget, or -1 (llama_locret_last_error) when even the smallest
+// budget the settings allow does not fit (the message gives its size), for a schedule file (its budgets fix b),
+// SAGE-KV (its cache holds the whole prompt: -c sets its memory) or settings refused at every budget.
+LLAMA_API int32_t llama_locret_budget_for_mib(const char * model_path, const char * heads_path,
+                                              const struct llama_locret_params * params,
+                                              const struct llama_context_params * cparams, double mib,
+                                              struct llama_locret_resolved * out);
 
 // The KV cells, over all sequences, that such a context holds: what -fit plans memory with (-1 on refused settings).
 LLAMA_API int64_t llama_locret_fit_n_ctx(const char * model_path, const char * heads_path,
@@ -284,6 +311,9 @@ LLAMA_API int32_t llama_locret_model_set_budget_schedule(struct llama_model * mo
 // Parse the tools' --locret-positions value: "compact", "keep", or "keep:N" (N the position limit) into *mode (enum
 // llama_locret_positions) and *limit (-1: the model's trained context). Returns 0, or -1 (llama_locret_last_error).
 LLAMA_API int32_t llama_locret_positions_parse(const char * text, int32_t * mode, int32_t * limit);
+
+// The name of a positions mode as --locret-positions spells it ("compact", "keep"); NULL for a value outside the enum
+LLAMA_API const char * llama_locret_positions_name(enum llama_locret_positions mode);
 
 // Where kept units sit for the contexts created next from `model` (llama_locret_params.positions and position_limit),
 // after llama_locret_model_configure, for tools whose configuration goes through llama_locret_configure_default.

@@ -7,6 +7,7 @@
 #include "locret-memory.h"
 #include "locret-policy.h"
 #include "locret-settings.h"
+#include "locret-size.h"
 
 #include "llama-batch.h"
 #include "llama-context.h"
@@ -15,6 +16,7 @@
 #include "llama-impl.h"
 #include "llama-model.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -207,14 +209,13 @@ static void locret_log_errors_only(ggml_log_level level, const char * text, void
     }
 }
 
-int32_t llama_locret_resolve_file(const char * model_path, const char * heads_path, const llama_locret_params * params,
-        const llama_context_params * cparams, llama_locret_resolved * out) {
-    locret_set_error("");
-    if (model_path == nullptr || params == nullptr || cparams == nullptr || out == nullptr) {
-        locret_set_error("llama_locret_resolve_file: model_path, params, cparams and out must not be NULL");
-        return -1;
-    }
-    *out = {};
+// Runs fn(model, p, cparams, n_ubatch_requested) on the hyperparameters of the model in `model_path` (a metadata
+// load), with `params` completed as a context would: when params->heads is NULL and the policy scores with heads, the
+// recommended settings of the heads in `heads_path` (else the model's embedded ones) are the defaults. fn throws
+// std::runtime_error for settings the rules refuse. Returns 0, or -1 (llama_locret_last_error).
+template <typename F>
+static int32_t locret_with_model_file(const char * model_path, const char * heads_path, const llama_locret_params & params,
+        const llama_context_params & cparams, F && fn) {
     // the rules read the model's hyperparameters only: a metadata load (no_alloc, as -fit's own) reads them without
     // the weights (a vocab_only load would stop before them)
     std::pair<ggml_log_callback, void *> prev;
@@ -230,7 +231,7 @@ int32_t llama_locret_resolve_file(const char * model_path, const char * heads_pa
         locret_set_error(format("cannot read the model '%s'", model_path));
         return -1;
     }
-    llama_locret_params p = *params;
+    llama_locret_params p = params;
     const std::string heads = locret_default_heads_path(model, model_path, heads_path);
     // the heads' recommendations are the defaults only where the heads will score (llama_locret_configure_default)
     const locret_policy_entry * policy = locret_policy_find(p.policy);
@@ -239,15 +240,8 @@ int32_t llama_locret_resolve_file(const char * model_path, const char * heads_pa
     if (!read_heads || llama_locret_file_recommended(heads.c_str(), &p.defaults) >= 0) {
         try {
             uint32_t n_ubatch_requested = 0;
-            const llama_cparams c = locret_cparams_like_context(*model, *cparams, &n_ubatch_requested);
-            const locret_config cfg = locret_config_make(*model, p, locret_schedule_parse(p.budget_schedule), c,
-                    n_ubatch_requested, cparams->type_k);
-            out->n_cells     = cfg.n_cells;
-            out->n_seq       = c.n_seq_max;
-            out->budget_max  = cfg.budget;
-            out->stabilizers = cfg.stabilizers;
-            out->local       = cfg.local;
-            out->n_ubatch    = cfg.n_ubatch;
+            const llama_cparams c = locret_cparams_like_context(*model, cparams, &n_ubatch_requested);
+            fn(*model, p, c, n_ubatch_requested);
             ret = 0;
         } catch (const std::exception & e) {
             locret_set_error(e.what());
@@ -255,6 +249,94 @@ int32_t llama_locret_resolve_file(const char * model_path, const char * heads_pa
     }
     llama_model_free(model);
     return ret;
+}
+
+// the V cache is transposed without flash attention (llama_context turns "auto" on where the backend has it)
+static bool locret_v_trans(const llama_context_params & cparams) {
+    return cparams.flash_attn_type == LLAMA_FLASH_ATTN_TYPE_DISABLED;
+}
+
+static void locret_resolved_fill(const locret_config & cfg, const locret_memory_size & size, const llama_cparams & c,
+        llama_locret_resolved * out) {
+    out->n_cells        = cfg.n_cells;
+    out->n_seq          = c.n_seq_max;
+    out->budget_max     = cfg.budget;
+    out->stabilizers    = cfg.stabilizers;
+    out->local          = cfg.local;
+    out->n_ubatch       = cfg.n_ubatch;
+    out->n_cells_window = size.n_cells_window;
+    out->kv_bytes       = size.kv;
+    out->window_bytes   = size.window;
+    out->store_bytes    = size.scores + size.queries;
+}
+
+int32_t llama_locret_resolve_file(const char * model_path, const char * heads_path, const llama_locret_params * params,
+        const llama_context_params * cparams, llama_locret_resolved * out) {
+    locret_set_error("");
+    if (model_path == nullptr || params == nullptr || cparams == nullptr || out == nullptr) {
+        locret_set_error("llama_locret_resolve_file: model_path, params, cparams and out must not be NULL");
+        return -1;
+    }
+    *out = {};
+    return locret_with_model_file(model_path, heads_path, *params, *cparams,
+            [&](const llama_model & model, const llama_locret_params & p, const llama_cparams & c, uint32_t n_ubatch_requested) {
+        const locret_config cfg = locret_config_make(model, p, locret_schedule_parse(p.budget_schedule), c,
+                n_ubatch_requested, cparams->type_k);
+        locret_resolved_fill(cfg, locret_memory_size_make(model, cfg, c, cparams->type_k, cparams->type_v,
+                locret_v_trans(*cparams), cparams->swa_full), c, out);
+    });
+}
+
+int32_t llama_locret_resolve_file_layers(const char * model_path, const char * heads_path, const llama_locret_params * params,
+        const llama_context_params * cparams, uint64_t * out, int32_t n_out) {
+    locret_set_error("");
+    if (model_path == nullptr || params == nullptr || cparams == nullptr || (out == nullptr && n_out > 0)) {
+        locret_set_error("llama_locret_resolve_file_layers: model_path, params, cparams and out must not be NULL");
+        return -1;
+    }
+    int32_t n_layer = -1;
+    const int32_t ret = locret_with_model_file(model_path, heads_path, *params, *cparams,
+            [&](const llama_model & model, const llama_locret_params & p, const llama_cparams & c, uint32_t n_ubatch_requested) {
+        const locret_config cfg = locret_config_make(model, p, locret_schedule_parse(p.budget_schedule), c,
+                n_ubatch_requested, cparams->type_k);
+        const locret_memory_size size = locret_memory_size_make(model, cfg, c, cparams->type_k, cparams->type_v,
+                locret_v_trans(*cparams), cparams->swa_full);
+        n_layer = (int32_t) size.layer.size();
+        for (int32_t il = 0; il < std::min(n_out, n_layer); ++il) {
+            out[il] = size.layer[il];
+        }
+    });
+    return ret == 0 ? n_layer : -1;
+}
+
+int32_t llama_locret_budget_for_mib(const char * model_path, const char * heads_path, const llama_locret_params * params,
+        const llama_context_params * cparams, double mib, llama_locret_resolved * out) {
+    locret_set_error("");
+    if (model_path == nullptr || params == nullptr || cparams == nullptr) {
+        locret_set_error("llama_locret_budget_for_mib: model_path, params and cparams must not be NULL");
+        return -1;
+    }
+    // at most 16 TiB: the budget search stays within 32-bit budgets
+    if (!(mib > 0.0) || mib > 16777216.0) {
+        locret_set_error(format("the Locret memory size must be more than 0 MiB and at most 16777216 MiB (got %g)", mib));
+        return -1;
+    }
+    if (out != nullptr) {
+        *out = {};
+    }
+    int32_t budget = -1;
+    const int32_t ret = locret_with_model_file(model_path, heads_path, *params, *cparams,
+            [&](const llama_model & model, const llama_locret_params & p, const llama_cparams & c, uint32_t n_ubatch_requested) {
+        locret_config      cfg;
+        locret_memory_size size;
+        budget = (int32_t) locret_budget_for_bytes(model, p, locret_schedule_parse(p.budget_schedule), c,
+                n_ubatch_requested, cparams->type_k, cparams->type_v, locret_v_trans(*cparams), cparams->swa_full,
+                (uint64_t) (mib * 1048576.0), &cfg, &size);
+        if (out != nullptr) {
+            locret_resolved_fill(cfg, size, c, out);
+        }
+    });
+    return ret == 0 ? budget : -1;
 }
 
 int64_t llama_locret_fit_n_ctx(const char * model_path, const char * heads_path, const llama_locret_params * params,

@@ -346,6 +346,7 @@ struct llama_locret_buffers llama_locret_debug_buffers(const struct llama_contex
         b.move_tables   = mem->move_tables_size();
         b.score_store   = mem->score_store_size();
         b.compact_seq   = mem->compact_seq();
+        b.query_store   = mem->query_store_size();
     }
     return b;
 }

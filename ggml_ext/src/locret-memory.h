@@ -187,6 +187,7 @@ public:
     size_t evict_buffer_size() const; // bytes of the eviction graphs' compute buffers
     size_t move_tables_size() const { return evict_moves.device_bytes(); } // bytes of the compaction's move tables
     size_t score_store_size() const { return scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) : 0; }
+    size_t query_store_size() const { return queries_buf ? ggml_backend_buffer_get_size(queries_buf.get()) : 0; }
     uint32_t compact_seq() const { return evict_turn_seq; } // the most sequences one compaction moves
 
     // a fault injected for the next matching operation; consumes it when it matches

@@ -193,13 +193,23 @@ int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const
     return 0;
 }
 
+const char * llama_locret_positions_name(llama_locret_positions mode) {
+    switch (mode) {
+        case LLAMA_LOCRET_POSITIONS_COMPACT: return "compact";
+        case LLAMA_LOCRET_POSITIONS_KEEP:    return "keep";
+    }
+    return nullptr;
+}
+
 int32_t llama_locret_positions_parse(const char * text, int32_t * mode, int32_t * limit) {
     locret_set_error("");
     const std::string t = text == nullptr ? "" : text;
     *limit = -1;
-    if (t == "compact" || t == "keep") {
-        *mode = t == "keep" ? LLAMA_LOCRET_POSITIONS_KEEP : LLAMA_LOCRET_POSITIONS_COMPACT;
-        return 0;
+    for (llama_locret_positions m : { LLAMA_LOCRET_POSITIONS_COMPACT, LLAMA_LOCRET_POSITIONS_KEEP }) {
+        if (t == llama_locret_positions_name(m)) {
+            *mode = m;
+            return 0;
+        }
     }
     if (t.rfind("keep:", 0) == 0) {
         char * end = nullptr;

@@ -31,9 +31,17 @@ bool locret_bench_parse_arg(locret_options & o, int argc, char ** argv, int & i)
     return true;
 }
 
-bool locret_bench_configure(const locret_options & o, llama_model * model, const std::string & model_path,
-        llama_locret_heads ** heads) {
-    const std::string failed = locret_options_configure(o, model, model_path, heads);
+bool locret_bench_configure(const locret_options & o_in, llama_model * model, const std::string & model_path,
+        const llama_context_params & cparams, llama_locret_heads ** heads) {
+    locret_options o = o_in; // each test resolves a memory size for its own ubatch and K/V types
+    std::string resolved;
+    std::string failed = locret_options_resolve_mib(o, model_path, cparams, &resolved);
+    if (!resolved.empty()) {
+        fprintf(stderr, "llama-bench: %s\n", resolved.c_str());
+    }
+    if (failed.empty()) {
+        failed = locret_options_configure(o, model, model_path, heads);
+    }
     if (!failed.empty()) {
         fprintf(stderr, "llama-bench: error: Locret: %s\n", failed.c_str());
         return false;

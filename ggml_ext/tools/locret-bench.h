@@ -19,9 +19,10 @@ void locret_bench_print_usage();
 // std::invalid_argument for a value the option refuses. Not a Locret option: false, i unchanged.
 bool locret_bench_parse_arg(locret_options & o, int argc, char ** argv, int & i);
 
-// Before a test's context: the heads and settings registered for the model. Returns false with the reason printed.
+// Before a test's context (made with `cparams`): --locret-budget-mib resolved for them, then the heads and settings
+// registered for the model. Returns false with the reason printed.
 bool locret_bench_configure(const locret_options & o, llama_model * model, const std::string & model_path,
-                            llama_locret_heads ** heads);
+                            const llama_context_params & cparams, llama_locret_heads ** heads);
 
 // Locret-Q: the tokens that open a prompt starting sequence 0 (the query and a blank line), pinned before anything is
 // evicted; empty without a query or when the sequence has started. Returns false with the reason printed when the

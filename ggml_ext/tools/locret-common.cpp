@@ -75,7 +75,16 @@ std::string locret_common_speculation_refused(const common_params & params) {
     return "";
 }
 
-bool locret_common_before_load(const common_params & params, llama_context_params * cparams_fit) {
+bool locret_common_before_load(common_params & params, llama_context_params & cparams, bool fit) {
+    std::string resolved;
+    const std::string mib_failed = locret_options_resolve_mib(params.locret, params.model.path, cparams, &resolved);
+    if (!mib_failed.empty()) {
+        locret_stop(mib_failed);
+        return false;
+    }
+    if (!resolved.empty()) {
+        LOG_INF("%s\n", resolved.c_str());
+    }
     const locret_options & o = params.locret;
     if (o.budget < 0) {
         return true;
@@ -95,18 +104,18 @@ bool locret_common_before_load(const common_params & params, llama_context_param
         locret_stop(spec_refused);
         return false;
     }
-    if (cparams_fit == nullptr || o.budget == 0) {
+    if (!fit || o.budget == 0) {
         return true;
     }
     // -fit plans memory for the cells the cache holds (the rule book's count), whatever -c is
     const llama_locret_params p = o.params();
-    const int64_t n_cells = llama_locret_fit_n_ctx(params.model.path.c_str(), o.heads.c_str(), &p, cparams_fit);
+    const int64_t n_cells = llama_locret_fit_n_ctx(params.model.path.c_str(), o.heads.c_str(), &p, &cparams);
     if (n_cells < 0) {
         locret_stop(llama_locret_last_error());
         return false;
     }
-    LOG_TRC("Locret: fitting with %u KV cells instead of -c %u\n", (uint32_t) n_cells, cparams_fit->n_ctx);
-    cparams_fit->n_ctx = (uint32_t) n_cells;
+    LOG_TRC("Locret: fitting with %u KV cells instead of -c %u\n", (uint32_t) n_cells, cparams.n_ctx);
+    cparams.n_ctx = (uint32_t) n_cells;
     return true;
 }
 

@@ -16,14 +16,14 @@ struct llama_model;
 // the --locret-* options, made from the one table (locret-options.cpp), for common_params_parser_init
 std::vector<common_arg> locret_common_args();
 
-// Before anything is loaded: the llama.cpp features an evicting cache cannot serve are refused, and -fit's context
-// becomes the cells the cache will hold (cparams_fit, when fitting). Returns false, with the reason logged, when the
-// tool must stop.
 // Speculative decoding with a budget: the n-gram kinds are served; a draft model, or any kind with SAGE-KV, is refused.
 // The reason ("" when allowed or without a budget).
 std::string locret_common_speculation_refused(const common_params & params);
 
-bool locret_common_before_load(const common_params & params, llama_context_params * cparams_fit);
+// Before anything is loaded: --locret-budget-mib becomes a budget in units (params.locret.budget, logged), the
+// llama.cpp features an evicting cache cannot serve are refused, and, when fitting (-fit), the context in `cparams`
+// becomes the cells the cache will hold. Returns false, with the reason logged, when the tool must stop.
+bool locret_common_before_load(common_params & params, llama_context_params & cparams, bool fit);
 
 // After -fit: the logical context stays what the user asked for (-c limits positions, not cells)
 void locret_common_after_fit(const common_params & params, uint32_t n_ctx_asked, llama_context_params & cparams);

@@ -4,6 +4,7 @@
 #include "locret-options.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -35,6 +36,18 @@ static int32_t locret_parse_int(const char * option, const std::string & value) 
     return (int32_t) v;
 }
 
+// a size in MiB: a positive number, all of `value`
+static double locret_parse_mib(const char * option, const std::string & value) {
+    char * end = nullptr;
+    errno = 0;
+    const double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || errno != 0 || !(v > 0.0) || v > 16777216.0) {
+        throw std::invalid_argument(std::string(option) + ": '" + value + "' is not a size in MiB (a number above 0, "
+                "at most 16777216)");
+    }
+    return v;
+}
+
 static std::string locret_query_checked(const char * option, const std::string & text) {
     if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
         throw std::invalid_argument(std::string(option) + ": the query is empty");
@@ -53,6 +66,11 @@ static std::vector<locret_option> locret_make_options() {
           "KV memory then holds N + ubatch cells whatever -c is, and -c becomes the limit on logical positions\n"
           "(default: no eviction)",
           [](locret_options & o, const std::string & v) { o.budget = locret_parse_int("--locret-budget", v); } },
+        { "--locret-budget-mib", "MIB", "LLAMA_ARG_LOCRET_BUDGET_MIB",
+          "Locret: the budget as memory: the largest --locret-budget whose KV cache (budget and ubatch cells, the\n"
+          "window layers' cache and the F32 scores) fits MIB MiB per sequence (slot) for this model, its K/V types\n"
+          "and the schedule; logged at start-up with the units it resolves to (default: not used)",
+          [](locret_options & o, const std::string & v) { o.budget_mib = locret_parse_mib("--locret-budget-mib", v); } },
         { "--locret-stabilizers", "N", "LLAMA_ARG_LOCRET_STABILIZERS",
           "Locret: last units of each prefill chunk that are always kept (at most -ub, below the budget;\n"
           "default: the heads file's value, else 2500, fitted to the ubatch and half the budget)",
@@ -172,6 +190,33 @@ std::string locret_find_question(const std::string & text) {
     return locret_string_from([&](char * out, int32_t n_out) {
         return llama_locret_find_question(text.c_str(), out, n_out);
     });
+}
+
+std::string locret_options_resolve_mib(locret_options & o, const std::string & model_path,
+        const llama_context_params & cparams, std::string * resolved) {
+    if (o.budget_mib <= 0) {
+        return "";
+    }
+    if (o.budget >= 0) {
+        return "give --locret-budget (units) or --locret-budget-mib (memory), not both";
+    }
+    const llama_locret_params p = o.params();
+    llama_locret_resolved r;
+    const int32_t budget = llama_locret_budget_for_mib(model_path.c_str(), o.heads.c_str(), &p, &cparams, o.budget_mib, &r);
+    if (budget < 0) {
+        return std::string("--locret-budget-mib: ") + llama_locret_last_error();
+    }
+    o.budget = budget;
+    if (resolved != nullptr) {
+        const double mib = 1024.0 * 1024.0;
+        char line[512];
+        snprintf(line, sizeof(line), "Locret: --locret-budget-mib %g resolves to a budget of %d units: %u KV cells per "
+                "sequence, %.2f MiB per sequence (K/V %.2f MiB, window cache %.2f MiB, scores %.2f MiB)", o.budget_mib,
+                budget, r.n_cells, (r.kv_bytes + r.window_bytes + r.store_bytes) / mib, r.kv_bytes / mib,
+                r.window_bytes / mib, r.store_bytes / mib);
+        *resolved = line;
+    }
+    return "";
 }
 
 std::string locret_query_layout(const std::string & query, const std::string & text) {

@@ -13,6 +13,8 @@
 struct locret_options {
     std::string heads;                          // --locret-heads (empty: the model's embedded heads, if any)
     int32_t     budget      = -1;               // --locret-budget (-1: not given, no eviction)
+    double      budget_mib  = -1;               // --locret-budget-mib (-1: not given): resolved into `budget` before
+                                                // the model is loaded (locret_options_resolve_mib)
     int32_t     stabilizers = -1;               // -1: the heads file's value, fitted to the ubatch
     int32_t     local       = -1;               // -1: the heads file's value, fitted to the ubatch
     llama_locret_policy policy = LLAMA_LOCRET_POLICY_HEADS;
@@ -31,6 +33,9 @@ struct locret_options {
 
     // the settings as the library takes them (budget_schedule points into this object)
     llama_locret_params params() const;
+
+    // a budget was asked for, in units or in MiB (before locret_options_resolve_mib has run)
+    bool evicting() const { return budget >= 0 || budget_mib > 0; }
 };
 
 struct locret_option {
@@ -53,6 +58,13 @@ const locret_option * locret_option_find(const std::string & name);
 // (free them after those contexts). Returns "" or the reason it failed (nothing stays registered then).
 std::string locret_options_configure(const locret_options & o, llama_model * model, const std::string & model_path,
                                      llama_locret_heads ** heads);
+
+// --locret-budget-mib: sets o.budget to the largest budget whose memory per sequence fits o.budget_mib for this model
+// and the context parameters' K/V types and ubatch (llama_locret_budget_for_mib), and *resolved to one line saying so
+// for the start-up log. Returns "" (also when no MiB was given) or the reason it cannot (both options given, too
+// small: the message names the smallest size that works, ...).
+std::string locret_options_resolve_mib(locret_options & o, const std::string & model_path,
+                                       const llama_context_params & cparams, std::string * resolved);
 
 // Locret-Q's layout (llama_locret_query_layout): the query, a blank line, then the text
 std::string locret_query_layout(const std::string & query, const std::string & text);

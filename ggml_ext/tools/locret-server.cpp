@@ -140,10 +140,6 @@ int locret_server_draft_max(llama_context * ctx, llama_seq_id seq_id, int n_draf
 static common_json g_props;      // the resolved settings /props shows (null: the context does not evict)
 static bool        g_evicting = false;
 
-static const char * locret_positions_name(llama_locret_positions p) {
-    return p == LLAMA_LOCRET_POSITIONS_KEEP ? "keep" : "compact";
-}
-
 void locret_server_init(const llama_context * ctx, const common_params & params) {
     g_evicting = llama_locret_is_evicting(ctx);
     if (!g_evicting) {
@@ -160,7 +156,7 @@ void locret_server_init(const llama_context * ctx, const common_params & params)
         {"local",           st.local},
         {"pool",            st.pool},
         {"lag",             st.lag},
-        {"positions",       locret_positions_name(st.positions)},
+        {"positions",       llama_locret_positions_name(st.positions)},
         {"position_limit",  st.position_limit},
         {"query",           o.query_auto_on ? "auto" : o.query.empty() ? "off" : "given"},
         {"n_ubatch",        st.n_ubatch},

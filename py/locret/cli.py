@@ -174,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heads", help="retaining heads .gguf (default: embedded in the model, or shipped in heads/)")
     p.add_argument("--context", help="logical context in tokens: 131072, 128k, 1m (default 128k)")
     p.add_argument("--budget", type=int, help="Locret budget b: retained units per layer and KV head")
+    p.add_argument("--budget-mib", type=float, help="the budget as memory: the largest b whose KV cache (b + chunk "
+                   "cells) and scores fit this many MiB per slot, for the model and --kv-type (instead of --budget)")
     p.add_argument("--ubatch", type=int, help="chunk B (n_ubatch) of chunked prefill")
     p.add_argument("--stabilizers", type=int, help="stabilizers n_s (default: the profile's, fitted to the chunk)")
     p.add_argument("--kv-type", help="KV cache type: f16, q8_0, q4_0, ...")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from typing import Any
 
 import numpy as np
 
@@ -12,12 +13,14 @@ from .heads import Heads, HeadsError, _Settings, _lib, _last_error
 
 class _Resolved(ctypes.Structure):
     _fields_ = [("n_cells", ctypes.c_uint32), ("n_seq", ctypes.c_uint32), ("budget_max", ctypes.c_uint32),
-                ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32), ("n_ubatch", ctypes.c_uint32)]
+                ("stabilizers", ctypes.c_uint32), ("local", ctypes.c_uint32), ("n_ubatch", ctypes.c_uint32),
+                ("n_cells_window", ctypes.c_uint32), ("kv_bytes", ctypes.c_uint64), ("window_bytes", ctypes.c_uint64),
+                ("store_bytes", ctypes.c_uint64)]
 
 
 class _Buffers(ctypes.Structure):
     _fields_ = [("evict_compute", ctypes.c_size_t), ("move_tables", ctypes.c_size_t), ("score_store", ctypes.c_size_t),
-                ("compact_seq", ctypes.c_uint32)]
+                ("compact_seq", ctypes.c_uint32), ("query_store", ctypes.c_size_t)]
 
 
 class _Params(ctypes.Structure):
@@ -54,6 +57,11 @@ _SIGNATURES = {
     "llama_locret_policy_help": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_resolve_file": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
                                    ctypes.POINTER(_Resolved)], ctypes.c_int32),
+    "llama_locret_resolve_file_layers": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
+                                          ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_positions_name": ([ctypes.c_int], ctypes.c_char_p),
+    "llama_locret_budget_for_mib": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
+                                     ctypes.c_double, ctypes.POINTER(_Resolved)], ctypes.c_int32),
     "llama_locret_check_params": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_void_p], ctypes.c_int32),
     "llama_locret_kv_cells": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_uint32, ctypes.c_uint32],
                               ctypes.c_int64),
@@ -156,34 +164,80 @@ _RESOLVED: dict = {}
 
 
 def _resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None, budget: int,
-                 stabilizers: int | None = None, local: int | None = None, policy: str = "heads",
-                 pool: int | None = None, lag: int | None = None, budget_schedule: str | os.PathLike | None = None,
-                 positions: str | None = None, n_ctx: int, n_ubatch: int, n_batch: int | None = None, n_seq: int = 1,
-                 kv_type: str = "f16") -> dict:
+                 n_ctx: int, n_ubatch: int, n_batch: int | None = None, n_seq: int = 1, kv_type: str = "f16",
+                 swa_full: bool | None = None, **settings) -> dict:
     """What a context evicting with these settings resolves to, decided by the library's rule book
     (llama_locret_resolve_file: the function context creation uses) from the model file's hyperparameters and the
     heads' recommended settings (`heads`, else those embedded in the model): n_cells (per sequence), n_seq,
-    budget_max (the largest layer budget), stabilizers, local, n_ubatch. Settings the rule book refuses raise
-    HeadsError with the same message context creation would give."""
+    budget_max (the largest layer budget), stabilizers, local, n_ubatch, and the bytes per sequence it allocates:
+    kv_bytes (K/V of the evicting layers), window_bytes (the window layers' cache, n_cells_window cells), store_bytes
+    (scores and queries), and layer_kv_bytes (each layer's K/V, llama_locret_resolve_file_layers). swa_full None:
+    llama.cpp's default, a window cache as large as the evicting one (the tools' default is False). `settings`: stabilizers, local, policy, pool, lag, budget_schedule, positions as in
+    `configure`. Settings the rule book refuses raise HeadsError with the same message context creation would give."""
+    p = _rule_params(budget=budget, **settings)
+    cp = _context_params(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch, n_seq=n_seq, kv_type=kv_type,
+                         swa_full=swa_full)
+    out = _Resolved()
+    api, path, heads_path = _api(), os.fsencode(model_path), os.fsencode(heads) if heads is not None else b""
+    if api.llama_locret_resolve_file(path, heads_path, ctypes.byref(p), ctypes.byref(cp), ctypes.byref(out)) != 0:
+        raise HeadsError(_last_error())
+    n_layer = api.llama_locret_resolve_file_layers(path, heads_path, ctypes.byref(p), ctypes.byref(cp), None, 0)
+    layers = (ctypes.c_uint64 * max(n_layer, 1))()
+    if n_layer < 0 or api.llama_locret_resolve_file_layers(path, heads_path, ctypes.byref(p), ctypes.byref(cp),
+                                                          layers, n_layer) != n_layer:
+        raise HeadsError(_last_error())
+    return dict(_resolved_dict(out), layer_kv_bytes=tuple(int(b) for b in layers[:n_layer]))
+
+
+def budget_for_mib(model_path: str | os.PathLike, mib: float, *, heads: str | os.PathLike | None = None,
+                   cparams: Any = None, n_ctx: int = 0, n_ubatch: int = 512, n_batch: int | None = None,
+                   n_seq: int = 1, kv_type: str = "f16", swa_full: bool | None = None, **settings) -> dict:
+    """--locret-budget-mib (llama_locret_budget_for_mib): the largest budget whose memory per sequence (K/V of the
+    budget and the chunk, padded to 256 cells, the window layers' cache and the F32 score store) is at most `mib` MiB,
+    for the model in `model_path` and these settings (`_resolve_file`'s; `cparams`, a llama_context_params, replaces
+    n_ctx, n_ubatch, n_batch, n_seq, kv_type and swa_full). Returns what `resolve_file` returns for it, plus "budget". One unit
+    more would need 256 cells more, which do not fit. HeadsError with the reason when even the smallest budget does not
+    fit (the message gives its size), for a schedule file, for SAGE-KV, or settings the rule book refuses."""
+    p = _rule_params(budget=0, **settings)
+    cp = cparams if cparams is not None else _context_params(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch,
+                                                             n_seq=n_seq, kv_type=kv_type, swa_full=swa_full)
+    out = _Resolved()
+    budget = _api().llama_locret_budget_for_mib(os.fsencode(model_path),
+                                                os.fsencode(heads) if heads is not None else b"", ctypes.byref(p),
+                                                ctypes.byref(cp), float(mib), ctypes.byref(out))
+    if budget < 0:
+        raise HeadsError(_last_error())
+    return dict(_resolved_dict(out), budget=int(budget))
+
+
+def _rule_params(*, budget: int, stabilizers: int | None = None, local: int | None = None, policy: str | None = None,
+                 pool: int | None = None, lag: int | None = None, budget_schedule: str | os.PathLike | None = None,
+                 positions: str | None = None) -> _Params:
+    mode, limit = parse_positions(positions)
+    return _Params(heads=None, budget=budget, stabilizers=_arg(stabilizers), local=_arg(local),
+                   policy=policy_value("heads" if policy is None else policy), pool=_arg(pool), lag=_arg(lag),
+                   budget_schedule=None if budget_schedule is None else os.fsencode(budget_schedule),
+                   positions=mode, position_limit=limit)
+
+
+def _context_params(*, n_ctx: int, n_ubatch: int, n_batch: int | None, n_seq: int, kv_type: str,
+                    swa_full: bool | None = None):
     import llama_cpp
     from gguf import GGMLQuantizationType
 
     try:
-        type_k = int(GGMLQuantizationType[kv_type.upper()])
+        kv = int(GGMLQuantizationType[kv_type.upper()])
     except KeyError:
         raise HeadsError(f"unknown KV cache type '{kv_type}'") from None
     cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx, cp.n_ubatch, cp.n_seq_max, cp.type_k = n_ctx, n_ubatch, n_seq, type_k
+    cp.n_ctx, cp.n_ubatch, cp.n_seq_max, cp.type_k, cp.type_v = n_ctx, n_ubatch, n_seq, kv, kv
     cp.n_batch = max(n_ubatch, n_seq) if n_batch is None else n_batch
-    mode, limit = parse_positions(positions)
-    p = _Params(heads=None, budget=budget, stabilizers=_arg(stabilizers), local=_arg(local),
-                policy=policy_value(policy), pool=_arg(pool), lag=_arg(lag),
-                budget_schedule=None if budget_schedule is None else os.fsencode(budget_schedule),
-                positions=mode, position_limit=limit)
-    out = _Resolved()
-    if _api().llama_locret_resolve_file(os.fsencode(model_path), os.fsencode(heads) if heads is not None else b"",
-                                        ctypes.byref(p), ctypes.byref(cp), ctypes.byref(out)) != 0:
-        raise HeadsError(_last_error())
+    if swa_full is not None:  # llama.cpp's default (and llama-cpp-python's): a full-size window cache
+        cp.swa_full = swa_full
+    return cp
+
+
+def _resolved_dict(out: _Resolved) -> dict:
     return {name: int(getattr(out, name)) for name, _ in _Resolved._fields_}
 
 
@@ -302,7 +356,7 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
     out["policy"] = name.decode() if name is not None else str(s.policy)
-    out["positions"] = "keep" if s.positions == 1 else "compact"
+    out["positions"] = _api().llama_locret_positions_name(s.positions).decode()
     return out
 
 

@@ -19,6 +19,9 @@ the heads' (or SnapKV's) scores over the N tokens around it, so that whole sente
 rather than scattered tokens of them (15 is what makes the main job's long log answerable).
 `locret_budget_schedule` spreads the budget over the layers: "pyramid" (PyramidKV) or a file of per-layer
 budgets summing to `locret_budget` times the evicting layers; the cache is sized for the largest layer's.
+`locret_budget_mib=N` instead of `locret_budget`: the largest budget whose KV cache (budget and chunk cells, the
+window layers' cache, the score store) fits N MiB per sequence for this model and its K/V types
+(`eviction.budget_for_mib`, the library's rule); `locret_stats()["budget"]` says what it resolved to.
 `locret_positions="keep"` (or "keep:N"): kept units keep the positions they were read at, so an eviction copies at
 most a chunk of rows and re-rotates none (positions are compacted when they would reach the model's trained context,
 or N); the default "compact" gives them positions 0..n-1 after every eviction, as the paper does.
@@ -59,8 +62,11 @@ class Llama(llama_cpp.Llama):
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
                  locret_query: str | None = None, locret_pool: int | None = None, locret_lag: int | None = None,
                  locret_budget_schedule: str | os.PathLike | None = None, locret_positions: str | None = None,
-                 **kwargs: Any):
-        if kwargs.get("draft_model") is not None and locret_budget:
+                 locret_budget_mib: float | None = None, **kwargs: Any):
+        self._stack = contextlib.ExitStack()  # what llama_cpp.Llama.__del__ closes, when a refusal below stops here
+        if locret_budget_mib is not None and locret_budget is not None:
+            raise HeadsError("give locret_budget (units) or locret_budget_mib (memory), not both")
+        if kwargs.get("draft_model") is not None and (locret_budget or locret_budget_mib):
             # llama-cpp-python's speculative loop asks logits for every prompt token (each slice would read as a
             # prompt's end) and drafts past the room before the next eviction (locret_room); llama-server's n-gram
             # kinds serve speculation with a budget
@@ -87,6 +93,11 @@ class Llama(llama_cpp.Llama):
                     params.n_seq_max = n_seq_max
                     params.kv_unified = False
                 try:
+                    if locret_budget_mib is not None:
+                        # the memory size becomes units for this context's own K/V types and ubatch
+                        rule = {k: v for k, v in settings.items() if k != "budget"}
+                        settings["budget"] = eviction.budget_for_mib(model_path, locret_budget_mib, cparams=params,
+                                                                     **rule)["budget"]
                     holder["heads"] = eviction.configure(model.model, model_path, **settings)
                 except HeadsError:
                     self._exit_stack = contextlib.ExitStack()  # what LlamaContext.__del__ closes

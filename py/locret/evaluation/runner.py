@@ -335,7 +335,7 @@ def run(cfg: EvalConfig) -> int:
                 stopped = True
                 break
             if spec.method == "full":
-                end["kv_bytes"] = sum(planner.kv_bytes_per_layer(facts, spec.n_ctx, cfg.kv_type or "f16"))
+                end["kv_bytes"] = planner.full_cache_kv_bytes(facts, spec.n_ctx, cfg.kv_type or "f16")
                 end["kv_bytes_source"] = "predicted (planner) for the full cache"
             _append(runs_path, dict(end, run=run_name, method=spec.method, budget=spec.budget, n_ctx=spec.n_ctx))
 

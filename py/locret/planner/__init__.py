@@ -33,7 +33,7 @@ from .inputs import (ModelFacts, PlanError, parse_context, parse_gpu_layers, par
 from .measure import (COMPACT_MAX_SEQ, LOCRET_PART, LOCRET_SCORES_PART, SAMPLING_BYTES_PER_TOKEN, SAMPLING_PART,
                       Measured, measure)
 from .memory import (DEFAULT_CONTEXT, GIB, KV_PAD, MAX_SLOTS, MIB, Part, Settings, _on_gpu,
-                     kv_bytes_per_layer, place, predict_kv_bytes, resolve_settings, sized)
+                     full_cache_kv_bytes, kv_bytes_per_layer, place, predict_kv_bytes, resolve_settings, sized)
 from .report import EXIT_DOES_NOT_FIT, format_plan, run_cli
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
     "resolve_heads", "row_size",
     # memory
     "DEFAULT_CONTEXT", "GIB", "KV_PAD", "MAX_SLOTS", "MIB", "Part", "Settings",
-    "kv_bytes_per_layer", "place", "predict_kv_bytes", "resolve_settings", "sized",
+    "full_cache_kv_bytes", "kv_bytes_per_layer", "place", "predict_kv_bytes", "resolve_settings", "sized",
     # measure
     "COMPACT_MAX_SEQ", "LOCRET_PART", "LOCRET_SCORES_PART", "SAMPLING_BYTES_PER_TOKEN", "SAMPLING_PART", "Measured",
     "measure",

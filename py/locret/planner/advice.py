@@ -55,11 +55,14 @@ class Plan:
 
 def plan(device: str, model: str, *, heads: str | None = None, context=None, budget=None, ubatch=None,
          stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True, policy=None,
-         schedule=None, slots: int | str = 1) -> Plan:
+         schedule=None, slots: int | str = 1, budget_mib: float | None = None) -> Plan:
     """Resolve settings and predict the peak memory of a model on a device; see the module doc. slots='max'
-    plans the most slots (sequences served at once) whose memory fits the device, up to llama.cpp's 256."""
+    plans the most slots (sequences served at once) whose memory fits the device, up to llama.cpp's 256.
+    budget_mib: the budget as memory per slot (the largest whose KV cache and scores fit it; the library's rule,
+    llama_locret_budget_for_mib), instead of `budget`."""
     kw = dict(heads=heads, context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
-              gpu_layers=gpu_layers, measure_buffers=measure_buffers, policy=policy, schedule=schedule)
+              gpu_layers=gpu_layers, measure_buffers=measure_buffers, policy=policy, schedule=schedule,
+              budget_mib=budget_mib)
     slots = parse_slots(slots)
     if slots != "max":
         return _plan(device, model, slots=slots, **kw)
@@ -97,7 +100,7 @@ def _slots_that_fit(p: Plan) -> int:
 
 
 def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizers, kv_type, gpu_layers,
-          measure_buffers, policy, schedule, slots: int) -> Plan:
+          measure_buffers, policy, schedule, slots: int, budget_mib: float | None) -> Plan:
     from .. import models
 
     dev = devices.load(device)
@@ -105,17 +108,20 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
     facts = read_model(model_path)
     settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
                                 stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, policy=policy,
-                                schedule=schedule, slots=slots)
+                                schedule=schedule, slots=slots, budget_mib=budget_mib)
     if settings.policy == "heads":
         heads_path, heads_origin = resolve_heads(model, model_path, facts, heads)
         head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
     else:
         heads_path, heads_origin, head_tensors = None, f"none (policy {settings.policy} needs no heads)", ()
-    kv_layers = kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type, settings.slots)
+    kv_layers = kv_bytes_per_layer(facts, settings)
     parts = place(facts, head_tensors, settings, dev, kv_layers)
     out = Plan(device=dev, model=facts, heads_path=heads_path, head_tensors=head_tensors,
                settings=settings, parts=parts, measured=None)
     out.notes.append(f"retaining heads: {heads_origin}")
+    if budget_mib is not None:
+        out.notes.append(f"budget {settings.budget}: the largest whose KV cache and scores fit {budget_mib:g} MiB per slot "
+                         f"(the tools' --locret-budget-mib {budget_mib:g} resolves to it)")
     if settings.policy == "sage":
         out.notes.append(f"SAGE-KV reads each prompt whole before it evicts: the KV cache holds the context "
                          f"({settings.n_cells} cells), not the budget; the budget bounds what generation keeps after "
@@ -156,7 +162,7 @@ def _variant_total(p: Plan, **changes) -> int:
     s = replace(p.settings, **changes)
     if {"budget", "context", "ubatch", "stabilizers", "policy", "schedule"} & changes.keys():
         s = sized(p.model, s)   # the cells per sequence change: the rule book sizes them again
-    parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s.n_cells, s.kv_type, s.slots))
+    parts = place(p.model, p.head_tensors, s, p.device, kv_bytes_per_layer(p.model, s))
     buffers = [x for x in p.parts if x.what in ("compute buffers", "output buffer")]
     total = sum(x.device_bytes if p.pool == "device" else x.host_bytes for x in parts + buffers)
     # Locret's own buffers grow with the cells: the scores' with every slot's, the eviction's with one compaction's

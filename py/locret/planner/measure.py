@@ -119,6 +119,7 @@ def _measure_main(request: dict) -> dict:
     cp.n_batch = max(cp.n_batch, slots)             # llama.cpp asserts when a context has more sequences than -b
     cp.n_seq_max = slots
     cp.kv_unified = False                           # one stream per slot: what Locret takes with several sequences
+    cp.swa_full = False                             # the tools' window cache (llama.cpp's own default is full size)
     cp.n_threads = cp.n_threads_batch = 1
     cp.type_k = cp.type_v = int(types[request["kv_type"].upper()])
     ctx = L.llama_init_from_model(model, cp)

@@ -62,10 +62,17 @@ class Settings:
 
 def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=None, ubatch=None,
                      stabilizers=None, kv_type=None, gpu_layers=None, policy=None, schedule=None,
-                     slots: int = 1) -> Settings:
+                     slots: int = 1, budget_mib: float | None = None) -> Settings:
     """The profile's defaults for the model's size class, with the given overrides; PlanError for
-    settings that cannot work."""
+    settings that cannot work. budget_mib: the budget is the largest whose memory per slot fits it (the library's
+    rule book, llama_locret_budget_for_mib), for the other settings as given or defaulted."""
     sc, covers = device.size_class_for(facts.n_params)
+    if budget_mib is not None:
+        if budget is not None:
+            raise PlanError("give --budget (units) or --budget-mib (memory), not both")
+        budget = _budget_for_mib(device, facts, float(budget_mib), context=context, ubatch=ubatch,
+                                 stabilizers=stabilizers, kv_type=kv_type, policy=policy, schedule=schedule,
+                                 slots=int(slots))
     given = dict(context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
                  gpu_layers=gpu_layers)
     overridden = tuple(k for k, v in given.items() if v is not None)
@@ -113,36 +120,76 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
     return sized(facts, settings, sage_stabilizers_given=policy == "sage" and stabilizers is not None)
 
 
+def _budget_for_mib(device: Device, facts: ModelFacts, mib: float, *, context, ubatch, stabilizers, kv_type, policy,
+                    schedule, slots: int) -> int:
+    from ..eviction import budget_for_mib
+    from ..heads import HeadsError
+
+    sc, _ = device.size_class_for(facts.n_params)
+    ctx = parse_context(context) if context is not None else DEFAULT_CONTEXT
+    ub = sc.ubatch if ubatch is None else int(ubatch)
+    try:
+        return budget_for_mib(facts.path, mib, n_ctx=ctx * slots, n_ubatch=ub, n_batch=max(ub, slots), n_seq=slots,
+                              kv_type=(sc.kv_type if kv_type is None else str(kv_type)).lower(), swa_full=False,
+                              policy=policy, stabilizers=stabilizers,
+                              budget_schedule=None if schedule in (None, "uniform") else schedule)["budget"]
+    except HeadsError as e:
+        raise PlanError(str(e)) from None
+
+
 def sized(facts: ModelFacts, settings: Settings, *, sage_stabilizers_given: bool = False) -> Settings:
     """`settings` with the cells (and a schedule's largest layer budget) that the library's rule book gives them;
     PlanError with the rule book's message for settings a context would refuse. Every refusal and size of an
     evicting context is written there once (llama_locret_resolve_file): the planner keeps no copy."""
+    r = _resolved(facts, settings, sage_stabilizers_given=sage_stabilizers_given)
+    s = settings
+    return replace(s, n_cells=r["n_cells"], largest_budget=0 if s.schedule == "uniform" else r["budget_max"])
+
+
+def _resolved(facts: ModelFacts, s: Settings, *, sage_stabilizers_given: bool = False) -> dict:
     from ..eviction import resolve_file
     from ..heads import HeadsError
 
-    s = settings
     try:
-        r = resolve_file(facts.path, budget=s.budget, policy=s.policy, n_ctx=s.n_ctx, n_ubatch=s.ubatch,
-                         n_batch=max(s.ubatch, s.slots), n_seq=s.slots, kv_type=s.kv_type,
-                         stabilizers=s.stabilizers if s.policy != "sage" or sage_stabilizers_given else None,
-                         budget_schedule=None if s.schedule == "uniform" else s.schedule)
+        return resolve_file(facts.path, budget=s.budget, policy=s.policy, n_ctx=s.n_ctx, n_ubatch=s.ubatch,
+                            n_batch=max(s.ubatch, s.slots), n_seq=s.slots, kv_type=s.kv_type, swa_full=False,
+                            stabilizers=s.stabilizers if s.policy != "sage" or sage_stabilizers_given else None,
+                            budget_schedule=None if s.schedule == "uniform" else s.schedule)
     except HeadsError as e:
         raise PlanError(str(e)) from None
-    return replace(s, n_cells=r["n_cells"], largest_budget=0 if s.schedule == "uniform" else r["budget_max"])
 
 
 # --- memory ---------------------------------------------------------------------------------------
 
-def kv_bytes_per_layer(facts: ModelFacts, n_cells: int, kv_type: str, slots: int = 1) -> list[int]:
-    """Per layer, what llama_kv_cache allocates: a K tensor [n_embd_k_gqa, cells, streams] and a V tensor
-    [n_embd_v_gqa, cells, streams] of the cache type, one stream per slot (Locret refuses unified KV with several
-    sequences)."""
-    return [slots * n_cells * (row_size(kv_type, k) + row_size(kv_type, v))
-            for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+def kv_bytes_per_layer(facts: ModelFacts, settings: Settings) -> list[int]:
+    """Per layer, the K and V bytes of every slot's stream as the library's rule book sizes them
+    (llama_locret_resolve_file_layers): the evicting layers hold n_cells rows each, a sliding-window model's window
+    layers their own window cache."""
+    return [settings.slots * b for b in _resolved(facts, settings)["layer_kv_bytes"]]
 
 
 def predict_kv_bytes(facts: ModelFacts, settings: Settings) -> int:
-    return sum(kv_bytes_per_layer(facts, settings.n_cells, settings.kv_type, settings.slots))
+    return sum(kv_bytes_per_layer(facts, settings))
+
+
+def full_cache_kv_bytes(facts: ModelFacts, n_cells: int, kv_type: str) -> int:
+    """A cache that keeps every token (no eviction): n_cells K and V rows in every layer. A sliding-window model's
+    window layers hold fewer in llama.cpp, so for those this is an upper bound."""
+    return sum(n_cells * (row_size(kv_type, k) + row_size(kv_type, v))
+               for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa))
+
+
+def _kv_layers_text(facts: ModelFacts, s: Settings, kv_per_layer: list[int]) -> str:
+    """'30 layers x (K 192 + V 192) x f16', with a sliding-window model's window layers and their own cells."""
+    width = f"(K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {s.kv_type}"
+    rows = [b // (s.slots * (row_size(s.kv_type, k) + row_size(s.kv_type, v))) if b else 0
+            for b, k, v in zip(kv_per_layer, facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+    n_window = sum(1 for r in rows if 0 < r != s.n_cells)
+    if n_window == 0:
+        return f"{facts.n_layer} layers x {width}"
+    window_cells = next(r for r in rows if 0 < r != s.n_cells)
+    return (f"{len(rows) - n_window} evicting layers x {width}, + {n_window} window layers of {window_cells} "
+            "cells each")
 
 
 def _on_gpu(n_layer: int, gpu_layers: int, backend: str) -> tuple[set[int], bool]:
@@ -190,7 +237,7 @@ def place(facts: ModelFacts, heads: tuple[tuple[str, int], ...], settings: Setti
                   f"{settings.context if settings.policy == 'sage' else f'{max(settings.budget, settings.largest_budget)} + {settings.ubatch}'}, "
                   f"{KV_PAD}) x "
                   + (f"{settings.slots} slots x " if settings.slots > 1 else "")
-                  + f"{facts.n_layer} layers x (K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {settings.kv_type}")]
+                  + _kv_layers_text(facts, settings, kv_per_layer))]
     if device.memory.kind != "discrete":
         # one memory: what llama.cpp puts in CUDA buffers is the same RAM
         for p in parts:
