@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Speculative decoding with a Locret budget in llama-server: generation speed and draft acceptance with and without
-n-gram speculation, on an extraction task whose answer quotes a long document.
+n-gram or draft-model speculation, on an extraction task whose answer quotes a long document.
 
     .venv/bin/python scripts/bench_speculative.py [--tokens 16000] [--budget 2048] [--ubatch 256] [--n-predict 256]
-        [--spec-type ngram-simple] [--spec-args "ARGS"] [--extra "ARGS"] [--show]
+        [--spec-type ngram-simple|draft-simple] [--spec-args "ARGS"] [--extra "ARGS"] [--show]
 
 Starts the patched llama-server (build/bin) twice on a loopback port, with the default model and its shipped heads,
 the same budget and settings, once plain and once with `--spec-type`; sends each the same greedy request (about
@@ -70,7 +70,9 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=2048)
     ap.add_argument("--ubatch", type=int, default=256)
     ap.add_argument("--n-predict", type=int, default=256)
-    ap.add_argument("--spec-type", default="ngram-simple", help="an n-gram kind of llama-server's --spec-type")
+    ap.add_argument("--spec-type", default="ngram-simple",
+                    help="llama-server's --spec-type: an n-gram kind, or draft-simple (a draft model: the default "
+                    "model drafting for itself unless --spec-args gives -md; its context evicts in its own cache)")
     ap.add_argument("--spec-args", default="--spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 16",
                     help="more llama-server arguments for the speculative run (default: ngram-simple's look-up of 4 "
                     "tokens drafting up to 16)")
@@ -100,7 +102,11 @@ def main() -> int:
 
     rows = []
     answers = {}
-    for name, extra in (("plain", []), (args.spec_type, ["--spec-type", args.spec_type] + shlex.split(args.spec_args))):
+    spec_args = shlex.split(args.spec_args)
+    if args.spec_type == "draft-simple" and "-md" not in spec_args:
+        # ngram-simple's default look-up options mean nothing to a draft model
+        spec_args = ["-md", model, "--spec-draft-n-max", "8"] + [a for a in spec_args if a.startswith("--locret-draft")]
+    for name, extra in (("plain", []), (args.spec_type, ["--spec-type", args.spec_type] + spec_args)):
         t0 = time.monotonic()
         answer, slot = serve_one(base + extra, body, args.log_dir / f"bench_speculative-{name}.log")
         answers[name] = answer["content"]

@@ -51,28 +51,75 @@ std::string locret_common_speculation_refused(const common_params & params) {
     if (o.budget < 0) {
         return "";
     }
-    // the n-gram kinds draft from the tokens read so far and need no second cache: the server caps each draft at the
-    // room before the next eviction (llama_locret_seq_room), so rejected tokens are always the cache's newest and
-    // removable, and generation evicts exactly where it does without speculation
-    bool ngram = false;
-    bool model = params.speculative.has_dft();
+    // the n-gram kinds draft from the tokens read so far and need no second cache; a standalone draft model
+    // (draft-simple) reads the same tokens into a context of its own, which evicts in its own bounded cache
+    // (locret_common_configure_draft). The server caps each draft at the room before the next eviction of both caches
+    // (llama_locret_seq_room), so rejected tokens are always their newest and removable, and the target evicts exactly
+    // where it does without speculation. The other draft kinds read the target's hidden states or share its cache.
+    bool any = false;
     for (const auto t : params.speculative.types) {
         const bool is_ngram = t == COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE || t == COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K ||
                               t == COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K4V || t == COMMON_SPECULATIVE_TYPE_NGRAM_MOD ||
                               t == COMMON_SPECULATIVE_TYPE_NGRAM_CACHE;
-        ngram = ngram || is_ngram;
-        model = model || (t != COMMON_SPECULATIVE_TYPE_NONE && !is_ngram);
+        if (t != COMMON_SPECULATIVE_TYPE_NONE && !is_ngram && t != COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE) {
+            return "speculative decoding with --spec-type draft-eagle3, draft-mtp, draft-dflash or draft-dspark cannot "
+                   "be used with --locret-budget: those drafts read the target's hidden states or share its KV cache, "
+                   "which evicts; a draft model (-md with --spec-type draft-simple) and the n-gram kinds work";
+        }
+        any = any || t != COMMON_SPECULATIVE_TYPE_NONE;
     }
-    if (model) {
-        return "speculative decoding with a draft model (-md, or --spec-type draft-*/mtp/eagle3) cannot be used with "
-               "--locret-budget yet: the draft context would need its own bounded cache kept in step with the target's; "
-               "the n-gram kinds (--spec-type ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache) work";
-    }
-    if (ngram && o.policy == LLAMA_LOCRET_POLICY_SAGE) {
+    if (any && o.policy == LLAMA_LOCRET_POLICY_SAGE) {
         return "speculative decoding cannot be used with --locret-policy sage: SAGE-KV selects once at a prompt's end, "
                "and a verification batch of several tokens reads as one";
     }
     return "";
+}
+
+// the draft model's budget and policy (its defaults: the target's budget; heads when it has heads, else streaming)
+static llama_locret_params locret_draft_params(const locret_options & o, const std::string & draft_path) {
+    llama_locret_params p = llama_locret_params_default();
+    p.budget = o.draft_budget > 0 ? o.draft_budget : o.budget;
+    p.policy = (llama_locret_policy) o.draft_policy;
+    if (o.draft_policy < 0) {
+        llama_locret_settings rec;
+        const bool has_heads = !o.draft_heads.empty() || llama_locret_file_recommended(draft_path.c_str(), &rec) == 1;
+        p.policy = has_heads ? LLAMA_LOCRET_POLICY_HEADS : LLAMA_LOCRET_POLICY_STREAMING;
+    }
+    return p;
+}
+
+void locret_common_fit_draft(const common_params & params_dft, llama_context_params & cparams_dft) {
+    const locret_options & o = params_dft.locret;
+    if (o.budget <= 0) {
+        return;
+    }
+    // -fit plans the draft's memory for the cells its own cache holds, as the target's
+    const llama_locret_params p = locret_draft_params(o, params_dft.model.path);
+    const int64_t n_cells = llama_locret_fit_n_ctx(params_dft.model.path.c_str(), o.draft_heads.c_str(), &p, &cparams_dft);
+    if (n_cells > 0) {
+        cparams_dft.n_ctx = (uint32_t) n_cells;
+    }
+}
+
+bool locret_common_configure_draft(const common_params & params, llama_model * model_dft, llama_locret_heads ** heads) {
+    *heads = nullptr;
+    const locret_options & o = params.locret;
+    if (o.budget <= 0) {
+        return true; // the target keeps every token: so does its draft, as in llama.cpp
+    }
+    // params is the draft's copy (common_base_params_to_speculative): its model is the draft model
+    const std::string & path = params.model.path;
+    const llama_locret_params p = locret_draft_params(o, path);
+    const int32_t budget = p.budget;
+    const llama_locret_policy policy = p.policy;
+    if (llama_locret_configure_default(model_dft, path.c_str(), o.draft_heads.c_str(), budget, -1, -1, policy, -1, -1,
+                heads) != 0) {
+        locret_stop(std::string("the draft model's cache: ") + llama_locret_last_error());
+        return false;
+    }
+    LOG_INF("Locret: the draft model evicts in its own cache: budget %d, policy %s%s\n", budget,
+            llama_locret_policy_name(policy), *heads != nullptr ? " (its own heads)" : "");
+    return true;
 }
 
 bool locret_common_before_load(common_params & params, llama_context_params & cparams, bool fit) {

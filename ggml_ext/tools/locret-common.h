@@ -25,6 +25,16 @@ std::string locret_common_speculation_refused(const common_params & params);
 // becomes the cells the cache will hold. Returns false, with the reason logged, when the tool must stop.
 bool locret_common_before_load(common_params & params, llama_context_params & cparams, bool fit);
 
+// A draft model (-md, draft-simple) when the target evicts: the draft context gets its own bounded cache, with
+// --locret-draft-budget (default: the target's budget) and --locret-draft-policy (default: heads when the draft model
+// has heads, else streaming: attention sinks and the newest units, which needs none). `params` is the draft's copy of
+// the parameters. *heads gets the draft's heads (free them after its context). Returns false, with the reason logged.
+bool locret_common_configure_draft(const common_params & params, llama_model * model_dft, llama_locret_heads ** heads);
+
+// -fit with a draft model when the target evicts: the draft context's n_ctx becomes the cells its own cache holds
+// (params_dft: the draft's copy of the parameters)
+void locret_common_fit_draft(const common_params & params_dft, llama_context_params & cparams_dft);
+
 // After -fit: the logical context stays what the user asked for (-c limits positions, not cells)
 void locret_common_after_fit(const common_params & params, uint32_t n_ctx_asked, llama_context_params & cparams);
 

@@ -85,6 +85,23 @@ static std::vector<locret_option> locret_make_options() {
                   throw std::invalid_argument(llama_locret_last_error());
               }
           } },
+        { "--locret-draft-budget", "N", "LLAMA_ARG_LOCRET_DRAFT_BUDGET",
+          "Locret: with a draft model (-md, --spec-type draft-simple), the draft context's own budget: it evicts\n"
+          "in a cache of N + ubatch cells too (default: --locret-budget)",
+          [](locret_options & o, const std::string & v) { o.draft_budget = locret_parse_int("--locret-draft-budget", v); } },
+        { "--locret-draft-policy", "NAME", "LLAMA_ARG_LOCRET_DRAFT_POLICY",
+          "Locret: the draft context's policy (default: heads when --locret-draft-heads is given or the draft\n"
+          "model embeds heads, else streaming: sinks and the newest units, which needs none)",
+          [](locret_options & o, const std::string & v) {
+              llama_locret_policy p;
+              if (llama_locret_policy_from_name(v.c_str(), &p) != 0) {
+                  throw std::invalid_argument(llama_locret_last_error());
+              }
+              o.draft_policy = (int32_t) p;
+          } },
+        { "--locret-draft-heads", "FNAME", "LLAMA_ARG_LOCRET_DRAFT_HEADS",
+          "Locret: retaining heads for the draft model (default: the heads embedded in the draft model, if any)",
+          [](locret_options & o, const std::string & v) { o.draft_heads = v; } },
         { "--locret-pool", "N", "LLAMA_ARG_LOCRET_POOL",
           "Locret: score each unit by the mean of the heads' scores over the N tokens around it (odd, at most -ub),\n"
           "so that a sentence or a number tends to be kept whole rather than a few of its tokens; needs\n"

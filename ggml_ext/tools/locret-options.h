@@ -21,6 +21,11 @@ struct locret_options {
     int32_t     pool        = -1;               // -1: none
     int32_t     lag         = -1;               // -1: LagKV's default
     std::string budget_schedule;                // empty: uniform
+    // the draft model's own bounded cache (-md with --spec-type draft-simple): its budget (-1: --locret-budget), its
+    // policy (-1: heads when it has heads, else streaming) and heads (empty: the ones embedded in the draft model)
+    int32_t     draft_budget = -1;
+    int32_t     draft_policy = -1;
+    std::string draft_heads;
     int32_t     positions      = -1;            // --locret-positions (-1: compact)
     int32_t     position_limit = -1;            // keep:N (-1: the model's trained context)
     std::string query;                          // Locret-Q: placed at the prompt's start and pinned

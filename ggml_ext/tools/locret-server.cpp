@@ -132,9 +132,16 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
     return true;
 }
 
-int locret_server_draft_max(llama_context * ctx, llama_seq_id seq_id, int n_draft_max) {
-    const int32_t room = llama_locret_seq_room(ctx, seq_id);
-    return room < 0 ? n_draft_max : std::min(n_draft_max, (int) room - 1);
+int locret_server_draft_max(llama_context * ctx_tgt, llama_context * ctx_dft, llama_seq_id seq_id, int n_draft_max) {
+    // the verification batch (the sampled token and the draft) must fit the target's room; a draft model's context
+    // reads the sampled token and the draft while drafting, then the verification batch, within its own room
+    for (llama_context * ctx : { ctx_tgt, ctx_dft }) {
+        const int32_t room = ctx != nullptr && llama_locret_is_evicting(ctx) ? llama_locret_seq_room(ctx, seq_id) : -1;
+        if (room >= 0) {
+            n_draft_max = std::min(n_draft_max, (int) room - 1);
+        }
+    }
+    return n_draft_max;
 }
 
 static common_json g_props;      // the resolved settings /props shows (null: the context does not evict)

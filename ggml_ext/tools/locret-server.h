@@ -41,9 +41,10 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
                               bool * clear_cached, std::string * error);
 
 // Speculative decoding on an evicting cache: the largest draft (after the sampled token) the slot of sequence seq_id may
-// verify next, at most n_draft_max: its batch stays within the room before the next eviction (llama_locret_seq_room),
-// so the rejected tokens are the cache's newest and the evictions fall where they fall without speculation
-int locret_server_draft_max(llama_context * ctx, llama_seq_id seq_id, int n_draft_max);
+// verify next, at most n_draft_max: its batch stays within the room before the next eviction (llama_locret_seq_room)
+// of the target's cache and of a draft model's (ctx_dft, may be NULL), so the rejected tokens are their newest and the
+// evictions fall where they fall without speculation. n_draft_max unchanged when neither evicts.
+int locret_server_draft_max(llama_context * ctx_tgt, llama_context * ctx_dft, llama_seq_id seq_id, int n_draft_max);
 
 // Observability. The server's context was made: its resolved Locret settings are kept for /props (which must not read
 // the context: it answers while the server sleeps). Nothing when the context does not evict.

@@ -429,7 +429,7 @@ SERVER_BAD_SETTINGS = {
     "pooling": (["--pooling", "mean"], "embeddings or pooling context"),
     "cache-reuse": (["--cache-reuse", "256"], "--cache-reuse cannot be used with --locret-budget"),
     "unified-kv": (["-np", "2", "-kvu"], "unified KV cache"),
-    "draft-model": (["-md", "MODEL"], "speculative decoding with a draft model"),
+    "eagle3 draft": (["-md", "MODEL", "--spec-type", "draft-eagle3"], "draft-eagle3, draft-mtp, draft-dflash or draft-dspark"),
 }
 
 

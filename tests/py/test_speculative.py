@@ -1,10 +1,12 @@
 """Speculative decoding on an evicting cache: a draft verified in one batch, its rejected tokens removed, leaves the
 cache exactly as decoding the accepted tokens one by one does, evictions during generation included, as long as the
 batch stays within the room before the next eviction (llama_locret_seq_room); and llama-server's n-gram speculation
-with a budget evicts where the same server evicts without it, with its Locret state in /slots, /metrics and /props."""
+with a budget evicts where the same server evicts without it, with its Locret state in /slots, /metrics and /props; so
+does speculation with a draft model, whose own context evicts in a bounded cache of its own."""
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 
 import pytest
@@ -129,7 +131,11 @@ def test_server_ngram_speculation_with_a_budget_evicts_where_plain_generation_do
             "-b", "256", "-c", "8192", "-np", "1", "--metrics", "--slot-save-path", tmp_path]
     runs = {}
     for name, extra in (("plain", []), ("ngram", ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
-                                                  "--spec-ngram-simple-size-m", "8"])):
+                                                  "--spec-ngram-simple-size-m", "8"]),
+                        # the default model drafting for itself, its context evicting with the streaming policy (it
+                        # has no heads of its own) to a budget of 192: the two caches evict at different points
+                        ("draft", ["-md", model_path, "--spec-type", "draft-simple", "--spec-draft-n-max", "6",
+                                   "--locret-draft-budget", "192", "-lv", "4"])):
         port = free_port()
         with http_server(base + extra + ["--port", port], tmp_path / f"{name}.log", port) as url:
             before = _get(url + "/metrics")
@@ -148,6 +154,14 @@ def test_server_ngram_speculation_with_a_budget_evicts_where_plain_generation_do
                 assert _get(url + "/slots")[0]["locret"] == slot
 
     (plain, plain_slot, *_), (spec, slot, before, after, props) = runs["plain"], runs["ngram"]
+    # the draft model: drafts accepted, the target's evictions where plain generation has them, and the draft's
+    # context in its own cache of pad(192 + 64, 256) cells, evicting as it reads the same tokens
+    draft, draft_slot = runs["draft"][:2]
+    assert draft["tokens_predicted"] == 200 and draft_slot == plain_slot, (draft_slot, plain_slot)
+    assert draft["timings"].get("draft_n_accepted", 0) > 0, draft["timings"]
+    log = (tmp_path / "draft.log").read_text()
+    assert "Locret: the draft model evicts in its own cache: budget 192, policy streaming" in log
+    assert re.search(r"budget 192\b.*-> 256 KV cells per sequence", log), log[-3000:]
     assert plain["tokens_predicted"] == spec["tokens_predicted"] == 200
     # drafts were made and accepted
     assert spec["timings"].get("draft_n", 0) > 0 and spec["timings"].get("draft_n_accepted", 0) > 0, spec["timings"]
