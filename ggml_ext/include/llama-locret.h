@@ -265,13 +265,15 @@ LLAMA_API int32_t llama_locret_resolve_file(const char * model_path, const char 
                                             const struct llama_context_params * cparams,
                                             struct llama_locret_resolved * out);
 
-// The K and V bytes per sequence of each layer of such a context (llama_locret_resolve_file's settings): n_cells or
-// n_cells_window rows of the cache types, 0 for a layer without KV; what locret plan places layer by layer. Writes
-// min(n_out, n_layer) entries of out and returns n_layer, or -1 (llama_locret_last_error).
+// llama_locret_resolve_file (into *out, when not NULL) and, in the same metadata load, the K and V bytes per
+// sequence of each layer: n_cells or n_cells_window rows of the cache types, 0 for a layer without KV; what locret plan
+// places layer by layer. Writes min(n_layers_out, n_layer) entries of layers_out and returns n_layer, or -1
+// (llama_locret_last_error).
 LLAMA_API int32_t llama_locret_resolve_file_layers(const char * model_path, const char * heads_path,
                                                    const struct llama_locret_params * params,
-                                                   const struct llama_context_params * cparams, uint64_t * out,
-                                                   int32_t n_out);
+                                                   const struct llama_context_params * cparams,
+                                                   struct llama_locret_resolved * out, uint64_t * layers_out,
+                                                   int32_t n_layers_out);
 
 // --locret-budget-mib: the largest budget whose memory per sequence (kv_bytes + window_bytes + store_bytes of
 // llama_locret_resolved: the K/V cells of the budget and the chunk, padded to 256, the window layers' cache and the

@@ -288,11 +288,14 @@ int32_t llama_locret_resolve_file(const char * model_path, const char * heads_pa
 }
 
 int32_t llama_locret_resolve_file_layers(const char * model_path, const char * heads_path, const llama_locret_params * params,
-        const llama_context_params * cparams, uint64_t * out, int32_t n_out) {
+        const llama_context_params * cparams, llama_locret_resolved * out, uint64_t * layers_out, int32_t n_layers_out) {
     locret_set_error("");
-    if (model_path == nullptr || params == nullptr || cparams == nullptr || (out == nullptr && n_out > 0)) {
-        locret_set_error("llama_locret_resolve_file_layers: model_path, params, cparams and out must not be NULL");
+    if (model_path == nullptr || params == nullptr || cparams == nullptr || (layers_out == nullptr && n_layers_out > 0)) {
+        locret_set_error("llama_locret_resolve_file_layers: model_path, params, cparams and layers_out must not be NULL");
         return -1;
+    }
+    if (out != nullptr) {
+        *out = {};
     }
     int32_t n_layer = -1;
     const int32_t ret = locret_with_model_file(model_path, heads_path, *params, *cparams,
@@ -302,8 +305,11 @@ int32_t llama_locret_resolve_file_layers(const char * model_path, const char * h
         const locret_memory_size size = locret_memory_size_make(model, cfg, c, cparams->type_k, cparams->type_v,
                 locret_v_trans(*cparams), cparams->swa_full);
         n_layer = (int32_t) size.layer.size();
-        for (int32_t il = 0; il < std::min(n_out, n_layer); ++il) {
-            out[il] = size.layer[il];
+        for (int32_t il = 0; il < std::min(n_layers_out, n_layer); ++il) {
+            layers_out[il] = size.layer[il];
+        }
+        if (out != nullptr) {
+            locret_resolved_fill(cfg, size, c, out);
         }
     });
     return ret == 0 ? n_layer : -1;

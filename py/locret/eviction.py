@@ -58,7 +58,8 @@ _SIGNATURES = {
     "llama_locret_resolve_file": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
                                    ctypes.POINTER(_Resolved)], ctypes.c_int32),
     "llama_locret_resolve_file_layers": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
-                                          ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32], ctypes.c_int32),
+                                          ctypes.POINTER(_Resolved), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32],
+                                         ctypes.c_int32),
     "llama_locret_positions_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_budget_for_mib": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
                                      ctypes.c_double, ctypes.POINTER(_Resolved)], ctypes.c_int32),
@@ -178,14 +179,15 @@ def _resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | N
     cp = _context_params(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch, n_seq=n_seq, kv_type=kv_type,
                          swa_full=swa_full)
     out = _Resolved()
-    api, path, heads_path = _api(), os.fsencode(model_path), os.fsencode(heads) if heads is not None else b""
-    if api.llama_locret_resolve_file(path, heads_path, ctypes.byref(p), ctypes.byref(cp), ctypes.byref(out)) != 0:
+    # one metadata load gives both (llama_locret_resolve_file_layers); no model has more layers than this
+    layers = (ctypes.c_uint64 * 1024)()
+    n_layer = _api().llama_locret_resolve_file_layers(os.fsencode(model_path),
+                                                      os.fsencode(heads) if heads is not None else b"", ctypes.byref(p),
+                                                      ctypes.byref(cp), ctypes.byref(out), layers, len(layers))
+    if n_layer < 0:
         raise HeadsError(_last_error())
-    n_layer = api.llama_locret_resolve_file_layers(path, heads_path, ctypes.byref(p), ctypes.byref(cp), None, 0)
-    layers = (ctypes.c_uint64 * max(n_layer, 1))()
-    if n_layer < 0 or api.llama_locret_resolve_file_layers(path, heads_path, ctypes.byref(p), ctypes.byref(cp),
-                                                          layers, n_layer) != n_layer:
-        raise HeadsError(_last_error())
+    if n_layer > len(layers):
+        raise HeadsError(f"the model has {n_layer} layers, more than {len(layers)}")
     return dict(_resolved_dict(out), layer_kv_bytes=tuple(int(b) for b in layers[:n_layer]))
 
 

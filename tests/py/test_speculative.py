@@ -5,6 +5,7 @@ with a budget evicts where the same server evicts without it, with its Locret st
 does speculation with a draft model, whose own context evicts in a bounded cache of its own."""
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 import urllib.request
@@ -123,9 +124,9 @@ def _metric(text, name):
 
 def test_server_ngram_speculation_with_a_budget_evicts_where_plain_generation_does(tmp_path, model_path):
     # a document and the start of its copy, past the budget: the continuation quotes the input (what prompt lookup is
-    # for); 200 generated tokens pass at least two evictions (b + B = 320 cells, one every 64 tokens)
+    # for); 140 generated tokens pass at least two evictions (b + B = 320 cells, one every 64 tokens)
     text = natural_text()[:2500]
-    body = {"prompt": text + "\n\nRepeat the text above word for word:\n\n" + text[:300], "n_predict": 200,
+    body = {"prompt": text + "\n\nRepeat the text above word for word:\n\n" + text[:300], "n_predict": 140,
             "temperature": 0, "cache_prompt": False}
     base = [BIN / "llama-server", "-m", model_path, "--locret-heads", HEADS, "--locret-budget", "256", "-ub", "64",
             "-b", "256", "-c", "8192", "-np", "1", "--metrics", "--slot-save-path", tmp_path]
@@ -157,12 +158,12 @@ def test_server_ngram_speculation_with_a_budget_evicts_where_plain_generation_do
     # the draft model: drafts accepted, the target's evictions where plain generation has them, and the draft's
     # context in its own cache of pad(192 + 64, 256) cells, evicting as it reads the same tokens
     draft, draft_slot = runs["draft"][:2]
-    assert draft["tokens_predicted"] == 200 and draft_slot == plain_slot, (draft_slot, plain_slot)
+    assert draft["tokens_predicted"] == 140 and draft_slot == plain_slot, (draft_slot, plain_slot)
     assert draft["timings"].get("draft_n_accepted", 0) > 0, draft["timings"]
     log = (tmp_path / "draft.log").read_text()
     assert "Locret: the draft model evicts in its own cache: budget 192, policy streaming" in log
     assert re.search(r"budget 192\b.*-> 256 KV cells per sequence", log), log[-3000:]
-    assert plain["tokens_predicted"] == spec["tokens_predicted"] == 200
+    assert plain["tokens_predicted"] == spec["tokens_predicted"] == 140
     # drafts were made and accepted
     assert spec["timings"].get("draft_n", 0) > 0 and spec["timings"].get("draft_n_accepted", 0) > 0, spec["timings"]
     # the evictions fell where they fall without speculation: the same count, the same units evicted, the same cells
@@ -170,8 +171,8 @@ def test_server_ngram_speculation_with_a_budget_evicts_where_plain_generation_do
     # differ, as llama-server's does without a budget: the CPU backend's logits for a batch differ slightly from one
     # token's, and a near-tie can pick another token
     assert slot == plain_slot, (slot, plain_slot)
-    # the prompt (~590 tokens) evicts at least twice in 320 cells, the 200 generated tokens at least twice more
-    assert slot["n_evictions"] >= 4 and slot["pos_logical"] == spec["tokens_evaluated"] + 199
+    # the prompt (~590 tokens) evicts at least twice in 320 cells, the 140 generated tokens at least twice more
+    assert slot["n_evictions"] >= 4 and slot["pos_logical"] == spec["tokens_evaluated"] + 139
     # /metrics: counters from zero to the slot's figures (one request on a fresh server), the gauge of its cells
     assert _metric(before, "locret_evictions_total") == 0
     assert _metric(after, "locret_evictions_total") == slot["n_evictions"]
@@ -179,6 +180,18 @@ def test_server_ngram_speculation_with_a_budget_evicts_where_plain_generation_do
     assert _metric(after, "locret_eviction_seconds_total") > 0
     assert _metric(after, 'locret_cells_used') == slot["n_cells_used"] and 0 < slot["n_cells_used"] <= 320
     assert props["budget"] == 256 and props["policy"] == "heads" and props["n_ubatch"] == 64
+
+    # the same state in-process: the slot's saved cache, loaded into a context with the server's settings, gives
+    # locret_stats() equal to the /slots fields
+    from locret.llama import Llama
+
+    llm = Llama(model_path=str(model_path), locret_heads=str(HEADS), locret_budget=256, n_ctx=8192, n_batch=256,
+                n_ubatch=64, flash_attn=True, verbose=False)
+    tokens, n = (llama_cpp.llama_token * 8192)(), ctypes.c_size_t()
+    assert llama_cpp.llama_state_seq_load_file(llm._ctx.ctx, str(tmp_path / "slot0.bin").encode(), 0, tokens, 8192,
+                                               ctypes.byref(n)) > 0
+    st = llm.locret_stats()
+    assert {k: st[k] for k in slot} == slot, (st, slot)
 
 
 def test_speculation_with_sage_kv_is_refused_at_start(model_path):
