@@ -36,14 +36,13 @@ static int32_t locret_parse_int(const char * option, const std::string & value) 
     return (int32_t) v;
 }
 
-// a size in MiB: a positive number, all of `value`
+// a size in MiB: a positive number, all of `value` (its upper bound is the rule book's: llama_locret_budget_for_mib)
 static double locret_parse_mib(const char * option, const std::string & value) {
     char * end = nullptr;
     errno = 0;
     const double v = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || errno != 0 || !(v > 0.0) || v > 16777216.0) {
-        throw std::invalid_argument(std::string(option) + ": '" + value + "' is not a size in MiB (a number above 0, "
-                "at most 16777216)");
+    if (value.empty() || *end != '\0' || errno != 0 || !(v > 0.0)) {
+        throw std::invalid_argument(std::string(option) + ": '" + value + "' is not a size in MiB (a number above 0)");
     }
     return v;
 }
