@@ -277,14 +277,8 @@ int32_t llama_locret_resolve_file(const char * model_path, const char * heads_pa
         locret_set_error("llama_locret_resolve_file: model_path, params, cparams and out must not be NULL");
         return -1;
     }
-    *out = {};
-    return locret_with_model_file(model_path, heads_path, *params, *cparams,
-            [&](const llama_model & model, const llama_locret_params & p, const llama_cparams & c, uint32_t n_ubatch_requested) {
-        const locret_config cfg = locret_config_make(model, p, locret_schedule_parse(p.budget_schedule), c,
-                n_ubatch_requested, cparams->type_k);
-        locret_resolved_fill(cfg, locret_memory_size_make(model, cfg, c, cparams->type_k, cparams->type_v,
-                locret_v_trans(*cparams), cparams->swa_full), c, out);
-    });
+    // the same resolution without the per-layer bytes
+    return llama_locret_resolve_file_layers(model_path, heads_path, params, cparams, out, nullptr, 0) < 0 ? -1 : 0;
 }
 
 int32_t llama_locret_resolve_file_layers(const char * model_path, const char * heads_path, const llama_locret_params * params,
