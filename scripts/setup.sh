@@ -169,7 +169,7 @@ if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$BUILD/.locret-config" 2>/dev/null
     cmake "${cmake_args[@]}"
     echo "$config_key" > "$BUILD/.locret-config"
 fi
-TARGETS=(llama llama-cli llama-completion llama-server llama-bench locret-cpp-tests)
+TARGETS=(llama llama-cli llama-completion llama-server llama-bench ggml-rpc-server locret-cpp-tests)
 cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS"
 
 # --- 5. Python packages --------------------------------------------------------------------------

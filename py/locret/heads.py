@@ -104,6 +104,10 @@ class Heads:
         self.path = path
         self._finalizer = weakref.finalize(self, _lib().llama_locret_heads_free, ptr)
 
+    def free(self) -> None:
+        """Free the heads now (their weights may live on a device, or behind RPC); idempotent."""
+        self._finalizer()
+
     @property
     def hidden_size(self) -> int:
         return _lib().llama_locret_heads_hidden_size(self._ptr)

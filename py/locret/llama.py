@@ -47,7 +47,7 @@ from typing import Any, Sequence
 import llama_cpp
 import llama_cpp._internals as _internals
 
-from . import eviction
+from . import eviction, rpc
 from .heads import Heads, HeadsError, _last_error
 from .query import AUTO, find_question, place_query
 
@@ -62,8 +62,13 @@ class Llama(llama_cpp.Llama):
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
                  locret_query: str | None = None, locret_pool: int | None = None, locret_lag: int | None = None,
                  locret_budget_schedule: str | os.PathLike | None = None, locret_positions: str | None = None,
-                 locret_budget_mib: float | None = None, **kwargs: Any):
+                 locret_budget_mib: float | None = None, rpc_servers: str | Sequence[str] | None = None,
+                 **kwargs: Any):
         self._stack = contextlib.ExitStack()  # what llama_cpp.Llama.__del__ closes, when a refusal below stops here
+        if rpc_servers:
+            # llama.cpp's --rpc: the servers' devices are registered for this load (and stay, as in llama.cpp's
+            # tools); n_gpu_layers puts layers, and their evicting caches, on them. RpcError when one cannot be reached
+            rpc.add_servers(rpc_servers)
         if locret_budget_mib is not None and locret_budget is not None:
             raise HeadsError("give locret_budget (units) or locret_budget_mib (memory), not both")
         if kwargs.get("draft_model") is not None and (locret_budget or locret_budget_mib):
@@ -121,6 +126,14 @@ class Llama(llama_cpp.Llama):
         if locret_query is None and self._locret_heads is not None and self._locret_heads.recommended["query_auto"] \
                 and self.locret_enabled and self.locret_stats()["policy"] == "heads":
             self.locret_query = AUTO  # Locret-Q heads: the question at the end of each prompt (locret_query="" turns it off)
+
+    def close(self) -> None:
+        """llama-cpp-python's close (the context, then the model), then the heads: their weights sit where their
+        layers do (a GPU, an RPC server) and must go while that device still answers, not at interpreter exit."""
+        super().close()
+        heads = getattr(self, "_locret_heads", None)
+        if heads is not None:
+            heads.free()
 
     @property
     def locret_enabled(self) -> bool:
