@@ -2,7 +2,7 @@
 """Soak: a chat that never ends, streamed through an evicting context, with its memory, speed and answers watched.
 
     .venv/bin/python scripts/soak.py [--tokens 10000000] [--budget 2048] [--ubatch 512] [--max-minutes 60]
-        [--out results/soak] [--resume]
+        [--out results/soak] [--resume] [--standin]
 
 User turns of generated text (a log of deliveries, each with a code, over a filler family from
 locret.tasks.haystacks), in the model's chat template, go through `locret.Llama`'s context chunk by chunk
@@ -17,7 +17,15 @@ run that is killed (a machine restarted under it) resumes from its last checkpoi
   - peak RSS at the end <= 1.05 x peak RSS at 100K tokens,
   - throughput of the last million >= 0.9 x the second million (when the run got that far),
   - no non-finite logits, the final answer right.
+  - the engine's eviction count and cells used equal, at every checkpoint, what Algorithm 1's placement rule
+    predicts for the same calls (a count-only model below, independent of the engine),
+  - state checkpoints of the same cells used have the same size (a state does not grow with the stream).
 Exits 1 when a target reached is missed, 0 otherwise (also when stopped by --max-minutes, with the figures so far).
+
+--standin runs the engine checks on the small random-weight stand-in of the default model (locret.shapes'
+smollm2-soak: its architecture, vocabulary and 8K window, 4 layers of width 192, random heads), so that 10M tokens
+pass in about an hour on a 2-core CPU; its resident memory must then stay within 2 % of the first checkpoint's, and
+the final answer (random weights) is recorded but not judged. The real model's soak keeps the answer check.
 """
 from __future__ import annotations
 
@@ -37,6 +45,43 @@ sys.path.insert(0, str(REPO / "py"))
 
 CHECK_EVERY = 100_000
 FAMILIES = ("prose", "code", "legal", "logs")
+STANDIN_SHAPE, STANDIN_WEIGHTS, STANDIN_D_R = "smollm2-soak", "q4_1", 64
+
+
+class EvictionCounts:
+    """Algorithm 1's placement rule, counts only (which units are kept does not change how many are): the engine's
+    ubatches of a decode call (a prompt end's local tail is its own ubatch), and before each ubatch an eviction to b
+    units when the previous one gave no logits and more than b are held (chunked prefill), or to min(b, held) when the
+    ubatch would not fit the b + B cells. Written from the paper's rule, not from the engine's code, so that the soak
+    checks the engine against it."""
+
+    def __init__(self, budget: int, ubatch: int, local: int, n_used: int = 0, prev_output: bool = True,
+                 evictions: int = 0):
+        self.budget, self.ubatch, self.local = budget, ubatch, local
+        self.n_used, self.prev_output, self.evictions = n_used, prev_output, evictions
+
+    def decode(self, n_tokens: int, output_last: bool) -> None:
+        remaining = n_tokens
+        while remaining:
+            take = min(self.ubatch, remaining)
+            if output_last and self.local and remaining > self.local:
+                take = min(take, remaining - self.local)
+            remaining -= take
+            self.place(take, output_last and remaining == 0)
+
+    def place(self, n: int, is_output: bool) -> None:
+        if not self.prev_output and self.n_used > self.budget:
+            keep = self.budget
+        elif self.n_used + n > self.budget + self.ubatch:
+            keep = min(self.budget, self.n_used)
+        else:
+            keep = self.n_used
+        self.evictions += keep < self.n_used
+        self.n_used = keep + n
+        self.prev_output = is_output
+
+    def state(self) -> dict:
+        return {"n_used": self.n_used, "prev_output": self.prev_output, "evictions": self.evictions}
 
 
 def memory_mib() -> tuple[float, float]:
@@ -91,6 +136,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "results" / "soak"))
     ap.add_argument("--resume", action="store_true", help="go on from OUT/soak.json and the state file it names")
     ap.add_argument("--check-every", type=int, default=CHECK_EVERY, help="tokens between checkpoints (default 100000)")
+    ap.add_argument("--standin", action="store_true",
+                    help=f"the engine checks on the small random-weight stand-in ({STANDIN_SHAPE}, random heads): "
+                         "10M tokens in about an hour; the answer is not judged")
     args = ap.parse_args()
     if args.tokens < 1 or args.budget < 1 or args.ubatch < 1 or args.generate < 0 or args.check_every < 1:
         print("soak: error: --tokens, --budget and --ubatch must be positive, --generate at least 0", file=sys.stderr)
@@ -107,9 +155,18 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     progress_path = out / "soak.json"
-    model_path = models.resolve(args.model or models.DEFAULT_MODEL)
     heads = args.heads
-    if heads is None and args.policy == "heads":
+    if args.standin:
+        if args.model:
+            print("soak: error: --standin is its own model: give --model or --standin, not both", file=sys.stderr)
+            return 2
+        from locret import shapes
+        model_path, standin_heads = shapes.make_shape_models(STANDIN_SHAPE, weight_type=STANDIN_WEIGHTS,
+                                                             d_r=STANDIN_D_R, progress=False)
+        heads = heads or (str(standin_heads) if args.policy == "heads" else None)
+    else:
+        model_path = models.resolve(args.model or models.DEFAULT_MODEL)
+    if heads is None and args.policy == "heads" and not args.standin:
         shipped = models.shipped_heads(args.model or models.DEFAULT_MODEL)
         heads = str(shipped) if shipped else None
     settings = dict(model=str(model_path), budget=args.budget, ubatch=args.ubatch, policy=args.policy, heads=heads,
@@ -120,6 +177,8 @@ def main() -> int:
         settings["pool"] = args.pool
     if args.positions:
         settings["positions"] = args.positions
+    if args.standin:
+        settings["standin"] = STANDIN_SHAPE
 
     progress = {"settings": settings, "tokens": 0, "n_past": 0, "turn": 0, "checks": [], "non_finite": 0,
                 "seconds": 0.0}
@@ -145,6 +204,8 @@ def main() -> int:
         return 2
     ctx = llm._ctx.ctx
     n_vocab = llm.n_vocab()
+    resolved = llm.locret_stats()
+    counts = EvictionCounts(resolved["budget"], resolved["n_ubatch"], resolved["local"], **progress.get("counts", {}))
     if args.resume:
         n_loaded = ctypes.c_size_t(0)
         state_path = out / progress["state"]
@@ -165,6 +226,7 @@ def main() -> int:
             if rc != 0:
                 raise RuntimeError(f"llama_decode returned {rc} at position {progress['n_past']}")
             progress["n_past"] += len(part)
+            counts.decode(len(part), last)
         if not output_last:
             return None
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
@@ -209,6 +271,9 @@ def main() -> int:
             print("soak: error: the context could not be saved", file=sys.stderr)
             return False
         progress["state"] = name
+        progress["counts"] = counts.state()
+        if progress["checks"] and progress["checks"][-1]["tokens"] == progress["tokens"]:
+            progress["checks"][-1]["state_bytes"] = (out / name).stat().st_size
         part = progress_path.with_suffix(".part")
         part.write_text(json.dumps(progress, indent=1))
         part.replace(progress_path)
@@ -243,7 +308,8 @@ def main() -> int:
             stats = llm.locret_stats()
             progress["checks"].append({"tokens": progress["tokens"], "rss_mib": round(rss, 1), "peak_mib": round(peak, 1),
                                        "tok_per_s": round(stretch_tokens / max(now - stretch_t, 1e-9), 1),
-                                       "cells_used": stats["n_cells_used"], "evictions": stats["n_evictions"]})
+                                       "cells_used": stats["n_cells_used"], "evictions": stats["n_evictions"],
+                                       "predicted_cells": counts.n_used, "predicted_evictions": counts.evictions})
             next_check = (progress["tokens"] // every + 1) * every
             bar.set_postfix(rss=f"{rss:.0f}MiB", tps=progress["checks"][-1]["tok_per_s"])
             if not save():
@@ -259,7 +325,7 @@ def main() -> int:
             return 2
         print(f"stopped after {progress['tokens']:,} tokens ({progress['seconds'] / 3600:.2f} h so far); "
               f"resume with --resume --out {out}")
-        return report(progress, final=False, first_at=every)
+        return report(progress, final=False, first_at=every, standin=args.standin)
 
     # the question about the last turn
     _, last_code = turn_text(progress["turn"] - 1)
@@ -268,14 +334,16 @@ def main() -> int:
     logits = decode(llm.tokenize(question.encode(), add_bos=False, special=True), True)
     answer = llm.detokenize(greedy(logits, 12)).decode(errors="replace")
     progress["answer"], progress["answer_right"] = answer, last_code in answer
+    progress["counts"] = counts.state()
     progress["seconds"] = seconds_before + time.time() - t_start
     saved_state = progress.pop("state", None)
     progress_path.write_text(json.dumps(progress, indent=1))
     if saved_state:
         (out / saved_state).unlink(missing_ok=True)
-    print(f"answer: {answer!r} (code {last_code}): {'right' if progress['answer_right'] else 'WRONG'}")
+    verdict = ("not judged (random weights)" if args.standin else "right" if progress["answer_right"] else "WRONG")
+    print(f"answer: {answer!r} (code {last_code}): {verdict}")
     eviction_costs(llm.locret_stats(), time.time() - t_start)
-    return report(progress, final=True, first_at=every)
+    return report(progress, final=True, first_at=every, standin=args.standin)
 
 
 def eviction_costs(stats: dict, seconds: float) -> None:
@@ -289,20 +357,44 @@ def eviction_costs(stats: dict, seconds: float) -> None:
           f"{stats['n_rows_rotated']}; host syncs per eviction {per:.1f}; positions {stats['positions']}")
 
 
-def report(progress: dict, final: bool, first_at: int = CHECK_EVERY) -> int:
+def report(progress: dict, final: bool, first_at: int = CHECK_EVERY, standin: bool = False) -> int:
     checks = progress["checks"]
     print(f"\n{progress['tokens']:,} tokens in {progress['seconds'] / 3600:.2f} h, {len(checks)} checkpoints\n")
-    print("| tokens | RSS (MiB) | peak RSS (MiB) | tok/s (last stretch) | cells used | evictions |\n|---:|---:|---:|---:|---:|---:|")
+    print("| tokens | RSS (MiB) | peak RSS (MiB) | tok/s (last stretch) | cells used | evictions | state (bytes) |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for c in checks:
         print(f"| {c['tokens']:,} | {c['rss_mib']} | {c['peak_mib']} | {c['tok_per_s']} | {c['cells_used']} | "
-              f"{c['evictions']} |")
+              f"{c['evictions']} | {c.get('state_bytes', '')} |")
     ok = progress["non_finite"] == 0
     print(f"\nnon-finite logits: {progress['non_finite']}")
+    # Algorithm 1's counts (checkpoints written before the counts were recorded carry none)
+    predicted = [c for c in checks if "predicted_evictions" in c]
+    wrong = [c for c in predicted if (c["evictions"], c["cells_used"]) != (c["predicted_evictions"], c["predicted_cells"])]
+    ok &= not wrong
+    print(f"evictions and cells used as Algorithm 1 predicts: {len(predicted) - len(wrong)} of {len(predicted)} "
+          f"checkpoints" + (f" (first difference at {wrong[0]['tokens']:,}: engine {wrong[0]['evictions']} evictions, "
+                            f"{wrong[0]['cells_used']} cells; predicted {wrong[0]['predicted_evictions']}, "
+                            f"{wrong[0]['predicted_cells']})" if wrong else ""))
+    sizes: dict[int, set] = {}
+    for c in checks:
+        if "state_bytes" in c:
+            sizes.setdefault(c["cells_used"], set()).add(c["state_bytes"])
+    if sizes:
+        differing = {cells: sorted(b) for cells, b in sizes.items() if len(b) > 1}
+        ok &= not differing
+        every = sorted(b for bs in sizes.values() for b in bs)
+        print(f"state checkpoints: {every[0]:,}-{every[-1]:,} bytes over {len(sizes)} cell counts; the same cells used "
+              f"give the same size: {'yes' if not differing else f'NO {differing}'}")
     first = next((c for c in checks if c["tokens"] >= first_at), None)
     if first is not None and len(checks) > 1:
         ratio = checks[-1]["peak_mib"] / first["peak_mib"]
         ok &= ratio <= 1.05
         print(f"peak RSS at {checks[-1]['tokens']:,} / at {first['tokens']:,}: {ratio:.3f} (needed <= 1.05)")
+        if standin:  # the stand-in's memory is the engine's alone: it must not move
+            worst = max(checks[checks.index(first):], key=lambda c: abs(c["rss_mib"] / first["rss_mib"] - 1))
+            ratio = worst["rss_mib"] / first["rss_mib"]
+            ok &= abs(ratio - 1) <= 0.02
+            print(f"RSS farthest from the first checkpoint's: {ratio:.4f} at {worst['tokens']:,} (needed within 2 %)")
     millions = {}
     for c in checks:  # mean throughput per million, over the stretches ending in it
         millions.setdefault((c["tokens"] - 1) // 1_000_000, []).append(c["tok_per_s"])
@@ -311,7 +403,7 @@ def report(progress: dict, final: bool, first_at: int = CHECK_EVERY) -> int:
         ratio = np.mean(millions[last]) / np.mean(millions[1])
         ok &= ratio >= 0.9
         print(f"throughput of million {last + 1} / million 2: {ratio:.3f} (needed >= 0.9)")
-    if final:
+    if final and not standin:
         ok &= bool(progress.get("answer_right"))
     return 0 if ok else 1
 

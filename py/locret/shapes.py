@@ -52,6 +52,10 @@ Shapes (the Hugging Face configs of the real models; llama.cpp's convert_hf_to_g
   parameters, as the real model.
 - ``phi3-mini-128k-mini``: 8 layers, 8 heads / 8 KV heads of 96 (no GQA, as Phi-3-mini), n_embd 768, FFN 2048
   (ratio 8/3 kept), vocab 32064, LongRoPE factors, attention factor and contexts unchanged.
+- ``smollm2-soak``: the default model's architecture made small enough that 10M tokens of chat pass through an
+  evicting context in about an hour on a 2-core CPU (``scripts/soak.py --standin``): 4 layers, n_embd 192, 3 heads /
+  1 KV head of 64 (GQA 3:1 and head size kept), FFN 512 (ratio 8/3 kept), vocab 49152, rope theta 100000, 8K
+  window, tied output.
 
 Dependencies: numpy and gguf-py for the model (gguf is imported from ``third_party/llama.cpp/gguf-py`` when it is
 not installed); torch and safetensors for the heads (the converter's ``make-random`` and checkpoint reader); tqdm
@@ -201,6 +205,10 @@ SHAPES: dict[str, Shape] = {s.name: s for s in [
           n_ctx_orig=8192, rope_scaling="none", tied_output=True, embd_type="q8_0"),
     Shape("phi3-mini-128k-mini", "Phi-3-mini-128K-instruct, scaled down (head size 96 and LongRoPE kept)",
           n_layer=8, n_embd=768, n_head=8, n_head_kv=8, n_ff=2048, n_vocab=32064, **_PHI3_128K),
+    Shape("smollm2-soak", "SmolLM2-135M-Instruct, scaled down for the 10M-token soak (GQA 3:1, head size, RoPE, "
+          "vocabulary and window kept)", arch="llama", n_layer=4, n_embd=192, n_head=3, n_head_kv=1, head_dim=64,
+          n_ff=512, n_vocab=49152, rms_eps=1e-5, rope_theta=100000.0, n_ctx_train=8192, n_ctx_orig=8192,
+          rope_scaling="none", tied_output=True, embd_type="q8_0"),
 ]}
 
 

@@ -17,7 +17,7 @@ from conftest import REPO, free_port, http_server, post_json, run, tool
 from locret import rpc
 from locret.heads import HeadsError
 
-BUDGET, UBATCH = 256, 64
+BUDGET, UBATCH = 128, 32
 EVICTION = re.compile(r"Locret eviction \d+ of sequence (\d+):")
 DOCUMENT = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()
 SHIPPED_HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
@@ -25,12 +25,12 @@ SHIPPED_HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
 
 def test_rpc_runs_evict_as_the_local_cpu_run_does(tmp_path):
     out = tmp_path / "rpc.json"
-    proc = run([sys.executable, REPO / "scripts" / "rpc_check.py", "--tokens", "700", "--generate", "8",
+    proc = run([sys.executable, REPO / "scripts" / "rpc_check.py", "--tokens", "420", "--generate", "8",
                 "--budget", BUDGET, "--ubatch", UBATCH, "--json", out], timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["failures"] == []
-    # several evictions, every one compared: kept sets after each of the 11 calls of both runs (plain and Locret-Q)
+    # several evictions, every one compared: kept sets after each of the 14 calls of both runs (plain and Locret-Q)
     assert got["evictions"] >= 5 and got["snapshots"] >= 20
     assert got["tokens_local"] == got["tokens_rpc"] and len(got["tokens_rpc"]) == 8
     rpc_row = next(v for k, v in got["figures"].items() if k.startswith("RPC"))
@@ -64,7 +64,7 @@ def completion(model_path, heads, prompt_file, *extra):
 
 def test_llama_completion_over_rpc_gives_the_local_tokens(model_path, tmp_path):
     prompt = tmp_path / "prompt.txt"
-    prompt.write_text(DOCUMENT[:3000])  # ~750 tokens: about ten evictions at b = 256, ub = 64
+    prompt.write_text(DOCUMENT[:1800])  # ~450 tokens: about eight evictions at b = 128, ub = 32
     local = completion(model_path, SHIPPED_HEADS, prompt)
     assert local.returncode == 0, local.stderr[-3000:]
     with rpc.RpcServers(2, log_dir=tmp_path) as servers:
@@ -88,7 +88,7 @@ def test_llama_server_serves_two_slots_over_rpc(model_path, tmp_path):
         log = tmp_path / "server.log"
         with http_server(cmd, log, port, startup_s=180) as url:
             results: dict[int, dict] = {}
-            prompts = [DOCUMENT[:2600] + "\nThe first ship named above is", DOCUMENT[1000:3600] + "\nIn short,"]
+            prompts = [DOCUMENT[:1600] + "\nThe first ship named above is", DOCUMENT[1000:2600] + "\nIn short,"]
 
             def ask(i: int) -> None:
                 results[i] = post_json(url + "/completion", {"prompt": prompts[i], "n_predict": 8, "temperature": 0,
