@@ -107,9 +107,9 @@ class _Reader:
                     self.skip(self.scalar("Q"))
                 return None, item_type
             if item_type == ARRAY:
-                for _ in range(count):
-                    self.value(ARRAY)
-                return None, item_type
+                # llama.cpp's reader refuses arrays of arrays; walking them here recursed once per level (a fuzzed
+                # file of nested array headers ran out of Python's recursion limit)
+                raise ValueError(f"array of arrays at offset {self.f.tell()} (llama.cpp reads no nested arrays)")
             raise ValueError(f"unknown GGUF array item type {item_type} at offset {self.f.tell()}")
         raise ValueError(f"unknown GGUF value type {vtype} at offset {self.f.tell()}")
 
@@ -152,7 +152,8 @@ def read_header(path: str | Path) -> GGUFHeader:
                 dims = tuple(r.scalar("Q") for _ in range(r.scalar("I")))
                 ggml_type, offset = r.scalar("I"), r.scalar("Q")
                 if ggml_type not in GGML_QUANT_SIZES:
-                    raise ValueError(f"tensor {name} has unknown ggml type {ggml_type}")
+                    # names come from the file: quoted, so that a control character cannot break the message's line
+                    raise ValueError(f"tensor {name!r} has unknown ggml type {ggml_type}")
                 block, type_size = GGML_QUANT_SIZES[ggml_type]
                 n_elements = 1
                 for d in dims:

@@ -16,8 +16,7 @@
 // from where the state left off (a mutated state that loaded may hold any values: the decode may fail, but must
 // not crash), then the cache is cleared and a clean prompt must give finite logits.
 #include "fuzz-common.h"
-#include "llama-locret.h"
-#include "llama.h"
+#include "fuzz-state.h"
 
 #include <algorithm>
 #include <chrono>
@@ -30,51 +29,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-static const int32_t BUDGET  = 64;
-static const int32_t UBATCH  = 32;
-static const int32_t PROMPT  = 320;
-
-// what the library logged at error level since the last reset (a refusal must say why)
-static std::string g_errors;
-
-static void on_log(ggml_log_level level, const char * text, void *) {
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        g_errors += text;
-    }
-}
-
-static bool decode_tokens(llama_context * ctx, const std::vector<llama_token> & tokens, llama_pos pos0) {
-    for (size_t i = 0; i < tokens.size(); i += UBATCH) {
-        const int32_t n = (int32_t) std::min<size_t>(UBATCH, tokens.size() - i);
-        llama_batch batch = llama_batch_init(n, 0, 1);
-        for (int32_t j = 0; j < n; ++j) {
-            batch.token[j]     = tokens[i + j];
-            batch.pos[j]       = pos0 + (llama_pos) (i + j);
-            batch.n_seq_id[j]  = 1;
-            batch.seq_id[j][0] = 0;
-            batch.logits[j]    = i + j + 1 == tokens.size();
-        }
-        batch.n_tokens = n;
-        const int32_t rc = llama_decode(ctx, batch);
-        llama_batch_free(batch);
-        if (rc != 0) {
-            return false;
-        }
-    }
-    return true;
-}
-
-// the byte where the Locret section starts (its magic "LRCT"), searched from the end; the whole input if absent
-static size_t locret_section(const std::vector<uint8_t> & state) {
-    static const uint8_t magic[4] = { 'L', 'R', 'C', 'T' };
-    for (size_t at = state.size() >= 4 ? state.size() - 4 : 0; at-- > 0; ) {
-        if (std::memcmp(state.data() + at, magic, 4) == 0) {
-            return at;
-        }
-    }
-    return 0;
-}
 
 // the refusal cut at its first digit: inputs group by the kind of refusal
 static std::string kind_of(const std::string & msg) {
@@ -98,67 +52,19 @@ int main(int argc, char ** argv) {
         return 2;
     }
 
-    llama_log_set(on_log, nullptr); // a million refusals are not printed, only collected
-    llama_backend_init();
-    llama_model * model = llama_model_load_from_file(model_path, llama_model_default_params());
-    if (model == nullptr) {
-        std::fprintf(stderr, "%s: cannot load %s\n", argv[0], model_path);
-        return 2;
+    fuzz_state_fixture f;
+    const std::string failed = fuzz_state_setup(f, model_path, heads_path, seed);
+    if (!failed.empty()) {
+        std::fprintf(stderr, "%s: %s\n", argv[0], failed.c_str());
+        return 1;
     }
-    llama_locret_heads * heads = nullptr;
-    if (llama_locret_configure_default(model, model_path, heads_path, BUDGET, /*stabilizers*/ 8, /*local*/ 4,
-                                       LLAMA_LOCRET_POLICY_HEADS, /*pool*/ -1, /*lag*/ -1, &heads) != 0) {
-        std::fprintf(stderr, "%s: cannot configure Locret: %s\n", argv[0], llama_locret_last_error());
-        return 2;
-    }
-    llama_context_params cp = llama_context_default_params();
-    cp.n_ctx     = 8192;
-    cp.n_batch   = UBATCH;
-    cp.n_ubatch  = UBATCH;
-    cp.n_seq_max = 1;
-    cp.n_threads = cp.n_threads_batch = 1;
-    llama_context * ctx = llama_init_from_model(model, cp);
-    if (ctx == nullptr) {
-        std::fprintf(stderr, "%s: cannot create the context: %s%s\n", argv[0], llama_locret_last_error(), g_errors.c_str());
-        return 2;
-    }
-    llama_memory_t mem = llama_get_memory(ctx);
-    const llama_vocab * vocab = llama_model_get_vocab(model);
-    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
-
-    // a prompt of ordinary token ids (the scores and positions it leaves are what the state holds)
-    std::mt19937_64 rng(seed);
-    std::vector<llama_token> prompt(PROMPT);
-    for (auto & t : prompt) {
-        t = (llama_token) (200 + rng() % (uint64_t) std::min(20000, n_vocab - 200));
-    }
-    const std::vector<llama_token> probe(prompt.begin(), prompt.begin() + UBATCH);
+    llama_context * ctx = f.ctx;
+    llama_memory_t mem = f.mem;
+    const std::vector<uint8_t> (&seeds)[2] = f.seeds;
+    const size_t (&sections)[2] = f.sections;
+    const std::vector<llama_token> & probe = f.probe;
+    std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
     int status = 0;
-    if (!decode_tokens(ctx, prompt, 0)) {
-        std::fprintf(stderr, "FAIL: the seed prompt does not decode\n");
-        return 1;
-    }
-    const llama_locret_stats stats = llama_locret_get_stats(ctx);
-    if (stats.n_evictions < 3) {
-        std::fprintf(stderr, "FAIL: the seed prompt made %lld evictions, not several\n", (long long) stats.n_evictions);
-        return 1;
-    }
-    std::vector<uint8_t> seeds[2];
-    seeds[0].resize(llama_state_get_size(ctx));
-    seeds[0].resize(llama_state_get_data(ctx, seeds[0].data(), seeds[0].size()));
-    seeds[1].resize(llama_state_seq_get_size(ctx, 0));
-    seeds[1].resize(llama_state_seq_get_data(ctx, seeds[1].data(), seeds[1].size(), 0));
-    const size_t sections[2] = { locret_section(seeds[0]), locret_section(seeds[1]) };
-    for (int k = 0; k < 2; ++k) {
-        g_errors.clear();
-        const size_t got = k == 0 ? llama_state_set_data(ctx, seeds[k].data(), seeds[k].size())
-                                  : llama_state_seq_set_data(ctx, seeds[k].data(), seeds[k].size(), 0);
-        if (got != seeds[k].size() || sections[k] == 0) {
-            std::fprintf(stderr, "FAIL: seed %d (%zu bytes, Locret section at %zu) does not load back: %s\n", k,
-                    seeds[k].size(), sections[k], g_errors.c_str());
-            return 1;
-        }
-    }
 
     long n_loaded = 0, n_refused = 0, n_silent = 0, n_left_cells = 0, n_decoded_after = 0, n_decode_refused = 0;
     std::map<std::string, long> kinds;
@@ -210,14 +116,9 @@ int main(int argc, char ** argv) {
             if (!decode_tokens(ctx, probe, 0)) {
                 std::fprintf(stderr, "FAIL: after input %ld the cleared context does not decode\n", i);
                 status = 1;
-            } else {
-                const float * logits = llama_get_logits_ith(ctx, -1);
-                for (int32_t t = 0; t < n_vocab && status == 0; ++t) {
-                    if (!std::isfinite(logits[t])) {
-                        std::fprintf(stderr, "FAIL: after input %ld a clean prompt gives a non-finite logit\n", i);
-                        status = 1;
-                    }
-                }
+            } else if (!logits_finite(ctx, f.n_vocab)) {
+                std::fprintf(stderr, "FAIL: after input %ld a clean prompt gives a non-finite logit\n", i);
+                status = 1;
             }
         }
         if ((i + 1) % 100000 == 0) {
@@ -233,9 +134,6 @@ int main(int argc, char ** argv) {
             seeds[0].size() - sections[0], seeds[1].size() - sections[1], secs, n_loaded, n_refused, n_silent,
             n_left_cells, n_decoded_after, n_decode_refused);
     fuzz_print_kinds(kinds);
-    llama_free(ctx);
-    llama_locret_heads_free(heads);
-    llama_model_free(model);
     llama_backend_free();
     return status;
 }

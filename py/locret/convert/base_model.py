@@ -77,6 +77,9 @@ def open_gguf(path: Path, role: str) -> GGUFReader:
 def read_base_model(path: Path, role: str = "base model") -> BaseModel:
     header = read_gguf_header(path, role)
     arch = _string(header, path, "general.architecture", required=True)
+    if not arch or not arch.isprintable() or any(c.isspace() for c in arch):
+        # it names keys in every message below: one from a damaged file could carry line breaks into them
+        raise ConversionError(f"base model {path}: general.architecture is not a name ({arch!r})")
     n_layer = _uint(header, path, f"{arch}.block_count", required=True)
     n_head = _uint(header, path, f"{arch}.attention.head_count", required=True)
     n_head_kv = _uint(header, path, f"{arch}.attention.head_count_kv")
