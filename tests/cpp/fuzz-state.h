@@ -79,7 +79,8 @@ struct fuzz_state_fixture {
     int32_t               n_vocab = 0;
     std::vector<llama_token> probe;   // a clean prompt of one ubatch
     std::vector<uint8_t>  seeds[2];   // the context's state, sequence 0's state
-    size_t                sections[2] = { 0, 0 };
+    size_t                sections[2] = { 0, 0 };  // where each seed's Locret section starts
+    std::vector<uint8_t>  scratch;    // an input's state (the coverage-guided target reuses it)
 
     ~fuzz_state_fixture() {
         llama_free(ctx);
