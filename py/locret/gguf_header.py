@@ -170,7 +170,7 @@ def read_header(path: str | Path) -> GGUFHeader:
     if data_end > size:
         raise ModelFileError(
             f"{path}: truncated GGUF: tensor data ends at byte {data_end} but the file has {size} bytes "
-            f"({100.0 * size / data_end:.1f}% present); download or assemble it again")
+            f"({size * 1000 // data_end / 10:.1f}% present); download or assemble it again")  # integers: data_end may pass a float's range
     return GGUFHeader(path=path, version=version, kv=kv, kv_types=kv_types, tensors=tuple(tensors),
                       data_start=data_start, data_end=data_end, file_size=size)
 
