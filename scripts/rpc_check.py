@@ -39,14 +39,21 @@ def load_prompt(n_tokens: int, llm) -> list[int]:
     return tokens[:n_tokens]
 
 
+def kept_sets(llm) -> list:
+    """The logical positions every (layer, KV head) holds, layer by layer."""
+    import llama_cpp
+
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    return [[llm.locret_retained(il, h).tolist() for h in range(n_head_kv)] for il in range(n_layer)]
+
+
 def run(llm, tokens: list[int], ubatch: int, generate: int, pin: int = 0) -> dict:
     """Decode `tokens` in ubatch-sized calls (logits for the last), the kept sets after each call, the greedy
     continuation; with `pin`, the first `pin` positions are Locret-Q's pinned question."""
     import llama_cpp
 
     ctx = llm._ctx.ctx
-    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
-    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
     n_vocab = llm.n_vocab()
     if pin:
         llm.locret_pin_query(pin)
@@ -68,7 +75,7 @@ def run(llm, tokens: list[int], ubatch: int, generate: int, pin: int = 0) -> dic
     for i in range(0, len(tokens), ubatch):
         last = i + ubatch >= len(tokens)
         logits = decode(tokens[i:i + ubatch], last)
-        kept.append([[llm.locret_retained(il, h).tolist() for h in range(n_head_kv)] for il in range(n_layer)])
+        kept.append(kept_sets(llm))
     prefill_s = time.perf_counter() - t0
     stats = llm.locret_stats()
     made, first_logits = [], logits
@@ -148,13 +155,7 @@ def main() -> int:
         state = Path(tmp) / "rpc.state"
         if not llama_cpp.llama_state_save_file(remote_llm._ctx.ctx, str(state).encode(), None, 0):
             failures.append("state: the RPC context could not be saved")
-        n_layer = llama_cpp.llama_model_n_layer(remote_llm._model.model)
-        n_head_kv = llama_cpp.llama_model_n_head_kv(remote_llm._model.model)
-
-        def kept_now(llm) -> list:
-            return [[llm.locret_retained(il, h).tolist() for h in range(n_head_kv)] for il in range(n_layer)]
-
-        saved_kept, saved_evictions = kept_now(remote_llm), remote_llm.locret_stats()["n_evictions"]
+        saved_kept, saved_evictions = kept_sets(remote_llm), remote_llm.locret_stats()["n_evictions"]
         next_token = tokens[-1]
         want = remote["decode"]([next_token], True)
         remote_llm.close()
@@ -163,7 +164,7 @@ def main() -> int:
         if not llama_cpp.llama_state_load_file(loaded._ctx.ctx, str(state).encode(), None, 0, ctypes.byref(n_loaded)):
             failures.append("state: the saved state could not be loaded into a fresh RPC context")
         else:
-            if (kept_now(loaded), loaded.locret_stats()["n_evictions"]) != (saved_kept, saved_evictions):
+            if (kept_sets(loaded), loaded.locret_stats()["n_evictions"]) != (saved_kept, saved_evictions):
                 failures.append("state: the loaded context's kept sets or eviction count differ")
             loaded._batch.set_batch(batch=[next_token], n_past=remote["n_past"], logits_all=False)
             loaded._batch.batch.logits[0] = True
