@@ -38,10 +38,14 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
+
+# libllama is loaded before numpy: on the lent H200's Python image, a CUDA build's model load segfaulted whenever
+# numpy had been imported first (any order with libllama first ran; see docs/results.md, "Soak with the real model")
+import locret  # noqa: E402,F401  (points llama_cpp at our library)
+import llama_cpp  # noqa: E402,F401
+import numpy as np  # noqa: E402
 
 CHECK_EVERY = 100_000
 FAMILIES = ("prose", "code", "legal", "logs")
@@ -144,8 +148,6 @@ def main() -> int:
         print("soak: error: --tokens, --budget and --ubatch must be positive, --generate at least 0", file=sys.stderr)
         return 2
 
-    import locret  # noqa: F401  (points llama_cpp at our library)
-    import llama_cpp
     from tqdm import tqdm
 
     from locret import models

@@ -164,24 +164,25 @@ def test_gemma_pyramid_schedules_the_global_layers_only(gemma, gemma_heads, toke
     llm.close()
 
 
-# Without flash attention (V stored transposed) the round trip after evictions changes the next logits by up to ~0.9
-# on the 2026-11-26 CI machine (AVX-512), also when a context reloads its own state; it is exact with flash attention,
-# exact without eviction, and exact for SmolLM2 (no sliding window) either way. Found by this test there, cause not
-# yet found: kept as a known failure (strict: it fails the run once it passes) until it is fixed.
-@pytest.mark.parametrize("flash", [True, pytest.param(False, marks=pytest.mark.xfail(
-    strict=True, reason="Gemma iSWA state round trip with a transposed V cache after evictions: logits differ"))],
-    ids=["flash-attn", "v-transposed"])
+def state_bytes(llm) -> bytes:
+    st = llm.save_state()
+    return bytes(st.llama_state[:st.llama_state_size])
+
+
+@pytest.mark.parametrize("flash", [True, False], ids=["flash-attn", "v-transposed"])
 def test_gemma_state_round_trip(gemma, gemma_heads, tokens, flash):
+    """A state saved after evictions restores both caches: the same Locret state, the same window positions, the same
+    bytes when saved again, and every context loaded from it (a fresh one, the saver itself) computes the same next
+    logits. (Against the saver's own continuation the logits differ: see the xfail below.)"""
     llm = make(gemma, gemma_heads, flash_attn=flash)
     n_past = 0
     for i in range(0, 1024, UB):
         n_past = decode(llm, tokens[i:i + UB], n_past, i + UB >= 1024)
     assert llm.locret_stats()["n_evictions"] > 3
     state = llm.save_state()
+    saved = bytes(state.llama_state[:state.llama_state_size])
     stats = llm.locret_stats()
     window = eviction.window(llm._ctx.ctx)
-    decode(llm, tokens[1024:1030], n_past, True)
-    want = last_logits(llm)
 
     other = make(gemma, gemma_heads, flash_attn=flash)
     other.load_state(state)
@@ -189,10 +190,41 @@ def test_gemma_state_round_trip(gemma, gemma_heads, tokens, flash):
     assert eviction.state_stats(other.locret_stats()) == eviction.state_stats(stats)
     got_window = eviction.window(other._ctx.ctx)
     assert sorted(got_window[0].tolist()) == sorted(window[0].tolist())
+    assert state_bytes(other) == saved
     decode(other, tokens[1024:1030], n_past, True)
-    np.testing.assert_allclose(last_logits(other), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    got = last_logits(other)
+    llm.load_state(state)
+    decode(llm, tokens[1024:1030], n_past, True)
+    np.testing.assert_array_equal(last_logits(llm), got)
+    assert np.all(np.isfinite(got))
     llm.close()
     other.close()
+
+
+# llama.cpp restores a whole cache's cells from cell 0 and starts its next slot search at cell 0, so a loaded window
+# cache holds the same cells as the saver's in another layout, and the next ubatch's tokens land elsewhere too.
+# Attention then sums the same terms in another order (flash attention or not, F16 or F32 caches); the rounding moves
+# a score by a hair and the next eviction keeps another unit where two were nearly tied (one unit of 520 in two global
+# layers, measured), after which the runs part. Plain llama.cpp does the same with Gemma without eviction (logits 1.2
+# apart after a reload mid-prompt). SmolLM2 (no window cache; Locret keeps its cells at 0..n-1) continues exactly.
+# Fixing it means a state that records the cells' layout and the slot search's head (a llama.cpp state format change).
+@pytest.mark.xfail(strict=True, reason="a reloaded iSWA window cache has another cell layout: rounding flips a near-tie")
+def test_gemma_reloaded_context_continues_like_the_saver(gemma, gemma_heads, tokens):
+    saver = make(gemma, gemma_heads, flash_attn=True)
+    n_past = 0
+    for i in range(0, 512, UB):
+        n_past = decode(saver, tokens[i:i + UB], n_past, True)
+    loaded = make(gemma, gemma_heads, flash_attn=True)
+    loaded.load_state(saver.save_state())
+    try:
+        for llm in (saver, loaded):
+            decode(llm, tokens[512:512 + UB], n_past, True)   # the window slides and the first eviction comes
+        assert saver.locret_stats()["n_evictions"] == loaded.locret_stats()["n_evictions"] == 1
+        np.testing.assert_allclose(last_logits(loaded), last_logits(saver), rtol=0,
+                                   atol=1e-4 * np.abs(last_logits(saver)).max())
+    finally:
+        saver.close()
+        loaded.close()
 
 
 def test_gemma_shipped_heads_answer_a_passkey_through_many_evictions(gemma, gemma_heads):
