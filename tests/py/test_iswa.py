@@ -164,9 +164,9 @@ def test_gemma_pyramid_schedules_the_global_layers_only(gemma, gemma_heads, toke
     llm.close()
 
 
-def state_bytes(llm) -> bytes:
-    st = llm.save_state()
-    return bytes(st.llama_state[:st.llama_state_size])
+def state_bytes(state) -> bytes:
+    """The bytes of a saved llama_cpp.LlamaState."""
+    return bytes(state.llama_state[:state.llama_state_size])
 
 
 @pytest.mark.parametrize("flash", [True, False], ids=["flash-attn", "v-transposed"])
@@ -180,7 +180,7 @@ def test_gemma_state_round_trip(gemma, gemma_heads, tokens, flash):
         n_past = decode(llm, tokens[i:i + UB], n_past, i + UB >= 1024)
     assert llm.locret_stats()["n_evictions"] > 3
     state = llm.save_state()
-    saved = bytes(state.llama_state[:state.llama_state_size])
+    saved = state_bytes(state)
     stats = llm.locret_stats()
     window = eviction.window(llm._ctx.ctx)
     decode(llm, tokens[1024:1030], n_past, True)
@@ -191,7 +191,7 @@ def test_gemma_state_round_trip(gemma, gemma_heads, tokens, flash):
     # everything but the eviction timers and the count of compaction graphs (work this context did, not state)
     assert eviction.state_stats(other.locret_stats()) == eviction.state_stats(stats)
     assert eviction.window(other._ctx.ctx)[0].tolist() == window[0].tolist()   # the same cells, in the same order
-    assert state_bytes(other) == saved
+    assert state_bytes(other.save_state()) == saved
     decode(other, tokens[1024:1030], n_past, True)
     np.testing.assert_array_equal(last_logits(other), want)
     llm.load_state(state)
