@@ -2,12 +2,14 @@
 """What evictions cost in rows and host round trips, over one prefill (issue 44's counts).
 
     .venv/bin/python scripts/eviction_rows.py [--model M.gguf] [--heads H.gguf] [--budget 1024] [--ubatch 512]
-        [--chars 20000] [--text FILE] [--policy heads] [--positions compact|keep|keep:N] [--threads 1]
+        [--chars 20000] [--text FILE] [--policy heads] [--positions compact|keep|keep:N] [--kv-type f16|q8_0]
+        [--threads 1]
 
 Reads the first --chars characters of --text (default: the bundled harbour log) in one locret.Llama prefill and
 prints one markdown row: evictions, rows kept / moved / re-rotated (a row is one layer, KV head and unit),
-moved / kept, host syncs per eviction, and the eviction's share of the prefill time (selection + read-back +
-compaction, from locret_stats).
+moved / kept, host syncs per eviction, the compaction's time per compaction, and the eviction's share of the prefill
+time (selection + read-back + compaction, from locret_stats). LOCRET_DEBUG_CONVERT_ROWS=1 in the environment moves
+every row through F32 (the path before rows were copied as they are), for a comparison.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
 
+KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF model (default: the embedded default model)")
@@ -30,6 +35,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--text", type=Path, default=REPO / "scripts" / "data" / "harbor-log.txt")
     ap.add_argument("--policy", default="heads")
     ap.add_argument("--positions", default="compact", help="where kept units sit: compact (default), keep, keep:N")
+    ap.add_argument("--kv-type", choices=("f16", "q8_0"), default="f16",
+                    help="K and V cache type (q8_0 turns flash attention on, as llama.cpp requires)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
 
@@ -43,7 +50,8 @@ def main(argv: list[str]) -> int:
     text = args.text.read_text(errors="replace")[:args.chars]
     llm = Llama(model, n_ctx=1 << 20, n_batch=args.ubatch, n_ubatch=args.ubatch, locret_heads=heads,
                 locret_budget=args.budget, locret_policy=args.policy, locret_query="off", n_threads=args.threads,
-                locret_positions=args.positions,
+                locret_positions=args.positions, type_k=KV_TYPES[args.kv_type], type_v=KV_TYPES[args.kv_type],
+                flash_attn=args.kv_type != "f16",
                 n_threads_batch=args.threads, verbose=False)
     tokens = llm.tokenize(text.encode(), add_bos=True)
     t0 = time.perf_counter()
@@ -53,12 +61,15 @@ def main(argv: list[str]) -> int:
     n_ev = max(1, st["n_evictions"])
     eviction_s = (st["t_select_us"] + st["t_readback_us"] + st["t_compact_us"]) / 1e6
     print("| tokens | b | B | policy | positions | evictions | rows kept | rows moved | rows re-rotated | moved / kept | "
-          "host syncs per eviction | eviction share of prefill |")
-    print("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "host syncs per eviction | compaction (ms each) | eviction share of prefill |")
+    print("|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     positions = args.positions if st["n_repositions"] == 0 else f"{args.positions} ({st['n_repositions']} compacted)"
+    if args.kv_type != "f16":
+        positions += f", {args.kv_type} cache"
+    compact_ms = st["t_compact_us"] / 1e3 / max(1, st["n_compactions"])
     print(f"| {len(tokens)} | {args.budget} | {args.ubatch} | {args.policy} | {positions} | {st['n_evictions']} | "
           f"{st['n_rows_kept']} | {st['n_rows_moved']} | {st['n_rows_rotated']} | "
-          f"{st['n_rows_moved'] / max(1, st['n_rows_kept']):.3f} | {st['n_host_syncs'] / n_ev:.1f} | "
+          f"{st['n_rows_moved'] / max(1, st['n_rows_kept']):.3f} | {st['n_host_syncs'] / n_ev:.1f} | {compact_ms:.1f} | "
           f"{100 * eviction_s / seconds:.1f} % ({eviction_s:.2f} s of {seconds:.2f} s) |")
     llm.close()
     return 0

@@ -274,6 +274,29 @@ void locret_v_trans_elements(const idx_t * rows, size_t n_rows, uint32_t n_head_
     }
 }
 
+// A cache's rows [n_rows] as rows of 4-byte words, for moves that only copy: get_rows and set_rows then copy each
+// row's bytes as they are (F16 or quantized rows without a round trip through F32, which would cost 4 bytes per element
+// in the graph and a quantization per row). ggml has no bit-cast op, so this is a view of the cache whose type and
+// shape are set by hand; F32 get_rows and set_rows only load and store the words, on every backend. NULL when a row is
+// not a whole number of words (the caller converts through F32 then).
+static ggml_tensor * locret_rows_as_words(ggml_context * ctx, ggml_tensor * cache, int64_t row_elems, int64_t n_rows) {
+    const size_t row_bytes = ggml_row_size(cache->type, row_elems);
+    if (row_bytes % sizeof(float) != 0 || getenv("LOCRET_DEBUG_CONVERT_ROWS") != nullptr) {
+        return nullptr;
+    }
+    // a view of the whole cache, then reinterpreted: same data, same byte extent
+    ggml_tensor * w = ggml_view_1d(ctx, cache, ggml_nelements(cache), 0);
+    GGML_ASSERT((size_t) n_rows * row_bytes <= ggml_nbytes(cache));
+    w->type  = GGML_TYPE_F32;
+    w->ne[0] = (int64_t) (row_bytes / sizeof(float));
+    w->ne[1] = n_rows;
+    w->ne[2] = w->ne[3] = 1;
+    w->nb[0] = sizeof(float);
+    w->nb[1] = row_bytes;
+    w->nb[2] = w->nb[3] = row_bytes * n_rows;
+    return w;
+}
+
 } // namespace
 
 ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
@@ -303,29 +326,34 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         ggml_tensor * dst = ggml_view_1d(ctx0, moves.t_dst, n_moves, m.at * sizeof(int64_t));
         const int64_t n_rows = (int64_t) L.n_head_kv * kv_size * n_stream;
 
-        // K: one row per (stream, cell, head)
-        ggml_tensor * k_rows = ggml_view_2d(ctx0, L.k, L.d_k, n_rows, ggml_row_size(L.k->type, L.d_k), 0);
-        ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, src); // F32 [d_k, n_moves]
-        if (L.rot.rope && moves.rotate) {
-            ggml_tensor * delta = ggml_view_1d(ctx0, moves.t_delta, n_moves, m.at * sizeof(int32_t));
-            if (!L.rot.freq_factors.empty()) {
-                li.factors = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());
-                ggml_set_input(li.factors);
+        // K: one row per (stream, cell, head); copied as words when no key is re-rotated
+        const bool k_rotates = L.rot.rope && moves.rotate;
+        if (ggml_tensor * k_words = k_rotates ? nullptr : locret_rows_as_words(ctx0, L.k, L.d_k, n_rows)) {
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_words, ggml_get_rows(ctx0, k_words, src), dst));
+        } else {
+            ggml_tensor * k_rows = ggml_view_2d(ctx0, L.k, L.d_k, n_rows, ggml_row_size(L.k->type, L.d_k), 0);
+            ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, src); // F32 [d_k, n_moves]
+            if (k_rotates) {
+                ggml_tensor * delta = ggml_view_1d(ctx0, moves.t_delta, n_moves, m.at * sizeof(int32_t));
+                if (!L.rot.freq_factors.empty()) {
+                    li.factors = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());
+                    ggml_set_input(li.factors);
+                }
+                k_new = ggml_reshape_3d(ctx0, k_new, L.d_k, 1, n_moves);
+                if (inp->k_rot) {
+                    k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot); // back to the RoPE basis (rot^2 == I)
+                }
+                // the stored keys were rotated for their old positions: rotating by the difference moves them
+                k_new = ggml_rope_ext(ctx0, k_new, delta, li.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
+                        L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor, L.rot.beta_fast, L.rot.beta_slow);
+                if (inp->k_rot) {
+                    k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot);
+                }
+                // a view, not a reshape: rope, view, set_rows in a row is the pattern a backend (CUDA) fuses into one kernel
+                k_new = ggml_view_2d(ctx0, k_new, L.d_k, n_moves, ggml_row_size(k_new->type, L.d_k), 0);
             }
-            k_new = ggml_reshape_3d(ctx0, k_new, L.d_k, 1, n_moves);
-            if (inp->k_rot) {
-                k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot); // back to the RoPE basis (rot^2 == I)
-            }
-            // the stored keys were rotated for their old positions: rotating by the difference moves them
-            k_new = ggml_rope_ext(ctx0, k_new, delta, li.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
-                    L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor, L.rot.beta_fast, L.rot.beta_slow);
-            if (inp->k_rot) {
-                k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot);
-            }
-            // a view, not a reshape: rope, view, set_rows in a row is the pattern a backend (CUDA) fuses into one kernel
-            k_new = ggml_view_2d(ctx0, k_new, L.d_k, n_moves, ggml_row_size(k_new->type, L.d_k), 0);
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, dst));
         }
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, dst));
 
         // the units' scores move with them (one float per (cell, KV head) row)
         if (L.score != nullptr) {
@@ -333,8 +361,11 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
             ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, src), dst));
         }
 
-        // V: moved unchanged (a quantized row is dequantized and quantized again, which gives the same bytes)
-        if (!v_trans) {
+        // V: moved unchanged, as words (else through F32: a quantized row is dequantized and quantized again, which
+        // gives the same bytes)
+        if (ggml_tensor * v_words = v_trans ? nullptr : locret_rows_as_words(ctx0, L.v, L.d_v, n_rows)) {
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_words, ggml_get_rows(ctx0, v_words, src), dst));
+        } else if (!v_trans) {
             ggml_tensor * v_rows = ggml_view_2d(ctx0, L.v, L.d_v, n_rows, ggml_row_size(L.v->type, L.d_v), 0);
             ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_rows, ggml_get_rows(ctx0, v_rows, src), dst));
         } else {
@@ -376,7 +407,9 @@ locret_compact_status locret_compact(ggml_backend_sched_t sched, llm_graph_resul
         LLAMA_LOG_ERROR("%s: Locret: the compaction graph failed to start (injected)\n", __func__);
         return LOCRET_COMPACT_NOT_RUN;
     }
-    const ggml_status status = ggml_backend_sched_graph_compute(sched, gf);
+    // queued, not waited for: the next ubatch's graph runs after it on the same backends, and the next eviction waits
+    // for the backend before it writes the move tables again (locret-memory.h, evict_waited)
+    const ggml_status status = ggml_backend_sched_graph_compute_async(sched, gf);
     if (locret_profile()) {
         fprintf(stderr, "locret-profile: compaction inputs %.2f compute %.2f ms (splits %d)\n", (p1 - p0) / 1e3,
                 (ggml_time_us() - p1) / 1e3, ggml_backend_sched_get_n_splits(sched));

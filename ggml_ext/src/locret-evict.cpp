@@ -234,6 +234,7 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
     const int64_t t0_us = ggml_time_us();
     ggml_backend_sched_synchronize(sched);
     t.n_host_syncs += 1;
+    evict_waited = true; // every backend of the context has run what was queued before
     t.readback_us += ggml_time_us() - t0_us;
     if (locret_profile()) {
         fprintf(stderr, "locret-profile: select build %.2f alloc %.2f compute and read-back %.2f ms (splits %d)\n",
@@ -257,7 +258,9 @@ bool llama_locret_memory::run_score_graph(const char * policy_name, const std::s
     evict_res->reset();
     ggml_cgraph * gf = evict_res->get_gf();
     build(evict_res->get_ctx(), gf);
+    // computed and waited for (its result is read on the host): the turn's wait for every backend
     t.n_host_syncs += 1;
+    evict_waited = true;
     if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
         locret_set_error(format("the %s scoring graph could not run; the cache is unchanged", policy_name));
         LLAMA_LOG_ERROR("%s: Locret: the %s scoring graph failed\n", __func__, policy_name);
@@ -346,9 +349,6 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     if (evicting.empty()) {
         return 0; // a ubatch that evicts nothing does not wait for the backend
     }
-    // the previous ubatch wrote the scores and reads the cells that move: wait for it
-    ggml_backend_sched_synchronize(lctx->get_sched());
-    t.n_host_syncs += 1;
     int ret = 0;
     for (size_t first = 0; first < evicting.size(); first += evict_turn_seq) {
         const int rc = evict_turn(lctx, evicting.data() + first, std::min<size_t>(evict_turn_seq, evicting.size() - first));
@@ -364,9 +364,62 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     return ret;
 }
 
+void llama_locret_memory::wait_for_backend(llama_context * lctx) {
+    if (evict_waited) {
+        return;
+    }
+    const int64_t t0_us = ggml_time_us();
+    ggml_backend_sched_synchronize(lctx->get_sched());
+    t.n_host_syncs += 1;
+    t.readback_us += ggml_time_us() - t0_us;
+    evict_waited = true;
+}
+
+void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint32_t n_used,
+        std::vector<const float *> & blocks) {
+    size_t n_floats = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        n_floats += (size_t) n_used * layers[i].n_head_kv;
+    }
+    select_scores.resize(n_floats);
+    const int64_t t0_us = ggml_time_us();
+    ggml_backend_sched_t sched = evict_sched.get();
+    bool queued = false;
+    size_t at = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const ggml_tensor * st_i = scores_of_layer[i];
+        if (ggml_backend_buffer_is_host(st_i->buffer)) {
+            wait_for_backend(lctx); // the ubatch that wrote them has run
+            blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, strm));
+            continue;
+        }
+        // queued on the backend that holds them, after the ubatch that wrote them; waited for once below
+        ggml_backend_t backend = nullptr;
+        for (int b = 0; b < ggml_backend_sched_get_n_backends(sched) && backend == nullptr; ++b) {
+            ggml_backend_t cand = ggml_backend_sched_get_backend(sched, b);
+            if (ggml_backend_supports_buft(cand, ggml_backend_buffer_get_type(st_i->buffer))) {
+                backend = cand;
+            }
+        }
+        GGML_ASSERT(backend != nullptr);
+        const size_t n = (size_t) n_used * layers[i].n_head_kv;
+        ggml_backend_tensor_get_async(backend, st_i, select_scores.data() + at, scores_offset(i, strm), n * sizeof(float));
+        blocks[i] = select_scores.data() + at;
+        at += n;
+        queued = true;
+    }
+    if (queued) {
+        ggml_backend_sched_synchronize(sched); // the same backends as the context's
+        t.n_host_syncs += 1;
+        evict_waited = true;
+    }
+    t.readback_us += ggml_time_us() - t0_us;
+}
+
 int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps) {
     const int64_t t_start_us = ggml_time_us();
     const uint64_t readback_before_us = t.readback_us;
+    evict_waited = false;
 
     // the selections, into the pending positions: nothing changes until the compaction has run
     struct pending_t { locret_evict_args args; locret_protect prot; bool reposition; };
@@ -422,25 +475,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         }
         std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
         if (!on_device && !ends_only && has_score_store()) {
-            size_t n_floats = 0;
-            for (size_t i = 0; i < layers.size(); ++i) {
-                n_floats += (size_t) n_used * layers[i].n_head_kv;
-            }
-            select_scores.resize(n_floats);
-            const int64_t t0_us = ggml_time_us();
-            size_t at = 0;
-            for (size_t i = 0; i < layers.size(); ++i) {
-                const ggml_tensor * st_i = scores_of_layer[i];
-                if (ggml_backend_buffer_is_host(st_i->buffer)) {
-                    blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, st.strm));
-                } else {
-                    scores_get(i, st.strm, n_used, select_scores.data() + at);
-                    t.n_host_syncs += 1;
-                    blocks[i] = select_scores.data() + at;
-                    at += (size_t) n_used * layers[i].n_head_kv;
-                }
-            }
-            t.readback_us += ggml_time_us() - t0_us;
+            read_scores(lctx, st.strm, n_used, blocks);
         }
 
         if (pos_next.size() <= pending.size()) {
@@ -542,11 +577,15 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     for (size_t i = 0; i < layers.size(); ++i) {
         moves.rotate = moves.rotate || turn_rotated[i] > 0;
     }
+    if (!moves.empty()) {
+        // a turn that read nothing (scores computed on the host) waits here: the move tables and the compaction's
+        // inputs are written now, and the last compaction, never waited for, may still read them
+        wait_for_backend(lctx);
+    }
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
         locret_compact(evict_sched.get(), evict_res.get(), kv, v_trans, layers, moves,
                 take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
     t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
-    t.n_host_syncs  += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN; // the compaction graph's compute
     if (status == LOCRET_COMPACT_NOT_RUN) {
         locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
         return -1;

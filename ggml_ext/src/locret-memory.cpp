@@ -700,6 +700,11 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
     // the streams' cells are copied at the next update (llama.cpp's stream copy), the bookkeeping now
     inner->seq_cp(seq_id_src, seq_id_dst, -1, -1);
     streams[seq_id_dst] = src;
+    if (evict_sched) {
+        // the last compaction moved the scores and is not waited for by the eviction itself (the host copies below
+        // do not queue behind it)
+        ggml_backend_sched_synchronize(evict_sched.get());
+    }
     copy_scores((uint32_t) seq_id_src, (uint32_t) seq_id_dst);
     for (ggml_tensor * q : queries_of_layer) {
         // the copy's next selection reads the same captured queries

@@ -285,8 +285,19 @@ private:
 
     locret_fault fault = LOCRET_FAULT_NONE;
 
+    // An eviction waits for the backend once per turn: for the data its selection reads (the device's selection read
+    // back, a scoring graph's result, the scores the host selects from) or, when it reads nothing, before the
+    // compaction's move tables are written (the last turn's compaction may still read them). The graphs it queues
+    // (selection, scoring, compaction) run on the context's own backends, in order after the ubatch that wrote the
+    // scores, and the compaction is not waited for: the next ubatch is queued after it.
+    bool evict_waited = false; // this turn has waited for the backend
+    // waits for the context's backends unless the turn already has
+    void wait_for_backend(llama_context * lctx);
     // the device's selection for stream `strm` into select_idx: I32 [n_top] per (layer, KV head), unordered
     bool select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top);
+    // stream strm's scores of every layer for a host selection, [n_used][n_head_kv] per layer, into blocks: read in
+    // place from host memory, else copied from the device with one wait for all layers
+    void read_scores(llama_context * lctx, uint32_t strm, uint32_t n_used, std::vector<const float *> & blocks);
     // the kept cells of layer i's KV heads, in cell order, at keep[(row0 + h)*n_keep]: from select_idx (from_idx), else
     // by the host from `block` (the stream's scores of the layer, [n_used][n_head_kv]) or the policy's scores
     void select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab,

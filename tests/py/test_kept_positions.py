@@ -294,3 +294,51 @@ def test_the_tools_take_kept_positions(model_path, heads_file, tmp_path):
     assert "positions kept" in out.stderr
     bad = run(base + ["--locret-positions", "keep:abc"], timeout=120)
     assert bad.returncode != 0 and "compact, keep or keep:N" in bad.stderr
+
+
+@pytest.mark.parametrize("type_kv,flash", [(GGML_TYPE_Q8_0, True), (GGML_TYPE_F16, False)], ids=["q8_0", "f16"])
+def test_rows_that_only_move_keep_their_bytes(type_kv, flash, model_path, heads_file, prompt_tokens, monkeypatch):
+    # kept positions move rows without re-rotating them: the compaction copies each K and V row's bytes as they are
+    # (no round trip through F32), so every unit that stays reads back exactly as before, quantized or not; the same
+    # run with the rows converted through F32 (the path a re-rotation takes) keeps the same cache
+    def run_once():
+        llm = make(model_path, heads_file, type_k=type_kv, type_v=type_kv, flash_attn=flash, locret_positions="keep")
+        n_layer, n_head_kv = shape(llm)
+        model = llm._model.model
+        width = n_head_kv * (llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model))
+        d_head = width // n_head_kv
+
+        def snapshot():
+            n = llm.locret_stats()["n_cells_used"]
+            return {il: (eviction.read_kv(llm._ctx.ctx, il, n, width=width),
+                         eviction.read_kv(llm._ctx.ctx, il, n, values=True, width=width),
+                         [llm.locret_retained(il, h).tolist() for h in range(n_head_kv)])
+                    for il in range(n_layer)}
+
+        n_past, moved, before = 0, 0, None
+        for i in range(0, 480, UB):
+            before = snapshot() if n_past else None
+            n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
+            if before is None:
+                continue
+            for il, (k1, v1, held1) in snapshot().items():
+                k0, v0, held0 = before[il]
+                for h in range(n_head_kv):
+                    where0 = {p: c for c, p in enumerate(held0[h])}
+                    cols = slice(h * d_head, (h + 1) * d_head)
+                    for c, p in enumerate(held1[h]):
+                        if p in where0:
+                            c0 = where0[p]
+                            assert np.array_equal(k1[c, cols], k0[c0, cols]), f"K of layer {il} head {h} unit {p}"
+                            assert np.array_equal(v1[c, cols], v0[c0, cols]), f"V of layer {il} head {h} unit {p}"
+                            moved += c != c0
+        st = llm.locret_stats()
+        assert st["n_evictions"] >= 5 and st["n_rows_rotated"] == 0 and moved > 0
+        return snapshot()
+
+    words = run_once()
+    monkeypatch.setenv("LOCRET_DEBUG_CONVERT_ROWS", "1")
+    converted = run_once()
+    for il, (k, v, held) in words.items():
+        assert held == converted[il][2]
+        assert np.array_equal(k, converted[il][0]) and np.array_equal(v, converted[il][1]), f"layer {il}"
