@@ -368,10 +368,9 @@ void llama_locret_memory::wait_for_backend(llama_context * lctx) {
     if (evict_waited) {
         return;
     }
-    const int64_t t0_us = ggml_time_us();
+    // (its time goes to the step that asked: the host's read of the scores, or the compaction)
     ggml_backend_sched_synchronize(lctx->get_sched());
     t.n_host_syncs += 1;
-    t.readback_us += ggml_time_us() - t0_us;
     evict_waited = true;
 }
 
@@ -383,17 +382,17 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
     }
     select_scores.resize(n_floats);
     const int64_t t0_us = ggml_time_us();
+    // the blocks on a device are queued on the backend that holds them, after the ubatch that wrote them, and waited
+    // for together; that wait (or the context's, when every block is in host memory) also covers the ones read in place
     ggml_backend_sched_t sched = evict_sched.get();
     bool queued = false;
     size_t at = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
         const ggml_tensor * st_i = scores_of_layer[i];
         if (ggml_backend_buffer_is_host(st_i->buffer)) {
-            wait_for_backend(lctx); // the ubatch that wrote them has run
             blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, strm));
             continue;
         }
-        // queued on the backend that holds them, after the ubatch that wrote them; waited for once below
         ggml_backend_t backend = nullptr;
         for (int b = 0; b < ggml_backend_sched_get_n_backends(sched) && backend == nullptr; ++b) {
             ggml_backend_t cand = ggml_backend_sched_get_backend(sched, b);
@@ -412,6 +411,8 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
         ggml_backend_sched_synchronize(sched); // the same backends as the context's
         t.n_host_syncs += 1;
         evict_waited = true;
+    } else {
+        wait_for_backend(lctx);
     }
     t.readback_us += ggml_time_us() - t0_us;
 }

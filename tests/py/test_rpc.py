@@ -7,6 +7,7 @@ a test worker would reach for servers that are gone. llama-completion and llama-
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import threading
@@ -23,10 +24,14 @@ DOCUMENT = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()
 SHIPPED_HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
 
 
-def test_rpc_runs_evict_as_the_local_cpu_run_does(tmp_path):
+@pytest.mark.parametrize("select", ["default", "host"])
+def test_rpc_runs_evict_as_the_local_cpu_run_does(select, tmp_path):
+    # default: the selection runs on the servers (where the score store is); host: the client reads every layer's
+    # scores from the servers, queued together and waited for once (the path budget schedules take on a device)
     out = tmp_path / "rpc.json"
+    env = dict(os.environ, **({"LOCRET_DEBUG_SELECT": "host"} if select == "host" else {}))
     proc = run([sys.executable, REPO / "scripts" / "rpc_check.py", "--tokens", "420", "--generate", "8",
-                "--budget", BUDGET, "--ubatch", UBATCH, "--json", out], timeout=600)
+                "--budget", BUDGET, "--ubatch", UBATCH, "--json", out], timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["failures"] == []
