@@ -258,10 +258,9 @@ bool llama_locret_memory::run_score_graph(const char * policy_name, const std::s
     evict_res->reset();
     ggml_cgraph * gf = evict_res->get_gf();
     build(evict_res->get_ctx(), gf);
-    // computed and waited for (its result is read on the host): the turn's wait for every backend
-    t.n_host_syncs += 1;
-    evict_waited = true;
-    if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+    // queued, not waited for: it writes the score store, which the selection reads after it (the device's graph
+    // queued behind it, or the host after the eviction's one wait)
+    if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute_async(sched, gf) != GGML_STATUS_SUCCESS) {
         locret_set_error(format("the %s scoring graph could not run; the cache is unchanged", policy_name));
         LLAMA_LOG_ERROR("%s: Locret: the %s scoring graph failed\n", __func__, policy_name);
         return false;

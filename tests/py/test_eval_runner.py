@@ -346,3 +346,55 @@ def test_bench_takes_a_devices_settings_and_checks_its_memory(model_path, tmp_pa
     with pytest.raises(SystemExit, match="no GPU: GPU layers must be 0"):
         bench_eviction.apply_device(bench_eviction.parse(["--model", str(model_path), "--device", str(device),
                                                           "--gpu-layers", "10"]))
+
+
+def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
+    # a signal ends `locret eval` without its cleanup; its worker process (a long prompt still in prefill) must not
+    # go on computing for nobody
+    import os
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([str(c) for c in locret_cmd(
+        "eval", "--model", model_path, "--tasks", "passkey", "--lengths", "16384", "--depths", "0.5", "--methods",
+        "locret", "--budgets", "256", "--ubatch", "128", "--threads", "1", "--no-plots", "-o", tmp_path / "out")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    if not children_file.exists():
+        proc.kill()
+        pytest.fail("this check reads /proc (Linux)")
+
+    def workers() -> list[int]:
+        pids = []
+        for pid in (int(p) for p in children_file.read_text().split()):
+            try:
+                if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(pid)
+            except FileNotFoundError:
+                pass
+        return pids
+
+    found: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not workers() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = workers()
+        assert found, "the evaluation started no worker process"
+        time.sleep(3)  # the worker is past its start (its watch runs) and computing
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        alive = found
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+            alive = [p for p in found if Path(f"/proc/{p}").exists()
+                     and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]]
+        assert not alive, f"worker {alive} outlived the evaluation"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in found:  # a failed check leaves nothing running either
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)

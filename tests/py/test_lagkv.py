@@ -188,6 +188,7 @@ def test_lagkv_scores_and_retained_sets_match_numpy(select, n_pin, flash_attn, m
     stats = llm.locret_stats()
     assert stats["policy"] == "lagkv" and stats["lag"] == LAG and stats["n_pinned"] == n_pin
     assert n_evictions >= 9 and stats["n_evictions"] == n_evictions
+    assert stats["n_host_syncs"] == n_evictions  # the partitions' scoring graph is queued: one wait per eviction
     assert n_checked > 50_000 and ref.n_scored > 50_000
     assert ref.near_ties <= 0.02 * n_evictions * n_layer * n_head_kv, ref.near_ties
     # the sinks (and a pinned query) survive every eviction, and heads keep different units

@@ -206,6 +206,7 @@ def test_sage_scores_and_retained_sets_match_numpy(select, flash_attn, model_pat
     stats = llm.locret_stats()
     assert stats["policy"] == "sage" and stats["budget"] == B and stats["stabilizers"] == RECENT
     assert stats["n_evictions"] == n_evictions and ref.selections == 2 and ref.slides >= 3, (ref.selections, ref.slides)
+    assert stats["n_host_syncs"] == n_evictions  # one wait per eviction, selections and slides alike
     assert n_checked == 2 * n_layer * n_head_kv * B
     assert ref.near_ties <= 0.02 * ref.selections * n_layer * n_head_kv, ref.near_ties
     # the sinks survive, and the heads chose differently

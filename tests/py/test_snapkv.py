@@ -162,6 +162,8 @@ def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, model_path, promp
                 assert llm.locret_retained(il, h).tolist() == ref.units[il][h], f"layer {il} head {h} at {n_past}"
 
     assert ref.evictions >= 10 and ref.checked == ref.evictions * n_layer * n_head_kv * B
+    # the scoring graph is queued before the selection: one wait for the backend per eviction, as for the heads
+    assert llm.locret_stats()["n_host_syncs"] == ref.evictions
     assert ref.near_ties <= 0.02 * ref.evictions * n_layer * n_head_kv, ref.near_ties
     # query-aware: the heads keep different units, and not just the newest
     held = {tuple(llm.locret_retained(il, h).tolist()) for il in range(n_layer) for h in range(n_head_kv)}

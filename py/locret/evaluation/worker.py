@@ -5,9 +5,11 @@ The parent sends a RunSpec and the items; the worker answers on a queue with ("s
 then ("done", dict) with the process's peak memory, or ("error", message)."""
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import subprocess
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -206,8 +208,22 @@ def _gpu_bytes() -> int | None:
     return 0
 
 
+def _exit_with_parent(poll_s: float = 1.0) -> None:
+    """End this process when the evaluation that started it is gone: a parent killed by a signal runs no cleanup, and a
+    worker left behind would go on computing for nobody (re-parented, its parent id changes)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(spec: RunSpec, items: list[Item], queue) -> None:
     """Process entry point."""
+    _exit_with_parent()
     try:
         llm = make_llm(spec)
     except Exception as e:  # HeadsError, ValueError from llama-cpp-python: the parent reports it
