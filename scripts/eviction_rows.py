@@ -22,10 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
 
-KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type values
-
-
 def main(argv: list[str]) -> int:
+    from locret import devices, models  # first: it points llama_cpp at the patched library
+    from locret.llama import Llama
+    import llama_cpp
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="GGUF model (default: the embedded default model)")
     ap.add_argument("--heads", help="heads file (default: the model's shipped plain heads)")
@@ -35,13 +36,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--text", type=Path, default=REPO / "scripts" / "data" / "harbor-log.txt")
     ap.add_argument("--policy", default="heads")
     ap.add_argument("--positions", default="compact", help="where kept units sit: compact (default), keep, keep:N")
-    ap.add_argument("--kv-type", choices=("f16", "q8_0"), default="f16",
-                    help="K and V cache type (q8_0 turns flash attention on, as llama.cpp requires)")
+    ap.add_argument("--kv-type", choices=devices.KV_TYPES, default="f16",
+                    help="K and V cache type (other than f16 turns flash attention on, as a quantized V requires)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
-
-    from locret import models
-    from locret.llama import Llama
+    kv_type = getattr(llama_cpp, f"GGML_TYPE_{args.kv_type.upper()}")  # as locret eval names them
 
     model = args.model or str(models.resolve("smollm2-135m"))
     heads = args.heads or (str(models.shipped_heads("smollm2-135m")) if args.policy == "heads" else None)
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> int:
     text = args.text.read_text(errors="replace")[:args.chars]
     llm = Llama(model, n_ctx=1 << 20, n_batch=args.ubatch, n_ubatch=args.ubatch, locret_heads=heads,
                 locret_budget=args.budget, locret_policy=args.policy, locret_query="off", n_threads=args.threads,
-                locret_positions=args.positions, type_k=KV_TYPES[args.kv_type], type_v=KV_TYPES[args.kv_type],
+                locret_positions=args.positions, type_k=kv_type, type_v=kv_type,
                 flash_attn=args.kv_type != "f16",
                 n_threads_batch=args.threads, verbose=False)
     tokens = llm.tokenize(text.encode(), add_bos=True)

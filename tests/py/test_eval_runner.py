@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import signal
 import struct
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -351,11 +355,6 @@ def test_bench_takes_a_devices_settings_and_checks_its_memory(model_path, tmp_pa
 def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
     # a signal ends `locret eval` without its cleanup; its worker process (a long prompt still in prefill) must not
     # go on computing for nobody
-    import os
-    import signal
-    import subprocess
-    import time
-
     proc = subprocess.Popen([str(c) for c in locret_cmd(
         "eval", "--model", model_path, "--tasks", "passkey", "--lengths", "16384", "--depths", "0.5", "--methods",
         "locret", "--budgets", "256", "--ubatch", "128", "--threads", "1", "--no-plots", "-o", tmp_path / "out")],
