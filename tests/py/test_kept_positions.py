@@ -16,9 +16,10 @@ import pytest
 import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
 from locret import eviction, heads as heads_api
+from locret.llama import Llama
 from locret.heads import HeadsError
 
-from conftest import run, tool
+from conftest import REPO, run, tool
 from test_eviction import B, NLOC, NS, UB, GGML_TYPE_F16, GGML_TYPE_Q8_0, Algorithm1, decode, hadamard, last_logits, \
     make, prompt_tokens, rope_norm  # noqa: F401  (prompt_tokens: the fixture)
 
@@ -342,3 +343,93 @@ def test_rows_that_only_move_keep_their_bytes(type_kv, flash, model_path, heads_
     for il, (k, v, held) in words.items():
         assert held == converted[il][2]
         assert np.array_equal(k, converted[il][0]) and np.array_equal(v, converted[il][1]), f"layer {il}"
+
+
+@pytest.mark.parametrize("positions", ["compact", "keep", "keep:128"])
+def test_a_token_after_an_eviction_reads_what_llama_cpp_would_read(positions, model_path, prompt_tokens):
+    # Independent reference: llama.cpp's own cache holding the units the layout keeps at the RoPE positions it reports
+    # (a second sequence given the kept units, llama.cpp's seq_rm dropping the evicted ones and its K-shift moving the
+    # re-rotated ones), then the same token decoded in both. The token right after an eviction attends exactly to the
+    # kept units, so the logits must be the same: a unit lost, duplicated, wrongly masked, moved to the wrong cell or
+    # rotated to the wrong position shows (checked: one sink dropped from the reference, 0.42 of the largest logit).
+    # keep:128 compacts positions at that eviction. Streaming keeps the same units in every layer and head, which a
+    # plain cache can hold. F32 cache without flash attention: exact (0.0 in all three layouts). Only the first
+    # eviction's token: later tokens drift apart by 2-4 % in every layout, for a reason not found yet (docs/results.md
+    # "Kept positions at 32K: what was ruled out").
+    common = dict(n_ctx=1024, n_batch=UB, n_ubatch=UB, type_k=0, type_v=0, flash_attn=False, verbose=False, seed=1)
+    llm = Llama(model_path=str(model_path), locret_budget=B, locret_policy="streaming", locret_positions=positions,
+                **common)
+    plain = llama_cpp.Llama(model_path=str(model_path), **common)
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max, params.kv_unified = 1024, UB, UB, 2, True
+    params.type_k = params.type_v = 0
+    params.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+    ref = llama_cpp.llama_init_from_model(plain._model.model, params)
+    assert ref
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(plain._model.model))
+    n_layer, n_head_kv = shape(llm)
+
+    def decode_at(ctx, tokens, positions_, seq):
+        batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+        try:
+            batch.n_tokens = len(tokens)
+            for i, (t, p) in enumerate(zip(tokens, positions_)):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, p, 1, seq
+                batch.logits[i] = i == len(tokens) - 1
+            assert llama_cpp.llama_decode(ctx, batch) == 0
+        finally:
+            llama_cpp.llama_batch_free(batch)
+        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+
+    try:
+        n_full = B + UB  # the cache is full: the next token evicts
+        for ctx in (llm._ctx.ctx, ref):
+            for i in range(0, n_full, UB):
+                decode_at(ctx, prompt_tokens[i:i + UB], range(i, i + UB), 0)
+        mem = llama_cpp.llama_get_memory(ref)
+        llama_cpp.llama_memory_seq_cp(mem, 0, 1, -1, -1)
+        assert llama_cpp.llama_memory_seq_rm(mem, 0, -1, -1)
+        held = {p: p for p in range(n_full)}  # the reference's units: logical -> position
+        moved_any = False
+        for t in range(n_full, n_full + 1):
+            got = decode_at(llm._ctx.ctx, [prompt_tokens[t]], [t], 0)
+            kept = llm.locret_retained(0, 0).tolist()
+            rope = eviction.rope_positions(llm._ctx.ctx, 0, 0).tolist()
+            for il in range(n_layer):
+                for h in range(n_head_kv):
+                    assert llm.locret_retained(il, h).tolist() == kept
+                    assert eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == rope
+            where = dict(zip(kept, rope))
+            assert kept[-1] == t and sorted(kept)[:4] == [0, 1, 2, 3]  # the new token last; streaming's sinks
+            for p in [p for p in sorted(held) if p not in where]:  # evicted
+                pos = held.pop(p)
+                assert llama_cpp.llama_memory_seq_rm(mem, 1, pos, pos + 1)
+            for p in sorted(held):  # ascending: each moves down past no unit that has not moved yet
+                if where[p] != held[p]:
+                    llama_cpp.llama_memory_seq_add(mem, 1, held[p], held[p] + 1, where[p] - held[p])
+                    held[p], moved_any = where[p], True
+            want = decode_at(ref, [prompt_tokens[t]], [where[t]], 1)
+            held[t] = where[t]
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            assert err <= 1e-6, f"{positions}, token {t}: logits off by {err:.2e} of the largest"
+        st = llm.locret_stats()
+    finally:
+        llama_cpp.llama_free(ref)
+        plain.close()
+        llm.close()
+    assert st["n_evictions"] == 1 and len(held) == B + 1
+    assert moved_any == (positions != "keep")  # compact and a compaction of positions re-rotate, keep does not
+    assert st["n_repositions"] == (positions == "keep:128")
+
+
+def test_the_layout_probe_reports_one_prompt():
+    # scripts/layout_probe.py: one evaluation prompt under one layout, as a table row (what docs/results.md quotes)
+    probe = [REPO / ".venv" / "bin" / "python", REPO / "scripts" / "layout_probe.py", "--length", "1024",
+             "--budget", "256", "--ubatch", "128", "--threads", "2"]
+    out = run(probe + ["--positions", "keep:512", "--which", "1"], timeout=300)
+    assert out.returncode == 0, out.stderr
+    cols = [c.strip() for c in out.stdout.strip().splitlines()[-1].strip("|").split("|")]
+    assert cols[0] == "passkey/1024/d0.40/1" and cols[1] == "keep:512" and int(cols[3]) >= 3
+    assert cols[4].split(" -> ")[0].isdigit() and "answer" in cols[6] and cols[8] in ("0", "1")
+    bad = run(probe + ["--which", "9"], timeout=120)
+    assert bad.returncode == 1 and "outside 0..3" in bad.stderr
