@@ -104,8 +104,12 @@ def _add_eval(sub) -> None:
     what.add_argument("--tasks", help="comma-separated: passkey, niah, niah_single, variable_tracking, common_words, long_qa")
     what.add_argument("--lengths", help="prompt lengths in tokens, comma-separated: 4096, 16k, ...")
     what.add_argument("--haystacks", default="prose",
-                      help="the long text the tasks hide their needles in, comma-separated: prose, code, legal, logs "
-                           "(default prose); each family other than prose gets its own rows, as TASK@FAMILY")
+                      help="the long text the tasks hide their needles in, comma-separated: prose, code, legal, logs, "
+                           "recipes, weather, manual, minutes (default prose); each family other than prose gets its "
+                           "own rows, as TASK@FAMILY")
+    what.add_argument("--held-out", action="store_true",
+                      help="report only families the evaluated heads never saw: refuse any --haystacks family their "
+                           "training logs (heads/NAME.run/train-log.json, and the heads they started from) name")
     what.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
     what.add_argument("--samples", type=int, default=1, help="prompts per (task, length, depth) (default 1)")
     what.add_argument("--seed", type=int, default=0)
@@ -121,7 +125,8 @@ def _add_eval(sub) -> None:
     how.add_argument("--budgets", default="", help="Locret budgets b, comma-separated (default: the --device profile's)")
     how.add_argument("--heads", help="trained heads for 'locret' and 'locret-q' (default: embedded in the model, or "
                      "shipped in heads/, for locret-q the Locret-Q heads where shipped); locret-q places each task's "
-                     "question at the start of the prompt and pins it")
+                     "question at the start of the prompt and pins it, locret-q-auto the question the auto rule "
+                     "finds at the end of the user message (none: plain Locret)")
     how.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
     how.add_argument("--stabilizers", type=int, help="stabilizers n_s for every evicting method (default: the heads file's)")
     how.add_argument("--local", type=int, help="local tail length (default: the heads file's)")

@@ -28,7 +28,9 @@ from . import evaluation
 from .evaluation import decoding, worker
 from .tasks import passkey
 
-METHODS = evaluation.METHODS  # the same methods as `locret eval`
+# the methods of `locret eval` but locret-q-auto: this script assembles its prompts from cached pieces and places no
+# query (its locret-q runs the Locret-Q heads on the plain prompt), so the auto rule would change nothing here
+METHODS = tuple(m for m in evaluation.METHODS if m != "locret-q-auto")
 MAX_NEW_TOKENS = 32  # room for a chatty answer ("The five-digit passkey hidden in the text is 12345.")
 
 

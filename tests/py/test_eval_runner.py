@@ -4,6 +4,7 @@ it fast (prefill is most of the time: about 100 tokens/s on 2 cores); the evicti
 and the prompt is long enough against budget + chunk for streaming to leave its middle empty."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -237,10 +238,17 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--device", "jetson-nano-2gb"], "jetson-nano-2gb"),
     (["--benchmark", "longbench", "--budgets", "256"], "needs --dataset"),
     (["--benchmark", "ruler", "--dataset", "conftest.py", "--budgets", "256"], "unknown benchmark 'ruler'"),
+    (["--benchmark", "longbench", "--dataset", "conftest.py", "--budgets", "256", "--methods", "locret-q-auto"],
+     "locret-q-auto places each generated task's question"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "4"], "must be odd"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--haystacks", "prose,poetry"],
-     "unknown haystack family poetry; valid: prose, code, legal, logs"),
+     "unknown haystack family poetry; valid: prose, code, legal, logs, recipes, weather, manual, minutes"),
     (["--tasks", "common_words", "--lengths", "600", "--budgets", "256", "--haystacks", "code"], "has no haystack"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret,locret-q", "--haystacks",
+      "recipes,code", "--held-out"], "code is not held out for locret-q: its heads were trained on code, legal, logs, "
+                                    "prose, pydoc"),
+    (["--benchmark", "longbench", "--dataset", "conftest.py", "--budgets", "256", "--methods", "locret",
+      "--held-out"], "--held-out is about the generated tasks' haystack families"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "5", "--methods", "streaming"],
      "--pool smooths the retaining heads' scores"),
 ])
@@ -256,21 +264,29 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
 
     out = tmp_path / "q"
     proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
-                          "--methods", "locret,locret-q", "--pool", "5", *COMMON, "-o", out, "--no-plots"),
-               timeout=900)
+                          "--methods", "locret,locret-q,locret-q-auto", "--pool", "5", *COMMON, "-o", out,
+                          "--no-plots"), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
+    # the auto rule finds niah's question at the end of the user message: the same prompt, pin and answer as locret-q
+    auto, explicit = by_method["locret-q-auto"], by_method["locret-q"]
+    assert auto["query_is_the_tasks"] is True
+    assert (auto["prompt_tokens"], auto["pinned"], auto["answer"]) == \
+        (explicit["prompt_tokens"], explicit["pinned"], explicit["answer"])
+    assert explicit["pinned"] > 0 and "query_found" not in explicit
     assert by_method["locret"]["pinned"] == 0 and by_method["locret"]["evictions"] >= 3
     assert by_method["locret"]["pool"] == 5 and by_method["locret-q"]["pool"] == 5
     # without --heads, Locret-Q scores with the heads trained with the question in front, Locret with the plain ones
     heads_files = json.loads((out / "summary.json").read_text())["settings"]["heads_files"]
-    assert heads_files == {"locret": "smollm2-135m-instruct.gguf", "locret-q": "smollm2-135m-instruct.query.gguf"}
+    assert heads_files == {"locret": "smollm2-135m-instruct.gguf", "locret-q": "smollm2-135m-instruct.query.gguf",
+                          "locret-q-auto": "smollm2-135m-instruct.query.gguf"}
     # a folder from before the heads were recorded cannot tell which heads its locret-q samples had: refused
     config = json.loads((out / "config.json").read_text())
     assert config["heads_used"]["locret-q"].startswith("smollm2-135m-instruct.query.gguf sha256:")
     (out / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "heads_used"}))
     again = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
-                           "--methods", "locret,locret-q", "--pool", "5", *COMMON, "-o", out, "--no-plots"), timeout=300)
+                           "--methods", "locret,locret-q,locret-q-auto", "--pool", "5", *COMMON, "-o", out,
+                           "--no-plots"), timeout=300)
     assert again.returncode == 1 and "did not record which heads it used" in again.stderr, again.stderr[-2000:]
     # the same sample, built here: locret-q's prompt opens the user turn with the question, and the pin ends with it
     vocab = items_module.vocab_model(str(model_path))
@@ -284,8 +300,31 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
         assert text(item.query_tokens[:n]).endswith("user\n" + item.query.strip())  # it opens the user turn
         k = len(item.tokens) - 200  # past the head (template, instructions): filler, needles and tail unchanged
         assert item.query_tokens[-k:] == item.tokens[-k:]
+        assert auto["query_found"] == item.auto_query == item.query and item.auto_query_tokens == item.query_tokens
     finally:
         vocab.close()
+
+
+def test_the_auto_rule_finds_every_generated_tasks_question(model_path):
+    # locret-q-auto runs what `--locret-query auto` would pin: on the generated tasks (every haystack family) the rule
+    # finds the task's own question at the end of the user message; where it finds none the prompt stays plain
+    from locret.evaluation import items as items_module, worker
+
+    vocab = items_module.vocab_model(str(model_path))
+    try:
+        found = items_module.task_items(vocab, ["passkey", "niah", "niah_single", "variable_tracking", "long_qa"],
+                                        [1200], [0.5], 1, 0)
+        found += items_module.task_items(vocab, ["passkey"], [1200], [0.5], 1, 0, haystacks=("code", "legal", "logs"))
+    finally:
+        vocab.close()
+    assert len(found) == 8
+    for item in found:
+        assert item.auto_query == item.query and item.auto_query_tokens == item.query_tokens, item.id
+    spec = worker.RunSpec(model_path=str(model_path), method="locret-q-auto", budget=256, heads=None,
+                          stabilizers=None, local=None, n_ctx=2048, ubatch=128, threads=2)
+    none_found = dataclasses.replace(found[0], auto_query="", auto_query_tokens=())
+    assert worker.query_of(spec, none_found) == "" and worker.prompt_of(spec, none_found) == list(found[0].tokens)
+    assert worker.prompt_of(spec, found[0]) == list(found[0].query_tokens)
 
 
 def test_locret_pyramid_gives_each_layer_pyramidkvs_budget(tmp_path, model_path):
@@ -397,3 +436,45 @@ def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
         for pid in found:  # a failed check leaves nothing running either
             if Path(f"/proc/{pid}").exists():
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path, model_path):
+    # the shipped heads' logs: the plain heads read only the Python reference, the Locret-Q heads started from them
+    # and added the four first families; the four newer ones are held out from both
+    from locret.evaluation.heldout import check_held_out, training
+
+    out = tmp_path / "held"
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", "600", "--depths", "0.5",
+                          "--haystacks", "recipes,minutes", "--held-out", "--methods", "locret,locret-q",
+                          *COMMON, "-o", out, "--no-plots"), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    settings = json.loads((out / "summary.json").read_text())["settings"]
+    assert settings["held_out"] == {"families": ["recipes", "minutes"], "heads_trained_on": {
+        "locret": ["pydoc"], "locret-q": ["code", "legal", "logs", "prose", "pydoc"]}}
+    rows = {r["source"] for r in json.loads((out / "summary.json").read_text())["summary"]}
+    assert rows == {"passkey@recipes", "passkey@minutes"}
+
+    # logs of our own: a chain through init_heads, data files, a missing log
+    def heads(name, **config):
+        (tmp_path / f"{name}.run").mkdir()
+        (tmp_path / f"{name}.run" / "train-log.json").write_text(json.dumps({"log_version": 1, "config": config}))
+        (tmp_path / f"{name}.gguf").write_bytes(b"")
+        return str(tmp_path / f"{name}.gguf")
+
+    base = heads("base", data=[])
+    child = heads("child", data=[], contexts=["logs", "weather"], init_heads="elsewhere/base.gguf")
+    files = heads("files", data=["corpus.jsonl"])
+    assert training(base).families == {"pydoc"} and training(child).families == {"pydoc", "logs", "weather"}
+    assert check_held_out(["prose", "manual"], {"a": base, "b": child}) == {"a": ["pydoc"],
+                                                                            "b": ["logs", "pydoc", "weather"]}
+    with pytest.raises(ValueError, match="weather is not held out for b: its heads were trained on logs, pydoc, "
+                                         "weather"):
+        check_held_out(["manual", "weather"], {"a": base, "b": child})
+    with pytest.raises(ValueError, match=r"cannot report held-out families for c: .*data files \(corpus.jsonl\)"):
+        check_held_out(["manual"], {"c": files})
+    with pytest.raises(ValueError, match="cannot report held-out families for d: no training log at"):
+        check_held_out(["manual"], {"d": str(tmp_path / "none.gguf")})
+    with pytest.raises(ValueError, match="heads embedded in the model"):
+        check_held_out(["manual"], {"e": None})
+    orphan = heads("orphan", data=[], init_heads="gone.gguf")
+    assert training(orphan).families is None and "gone.gguf" in training(orphan).why

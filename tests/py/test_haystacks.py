@@ -167,7 +167,7 @@ def test_families_differ():
 
 
 def test_unknown_family_is_refused_with_the_valid_ones():
-    message = r"unknown haystack family 'poetry'; valid families: prose, code, legal, logs"
+    message = r"unknown haystack family 'poetry'; valid families: prose, code, legal, logs, recipes, weather, manual, minutes"
     with pytest.raises(ValueError, match=message):
         haystacks.units("poetry", random.Random(0))                # at once, not on the first unit
     for name in NEEDLE_TASKS:

@@ -345,53 +345,82 @@ def test_rows_that_only_move_keep_their_bytes(type_kv, flash, model_path, heads_
         assert np.array_equal(k, converted[il][0]) and np.array_equal(v, converted[il][1]), f"layer {il}"
 
 
-@pytest.mark.parametrize("positions", ["compact", "keep", "keep:128"])
-def test_a_token_after_an_eviction_reads_what_llama_cpp_would_read(positions, model_path, prompt_tokens):
-    # Independent reference: llama.cpp's own cache holding the units the layout keeps at the RoPE positions it reports
-    # (a second sequence given the kept units, llama.cpp's seq_rm dropping the evicted ones and its K-shift moving the
-    # re-rotated ones), then the same token decoded in both. The token right after an eviction attends exactly to the
-    # kept units, so the logits must be the same: a unit lost, duplicated, wrongly masked, moved to the wrong cell or
-    # rotated to the wrong position shows (checked: one sink dropped from the reference, 0.42 of the largest logit).
-    # keep:128 compacts positions at that eviction. Streaming keeps the same units in every layer and head, which a
-    # plain cache can hold. F32 cache without flash attention: exact (0.0 in all three layouts). Only the first
-    # eviction's token: later tokens drift apart by 2-4 % in every layout, for a reason not found yet (docs/results.md
-    # "Kept positions at 32K: what was ruled out").
+class LlamaCppMirror:
+    """Independent reference for a Locret cache run with the streaming policy (the same units in every layer and KV
+    head, which a plain cache can hold): llama.cpp's own cache, given the first `n_prefix` units in sequence 0 and then
+    copied to sequence 1, holds the units the Locret cache reports at the RoPE positions it reports (llama.cpp's
+    seq_rm drops the evicted ones, its K-shift moves the re-rotated ones), and decodes the same tokens there.
+    `holes=False` keeps sequence 0's cells, so that later tokens go to fresh cells rather than to the freed ones."""
+
+    def __init__(self, model, n_ctx, *, holes):
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max, params.kv_unified = n_ctx, UB, UB, 2, True
+        params.type_k = params.type_v = 0
+        params.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self.ctx = llama_cpp.llama_init_from_model(model, params)
+        assert self.ctx
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.holes, self.held, self.moved = holes, {}, 0
+
+    def prefix(self, tokens):
+        for i in range(0, len(tokens), UB):
+            decode_at(self.ctx, tokens[i:i + UB], range(i, min(i + UB, len(tokens))), 0)
+        llama_cpp.llama_memory_seq_cp(self.mem, 0, 1, -1, -1)
+        if self.holes:
+            assert llama_cpp.llama_memory_seq_rm(self.mem, 0, -1, -1)
+        self.held = {p: p for p in range(len(tokens))}  # logical -> position in the reference
+
+    def follow(self, where, token, t):
+        """Apply what the Locret cache did before token t (where: logical -> RoPE position of every unit it holds,
+        t included), then decode t; its logits."""
+        for p in [p for p in sorted(self.held) if p not in where]:  # evicted
+            pos = self.held.pop(p)
+            assert llama_cpp.llama_memory_seq_rm(self.mem, 1, pos, pos + 1)
+        for p in sorted(self.held):  # ascending: each moves down past no unit that has not moved yet
+            if where[p] != self.held[p]:
+                llama_cpp.llama_memory_seq_add(self.mem, 1, self.held[p], self.held[p] + 1, where[p] - self.held[p])
+                self.held[p] = where[p]
+                self.moved += 1
+        self.held[t] = where[t]
+        return decode_at(self.ctx, [token], [where[t]], 1)
+
+    def close(self):
+        llama_cpp.llama_free(self.ctx)
+
+
+def decode_at(ctx, tokens, positions, seq):
+    """One llama_decode of `tokens` at `positions` in sequence `seq`; the last token's logits."""
+    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    try:
+        batch.n_tokens = len(tokens)
+        for i, (t, p) in enumerate(zip(tokens, positions)):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, p, 1, seq
+            batch.logits[i] = i == len(tokens) - 1
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+    finally:
+        llama_cpp.llama_batch_free(batch)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(ctx)))
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+
+
+def mirror_run(model_path, prompt_tokens, positions, n_tokens, mirrors):
+    """A Locret cache (streaming, b = B, ubatch UB, F32, no flash attention) full after B + UB tokens, then n_tokens
+    tokens one at a time (as generation runs, so that every context runs the same kernels), each also decoded by the
+    mirrors (LlamaCppMirror settings); per token the logits of the Locret cache and of each mirror, and the stats."""
     common = dict(n_ctx=1024, n_batch=UB, n_ubatch=UB, type_k=0, type_v=0, flash_attn=False, verbose=False, seed=1)
     llm = Llama(model_path=str(model_path), locret_budget=B, locret_policy="streaming", locret_positions=positions,
                 **common)
-    plain = llama_cpp.Llama(model_path=str(model_path), **common)
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch, params.n_seq_max, params.kv_unified = 1024, UB, UB, 2, True
-    params.type_k = params.type_v = 0
-    params.flash_attn_type = 0  # LLAMA_FLASH_ATTN_TYPE_DISABLED
-    ref = llama_cpp.llama_init_from_model(plain._model.model, params)
-    assert ref
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(plain._model.model))
+    plain = llama_cpp.Llama(model_path=str(model_path), **common)  # a model without Locret's settings
+    refs = [LlamaCppMirror(plain._model.model, 1024, **m) for m in mirrors]
     n_layer, n_head_kv = shape(llm)
-
-    def decode_at(ctx, tokens, positions_, seq):
-        batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
-        try:
-            batch.n_tokens = len(tokens)
-            for i, (t, p) in enumerate(zip(tokens, positions_)):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = t, p, 1, seq
-                batch.logits[i] = i == len(tokens) - 1
-            assert llama_cpp.llama_decode(ctx, batch) == 0
-        finally:
-            llama_cpp.llama_batch_free(batch)
-        return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
-
     try:
-        n_full = B + UB  # the cache is full: the next token evicts
-        for ctx in (llm._ctx.ctx, ref):
-            for i in range(0, n_full, UB):
-                decode_at(ctx, prompt_tokens[i:i + UB], range(i, i + UB), 0)
-        mem = llama_cpp.llama_get_memory(ref)
-        llama_cpp.llama_memory_seq_cp(mem, 0, 1, -1, -1)
-        assert llama_cpp.llama_memory_seq_rm(mem, 0, -1, -1)
-        held = {p: p for p in range(n_full)}  # the reference's units: logical -> position
-        moved_any = False
-        for t in range(n_full, n_full + 1):
+        n_full = B + UB
+        for i in range(0, n_full, UB):
+            decode_at(llm._ctx.ctx, prompt_tokens[i:i + UB], range(i, i + UB), 0)
+        for r in refs:
+            r.prefix(prompt_tokens[:n_full])
+        rows = []
+        for t in range(n_full, n_full + n_tokens):
             got = decode_at(llm._ctx.ctx, [prompt_tokens[t]], [t], 0)
             kept = llm.locret_retained(0, 0).tolist()
             rope = eviction.rope_positions(llm._ctx.ctx, 0, 0).tolist()
@@ -399,27 +428,55 @@ def test_a_token_after_an_eviction_reads_what_llama_cpp_would_read(positions, mo
                 for h in range(n_head_kv):
                     assert llm.locret_retained(il, h).tolist() == kept
                     assert eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == rope
-            where = dict(zip(kept, rope))
             assert kept[-1] == t and sorted(kept)[:4] == [0, 1, 2, 3]  # the new token last; streaming's sinks
-            for p in [p for p in sorted(held) if p not in where]:  # evicted
-                pos = held.pop(p)
-                assert llama_cpp.llama_memory_seq_rm(mem, 1, pos, pos + 1)
-            for p in sorted(held):  # ascending: each moves down past no unit that has not moved yet
-                if where[p] != held[p]:
-                    llama_cpp.llama_memory_seq_add(mem, 1, held[p], held[p] + 1, where[p] - held[p])
-                    held[p], moved_any = where[p], True
-            want = decode_at(ref, [prompt_tokens[t]], [where[t]], 1)
-            held[t] = where[t]
-            err = float(np.abs(got - want).max() / np.abs(want).max())
-            assert err <= 1e-6, f"{positions}, token {t}: logits off by {err:.2e} of the largest"
-        st = llm.locret_stats()
+            where = dict(zip(kept, rope))
+            rows.append([got] + [r.follow(where, prompt_tokens[t], t) for r in refs])
+        return rows, llm.locret_stats(), [r.moved for r in refs]
     finally:
-        llama_cpp.llama_free(ref)
+        for r in refs:
+            r.close()
         plain.close()
         llm.close()
-    assert st["n_evictions"] == 1 and len(held) == B + 1
-    assert moved_any == (positions != "keep")  # compact and a compaction of positions re-rotate, keep does not
-    assert st["n_repositions"] == (positions == "keep:128")
+
+
+def rel_err(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("positions", ["compact", "keep", "keep:128"])
+def test_a_token_after_an_eviction_reads_what_llama_cpp_would_read(positions, model_path, prompt_tokens):
+    # The token right after an eviction attends exactly to the kept units, so its logits must be those of llama.cpp's
+    # own cache holding the same units at the same positions (LlamaCppMirror): a unit lost, duplicated, wrongly
+    # masked, moved to the wrong cell or rotated to the wrong position shows (checked: one sink dropped from the
+    # reference gives 0.42 of the largest logit). keep:128 compacts positions at that eviction. Exact here (0.0): the
+    # cells line up with llama.cpp's the same way for this one token (see the next test for later ones).
+    rows, st, moved = mirror_run(model_path, prompt_tokens, positions, 1, [dict(holes=True)])
+    (got, want), = rows
+    assert st["n_evictions"] == 1 and st["n_repositions"] == (positions == "keep:128")
+    assert (moved[0] > 0) == (positions != "keep")  # compact and a compaction of positions re-rotate, keep does not
+    err = rel_err(got, want)
+    assert err <= 1e-6, f"{positions}: logits off by {err:.2e} of the largest"
+
+
+@pytest.mark.parametrize("positions", ["compact", "keep", "keep:200"])
+def test_tokens_over_evictions_stay_as_close_to_llama_cpp_as_llama_cpp_to_itself(positions, model_path,
+                                                                                 prompt_tokens):
+    # Over 6 evictions (with keep:200 a compaction of positions after holes were filled), token by token: the Locret
+    # cache against llama.cpp's cache holding the same units without holes, beside llama.cpp against itself with
+    # holes (new tokens in freed cells). The two llama.cpp runs hold the same units at the same positions, only in
+    # other cells, and still part by up to ~6 % of the largest logit: the Q8_0 model quantizes its activations, so a
+    # last-bit difference from another summation order can move a whole quantization step. The Locret cache must stay
+    # within that spread (measured: worst 0.05-0.06 both ways, the same top token for >= 191 of 200 tokens), far
+    # below what a wrong unit gives (0.42).
+    n = 5 * UB + 7
+    rows, st, _ = mirror_run(model_path, prompt_tokens, positions, n, [dict(holes=False), dict(holes=True)])
+    ours = [rel_err(got, ref) for got, ref, _ in rows]
+    theirs = [rel_err(holes, ref) for _, ref, holes in rows]
+    same_top = sum(int(got.argmax() == ref.argmax()) for got, ref, _ in rows)
+    assert st["n_evictions"] == 6 and (st["n_repositions"] >= 1) == (positions == "keep:200")
+    assert ours[0] == 0.0  # the first token after the first eviction: exact, as above
+    assert max(ours) <= max(2 * max(theirs), 0.1), (max(ours), max(theirs))
+    assert same_top >= 0.9 * n
 
 
 def test_the_layout_probe_reports_one_prompt():

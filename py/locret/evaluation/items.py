@@ -29,6 +29,10 @@ class Item:
     # empty for benchmark records
     query: str = ""
     query_tokens: tuple[int, ...] = ()
+    # Locret-Q auto: the question the library's rule finds in the user message ("" when none), and the prompt with it
+    # placed at the start (empty when none)
+    auto_query: str = ""
+    auto_query_tokens: tuple[int, ...] = ()
 
 
 class ItemError(ValueError):
@@ -103,20 +107,43 @@ def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequen
                                        **options)
                 tag = "all" if depth is None else f"d{depth:.2f}"
                 spans = [(label, a, b) for label, a, b in sample.spans()]
+                found = auto_question(sample, chat)
                 out.append(Item(id=f"{source}/{length}/{tag}/{index}", source=source, length=length,
                                 depth=depth, tokens=tuple(sample.tokens),
                                 max_new_tokens=max_new_tokens or task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
                                 extra={"seed": seed, "index": index, "needles": spans}, query=sample.question,
-                                query_tokens=query_prompt(sample, tokenize, chat)))
+                                query_tokens=query_prompt(sample, tokenize, chat), auto_query=found,
+                                auto_query_tokens=query_prompt(sample, tokenize, chat, found) if found else ()))
                 if progress is not None:
                     progress.update(1)
     return out
 
 
-def query_prompt(sample: tasks.haystack.Sample, tokenize, chat) -> tuple[int, ...]:
+def user_message(sample: tasks.haystack.Sample, chat) -> str:
+    """The text of a task sample's user turn: the prompt without the chat template around it (the whole prompt
+    without a template)."""
+    text = sample.text
+    if not chat:
+        return text
+    mark = "\u0001"
+    before, after = chat(mark).split(mark)
+    if not (text.startswith(before) and text.endswith(after)):
+        raise ItemError(f"{sample.task}: the prompt is not one user turn of the model's chat template")
+    return text[len(before):len(text) - len(after)]
+
+
+def auto_question(sample: tasks.haystack.Sample, chat) -> str:
+    """Locret-Q auto on a task sample: the question the library's rule finds at the end of the user message, as
+    `--locret-query auto` and locret.Llama(locret_query="auto") find it ("" when there is none)."""
+    from ..query import find_question
+
+    return find_question(user_message(sample, chat))
+
+
+def query_prompt(sample: tasks.haystack.Sample, tokenize, chat, question: str | None = None) -> tuple[int, ...]:
     """Locret-Q's prompt of a task sample: the head piece rewritten so that the user turn opens with the question
-    and a blank line (the layout the tools and the trainer use); filler, needles and tail keep their tokens, so
-    the needles move by the head's growth only."""
+    (the task's own, or `question`) and a blank line (the layout the tools and the trainer use); filler, needles and
+    tail keep their tokens, so the needles move by the head's growth only."""
     from ..query import place_query
 
     head = sample.pieces[0]
@@ -124,7 +151,8 @@ def query_prompt(sample: tasks.haystack.Sample, tokenize, chat) -> tuple[int, ..
         raise ItemError(f"{sample.task}: a sample must start with its head piece")
     mark = "\u0001"
     plain = chat(mark) if chat else mark
-    with_query = chat(place_query(sample.question, mark)) if chat else place_query(sample.question, mark)
+    question = sample.question if question is None else question
+    with_query = chat(place_query(question, mark)) if chat else place_query(question, mark)
     before, before_q = plain.split(mark)[0], with_query.split(mark)[0]
     if not head.text.startswith(before):
         raise ItemError(f"{sample.task}: the chat template's text before the user turn is not the prompt's head")

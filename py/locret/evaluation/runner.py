@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from .. import devices, models, planner
 from ..files import sha256_file
-from . import HEADS_METHODS, METHODS, TRAINED_HEADS_METHODS, items as items_module, report
+from . import HEADS_METHODS, METHODS, QUERY_METHODS, TRAINED_HEADS_METHODS, items as items_module, report
 from .items import Item, ItemError
 from .worker import RunSpec
 
@@ -64,11 +64,12 @@ class EvalConfig:
     heatmaps: int = 1
     max_minutes: float | None = None
     plots: bool = True
+    held_out: bool = False         # refuse families the evaluated heads were trained on (heldout.py)
 
     def fingerprint(self) -> dict:
         """What decides the samples' results (not where they go, nor the time limit or plotting)."""
         d = asdict(self)
-        for k in ("output", "max_minutes", "plots", "heatmaps", "threads"):
+        for k in ("output", "max_minutes", "plots", "heatmaps", "threads", "held_out"):
             d.pop(k)
         if d["haystacks"] == ["prose"]:
             d.pop("haystacks")  # what every run before the families was: such runs resume
@@ -122,8 +123,10 @@ def validate(cfg: EvalConfig) -> None:
         raise EvalError(f"--lag is LagKV's partition (at least 2 units): give the method lagkv (got {cfg.lag})")
     if cfg.pool and not any(m in HEADS_METHODS for m in cfg.methods):
         raise EvalError(f"--pool smooths the retaining heads' scores: give one of {', '.join(HEADS_METHODS)}")
-    if "locret-q" in cfg.methods and not cfg.tasks:
-        raise EvalError("locret-q places each task's question at the start; benchmark records have none here")
+    for method in QUERY_METHODS:
+        if method in cfg.methods and not cfg.tasks:
+            raise EvalError(f"{method} places each generated task's question at the start of its prompt (the task's "
+                            "own, or the one the auto rule finds); benchmark records have none here")
     for d in cfg.datasets:
         if not Path(d).is_file():
             raise EvalError(f"dataset file {d} does not exist")
@@ -137,7 +140,7 @@ def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> 
         if method not in TRAINED_HEADS_METHODS:
             continue
         try:
-            found, _ = planner.resolve_heads(cfg.model, model_path, facts, cfg.heads, query=method == "locret-q")
+            found, _ = planner.resolve_heads(cfg.model, model_path, facts, cfg.heads, query=method in QUERY_METHODS)
         except planner.PlanError as e:
             raise EvalError(str(e)) from None
         heads[method] = str(found) if found is not None else None
@@ -145,6 +148,21 @@ def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> 
         from ..heads import cached_random_heads
         random_heads = cfg.random_heads or cached_random_heads(model_path)
     return heads, random_heads
+
+
+def _held_out(cfg: EvalConfig, heads: dict) -> dict:
+    """--held-out: the families every trained-heads method's training log names ({} without --held-out); a family
+    the heads were trained on, or heads whose training cannot be read, refuse the run."""
+    if not cfg.held_out:
+        return {}
+    if not cfg.tasks:
+        raise EvalError("--held-out is about the generated tasks' haystack families (--tasks, --haystacks)")
+    from .heldout import check_held_out
+
+    try:
+        return check_held_out(cfg.haystacks, heads)
+    except ValueError as e:
+        raise EvalError(f"--held-out: {e}") from None
 
 
 def _heads_used(heads: dict, random_heads: str | None) -> dict:
@@ -160,7 +178,7 @@ def _heads_used(heads: dict, random_heads: str | None) -> dict:
 def _resolution_unchanged(cfg: EvalConfig) -> bool:
     """Whether a run from before `heads_used` was recorded resolved its heads as today: only locret-q without
     --heads changed (it took the plain heads before the Locret-Q heads were shipped)."""
-    return cfg.heads is not None or "locret-q" not in cfg.methods
+    return cfg.heads is not None or not any(m in cfg.methods for m in QUERY_METHODS)
 
 
 def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: planner.ModelFacts,
@@ -277,6 +295,7 @@ def run(cfg: EvalConfig) -> int:
     dev = apply_device(cfg, facts)
     validate(cfg)
     heads, random_heads = _heads_for(cfg, model_path, facts)
+    trained_on = _held_out(cfg, heads)
     out = cfg.output
     (out / "heatmaps").mkdir(parents=True, exist_ok=True)
     config_path, fingerprint = out / "config.json", cfg.fingerprint()
@@ -346,6 +365,9 @@ def run(cfg: EvalConfig) -> int:
     heads_files = {m: Path(h).name if h else None for m, h in heads.items()}  # None: embedded in the model
     settings = dict(fingerprint, model_path=model_path.name, heads_files=heads_files,
                     incomplete=stopped)
+    if cfg.held_out:
+        # every family reported was checked against the heads' training logs: {method: families trained on}
+        settings["held_out"] = {"families": cfg.haystacks, "heads_trained_on": trained_on}
     (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary, "skipped": skipped,
                                                   "memory": memory_notes}, indent=1, default=str))
     table = report.markdown(summary, skipped, memory_notes)
@@ -381,7 +403,7 @@ def run_cli(args) -> int:
                      threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
                      max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,
-                     max_minutes=args.max_minutes, plots=not args.no_plots)
+                     max_minutes=args.max_minutes, plots=not args.no_plots, held_out=args.held_out)
     return run(cfg)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import HEADS_METHODS, decoding
+from . import HEADS_METHODS, QUERY_METHODS, decoding
 from .items import Item
 
 HEATMAP_BINS = 128  # logical-position bins of a retained-unit heatmap
@@ -115,8 +115,18 @@ def _retained_histogram(llm, n_layer: int, n_head_kv: int, n_prompt: int) -> np.
     return out
 
 
+def query_of(spec: RunSpec, item: Item) -> str:
+    """The question a Locret-Q method places and pins: the task's, or the one the auto rule found ("": none, the
+    prompt as it is)."""
+    if spec.method == "locret-q":
+        return item.query
+    return item.auto_query if spec.method == "locret-q-auto" else ""
+
+
 def prompt_of(spec: RunSpec, item: Item) -> list[int]:
     """The prompt a method answers: Locret-Q's has the question at the start of the user turn."""
+    if spec.method == "locret-q-auto":
+        return list(item.auto_query_tokens) if item.auto_query else list(item.tokens)
     if spec.method != "locret-q":
         return list(item.tokens)
     if not item.query_tokens:
@@ -124,7 +134,7 @@ def prompt_of(spec: RunSpec, item: Item) -> list[int]:
     return list(item.query_tokens)
 
 
-def _pin_query(llm, spec: RunSpec, item: Item, tokens: list[int]) -> None:
+def _pin_query(llm, spec: RunSpec, query: str, tokens: list[int]) -> None:
     """Locret-Q: pin the prompt's tokens through the question (the C library's rule, as the tools) when the
     prompt starts the sequence (after llm.reset(), the next eval empties it first)."""
     import llama_cpp
@@ -132,7 +142,7 @@ def _pin_query(llm, spec: RunSpec, item: Item, tokens: list[int]) -> None:
     from .. import eviction
 
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    llm.locret_pin_next_prompt(eviction.query_tokens(vocab, tokens, item.query, spec.budget))
+    llm.locret_pin_next_prompt(eviction.query_tokens(vocab, tokens, query, spec.budget))
 
 
 def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) -> int:
@@ -142,8 +152,8 @@ def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) 
     only at the end; with `heat`, the retained units are read after each chunk too."""
     tokens = prompt_of(spec, item)
     llm.locret_pin_next_prompt(None)
-    if spec.method == "locret-q":
-        _pin_query(llm, spec, item, tokens)
+    if query_of(spec, item):
+        _pin_query(llm, spec, query_of(spec, item), tokens)
     if not evicting:
         llm.eval(tokens)
         return 0
@@ -177,6 +187,10 @@ def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
                evictions=int(stats["n_evictions"]) if evicting else 0,
                pinned=int(stats["n_pinned"]) if evicting else 0, pool=int(stats["pool"]) if evicting else 0,
                kv_bytes=int(stats["kv_bytes"]) if evicting else None, extra=item.extra)
+    if spec.method == "locret-q-auto":
+        # what the auto rule found, and whether it is the task's own question
+        out["query_found"] = item.auto_query
+        out["query_is_the_tasks"] = bool(item.auto_query) and item.auto_query.strip() == item.query.strip()
     if evicting:
         # what each evicting layer keeps (a budget schedule's per-layer budgets; the budget everywhere otherwise)
         out["layer_budgets"] = [b for b in (llm.locret_layer_budget(il) for il in range(kv_heads(llm)[0])) if b >= 0]

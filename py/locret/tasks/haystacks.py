@@ -12,6 +12,9 @@ prose, so the same needles and question can be asked over prose, source code, li
   from templates and phrase lists; each unit is one sentence ending with a full stop, like prose.
 - ``logs``: server and application log lines, "[late morning] warn db.pool: ...": the time of day is in
   words and the level in lower case; each unit is one or two lines ending with a newline.
+- ``recipes``, ``weather``, ``manual``, ``minutes``: cooking steps, weather bulletins, an appliance manual and
+  meeting minutes, one line each (ending with a newline), of our own wording from templates and word lists. No
+  training run has used them: they are the held-out families of the evaluation.
 
 Every unit is whole: haystack.assemble joins units with a space and places needles only between them.
 Like filler.py, the generated families carry nothing a task asks about: no digits anywhere (needles carry
@@ -35,7 +38,7 @@ from typing import Iterator, Mapping, Sequence
 from . import filler
 from .haystack import sentence_stream
 
-FAMILIES = ("prose", "code", "legal", "logs")
+FAMILIES = ("prose", "code", "legal", "logs", "recipes", "weather", "manual", "minutes")
 
 # A slot in a template: {name} or {name:x} (a second, different choice from the same list, used where one
 # unit needs two words of a kind); {Name} capitalises the word. One slot name has one word per unit.
@@ -346,10 +349,232 @@ _LOG_TEMPLATES = (
     "[{when}] {ok} {component}: the {queue} queue is {state}\n",
 )
 
+# ---------------------------------------------------------------- families no shipped heads were trained on
+# recipes, weather, manual and minutes: held out from every training run so far (the heads' train-log.json names
+# the families a run used; `locret eval --held-out` reports only families none of the evaluated heads used).
+# Units are lines ending with a newline.
+
+
+def _headed(head: str, templates: tuple[str, ...]) -> tuple[str, ...]:
+    """Every line opened by a heading slot (as log lines open with their time of day): variety over many passes."""
+    return tuple(head + t for t in templates)
+
+_RECIPE_WORDS: dict[str, tuple[str, ...]] = {
+    "course": ("starter", "main course", "vegetables", "dessert", "breakfast", "supper", "lunch", "snack", "brunch",
+               "picnic", "bread", "sauces", "preserves", "baking"),
+    "step": ("whisk", "fold", "stir", "chop", "slice", "roast", "simmer", "season", "drain", "rinse", "grate",
+             "knead", "toast", "blend", "sieve", "brown", "crush", "mash"),
+    "ingredient": ("onions", "garlic", "leeks", "carrots", "lentils", "butter", "flour", "rice", "mushrooms",
+                   "spinach", "celery", "beans", "oats", "apples", "pears", "plums", "ginger", "cabbage", "peas",
+                   "shallots", "barley", "potatoes", "chickpeas", "courgettes", "tomatoes", "fennel"),
+    "tool": ("a wooden spoon", "a whisk", "a fork", "a sieve", "a heavy pan", "a large pot", "a sharp knife",
+             "the grater", "a mixing bowl", "a ladle", "a spatula", "the rolling pin"),
+    "texture": ("soft", "golden", "glossy", "smooth", "tender", "fragrant", "crisp at the edges",
+                "thick enough to coat the spoon", "just bubbling", "pale and fluffy", "evenly browned"),
+    "dish": ("soup", "stew", "risotto", "pie filling", "dough", "sauce", "porridge", "curry", "gratin", "dressing",
+             "pudding", "broth", "casserole", "crumble"),
+    "vessel": ("a shallow dish", "a glass jar", "a lidded box", "warm bowls", "a deep tin", "a serving platter"),
+    "herb": ("thyme", "basil", "parsley", "dill", "chives", "mint", "coriander", "sage leaves", "rosemary"),
+    "seasoning": ("salt", "black pepper", "nutmeg", "paprika", "cumin", "cinnamon", "chilli flakes"),
+    "liquid": ("milk", "water", "stock", "white wine", "lemon juice", "cream", "apple juice"),
+    "heat": ("a low flame", "a gentle heat", "a medium heat", "a steady heat"),
+    "place": ("a warm corner", "the fridge", "a cool larder", "a low oven"),
+    "side": ("crusty bread", "steamed greens", "boiled rice", "a green salad", "roast potatoes", "flatbreads"),
+    "legume": ("beans", "chickpeas", "lentils", "dried peas"),
+    "nut": ("almonds", "walnuts", "hazelnuts", "pine nuts", "sesame seeds", "pumpkin seeds"),
+    "tip": ("a pinch of sugar balances a sour sauce", "dry herbs go in early and fresh ones at the end",
+            "salt the water well before the pasta goes in", "a cold pan keeps garlic from burning",
+            "rested dough is easier to roll", "a squeeze of lemon wakes up a heavy stew"),
+}
+
+_RECIPE_TEMPLATES = _headed("{Course}: ", (
+    "{Step} the {ingredient} with {tool} until {texture}.\n",
+    "Add the {ingredient} and {step} gently for a few minutes.\n",
+    "Keep the {ingredient:b} warm while you {step} the {ingredient}.\n",
+    "Season the {dish} with {seasoning} and taste before serving.\n",
+    "Let the {dish} rest under a clean cloth before slicing.\n",
+    "Warm a heavy pan over {heat} and soften the {ingredient} in butter.\n",
+    "Spoon the {dish} into {vessel} and scatter {herb} on top.\n",
+    "If the {dish} looks dry, loosen it with a splash of {liquid}.\n",
+    "Cover and leave the {dish} in {place} until {texture}.\n",
+    "Serve the {dish} with {side} and a little {herb}.\n",
+    "Soak the {legume} overnight and drain them before adding the {ingredient}.\n",
+    "Preheat the oven for the {dish} and grease {vessel}.\n",
+    "Whisk the eggs with {liquid} and a pinch of {seasoning}.\n",
+    "Reduce the heat and let the {dish} simmer until {texture}.\n",
+    "Tip for the {dish}: {tip}.\n",
+    "For a lighter {dish}, use {liquid} instead of cream.\n",
+    "Store leftover {dish} in {vessel} in the fridge for a couple of days.\n",
+    "Toast the {nut} in a dry pan and scatter them over the {dish}.\n",
+    "Stir in the {herb} just before the {dish} comes off the heat.\n",
+    "Cover {vessel} with paper and spread the {dish} in an even layer.\n",
+    "Grate the {ingredient} finely and squeeze out the extra water.\n",
+    "Bring the {liquid} to a gentle boil, then lower the heat.\n",
+))
+
+_WEATHER_WORDS: dict[str, tuple[str, ...]] = {
+    "when": ("dawn", "early morning", "mid morning", "before noon", "midday", "early afternoon", "teatime",
+             "dusk", "nightfall", "midnight", "overnight"),
+    "region": ("the northern hills", "the coast", "inland valleys", "the islands", "the eastern plains",
+               "the lakes district", "upland areas", "the city", "western ports", "the southern farmland",
+               "the river basin", "the moors"),
+    "sky": ("bright spells", "patchy cloud", "scattered showers", "persistent drizzle", "clear skies", "low mist",
+            "thundery downpours", "light snow on high ground", "sleet at times", "sunny intervals",
+            "a blanket of grey cloud", "heavy rain"),
+    "part": ("morning", "afternoon", "evening", "night", "early hours"),
+    "wind": ("light", "moderate", "fresh", "strong", "gusty", "gentle"),
+    "direction": ("north", "south", "east", "west", "northwest", "southwest", "northeast", "southeast"),
+    "temp": ("mild", "cool", "chilly", "warm", "close to normal", "rather cold", "pleasant"),
+    "trend": ("rise slowly", "fall away", "hold steady", "dip sharply", "climb a little"),
+    "road": ("surface water", "icy patches", "fallen leaves", "standing water", "blowing snow"),
+    "roads": ("minor roads", "the coast road", "exposed bridges", "mountain passes", "rural lanes"),
+    "level": ("low", "moderate", "high", "very high"),
+    "sea": ("calm", "slight", "moderate", "rough", "choppy"),
+    "coast": ("the harbour", "the headland", "the estuary", "the northern beaches", "the sea wall"),
+    "farm": ("a dry spell for the harvest", "wet fields in low areas", "late frosts in orchards",
+             "good drying conditions", "soft ground for ploughing"),
+    "sheltered": ("sheltered", "rural", "low lying", "inland", "shaded"),
+    "warning": ("a yellow warning of wind", "a flood alert", "an ice advisory", "a heat advisory", "a fog notice"),
+    "gear": ("warm layers", "waterproofs", "plenty of water", "a map and compass", "a head torch"),
+    "feel": ("fresh", "muggy", "crisp", "heavy", "dry", "damp"),
+    "pressure": ("rising", "falling", "steady", "high", "low"),
+    "change": ("clear away", "linger", "spread north", "ease off", "turn heavier"),
+}
+
+_WEATHER_TEMPLATES = _headed("{When} update: ", (
+    "{Region}: {sky} in the {part}, with {wind} winds from the {direction}.\n",
+    "Outlook for {region}: {sky} at first, then {sky:b} later.\n",
+    "Temperatures {trend} through the {part}, feeling {temp} in the wind.\n",
+    "Road conditions: {road} on {roads}, so allow extra time.\n",
+    "Pollen count {level}, air quality {level:b}.\n",
+    "Sea state: {sea} near {coast}, becoming {sea:b} by the {part}.\n",
+    "Farmers in {region} should expect {farm}.\n",
+    "A band of {sky} moves in from the {direction} during the {part}.\n",
+    "Frost is likely in {sheltered} parts of {region} overnight.\n",
+    "The weekend looks {temp} with {sky}.\n",
+    "Warnings: {warning} for {region}.\n",
+    "Hikers in {region} should carry {gear} and expect {sky}.\n",
+    "Humidity stays {level} and the air feels {feel}.\n",
+    "Expect {sky} over {region} and {sky:b} over {region:b}.\n",
+    "The pressure is {pressure}, so the {sky} should {change}.\n",
+    "Winds turn {wind} overnight, backing {direction}.\n",
+    "After a {temp} start, {region} brightens up by the {part}.\n",
+    "Showers could be slow moving over {region} in the {part}.\n",
+))
+
+_MANUAL_WORDS: dict[str, tuple[str, ...]] = {
+    "appliance": ("kettle", "toaster", "blender", "coffee maker", "food processor", "steam iron", "rice cooker",
+                  "slow cooker", "vacuum cleaner", "juicer", "bread maker", "air fryer"),
+    "part": ("filter", "lid", "drip tray", "water tank", "power cord", "side panel", "rubber seal", "control dial",
+             "handle", "base plate", "hinge", "vent", "steam wand", "crumb tray", "blade assembly", "dust bag"),
+    "action": ("clean", "remove", "check", "tighten", "replace", "rinse", "dry", "inspect", "reattach", "empty"),
+    "condition": ("the unit is unplugged", "the light turns green", "the motor stops", "the display shows ready",
+                  "the tank is empty", "the fan stops", "the plate has cooled"),
+    "fault": ("rattles", "leaks", "feels loose", "gets hot", "makes a clicking sound", "will not close",
+              "smells of burning"),
+    "remedy": ("switch the unit off and let it cool", "tighten the screws by hand", "check that the seal sits flat",
+               "contact the service desk", "refit it and try again", "clear any crumbs from the edges"),
+    "danger": ("pull the cord to unplug the unit", "block the vents", "operate the unit with a damaged cord",
+               "leave the unit running unattended", "touch the heating plate while in use",
+               "open the lid during a cycle"),
+    "indicator": ("status light", "display", "power light", "warning lamp", "small green lamp"),
+    "blink": ("blinks slowly", "stays on", "flashes twice", "goes dark", "flickers"),
+    "store": ("a dry cupboard", "its original box", "a cool shelf", "a drawer away from heat"),
+    "tip": ("descale the tank every few weeks", "use filtered water", "empty the drip tray daily",
+            "let the unit warm up first", "wipe the seal after each use"),
+    "setting": ("eco", "gentle", "standard", "high", "the lowest mark", "the steam symbol", "defrost"),
+    "accessory": ("a spare filter", "a cleaning brush", "a travel case", "an extra lid", "a descaling kit",
+                  "a wall bracket"),
+    "misuse": ("dropping the unit", "using the wrong voltage", "unauthorised repairs", "household chemicals",
+               "leaving it outdoors"),
+    "button": ("start button", "timer button", "mode button", "power switch"),
+    "function": ("reset the timer", "lock the controls", "switch modes", "pause the cycle", "wake the display"),
+}
+
+_MANUAL_TEMPLATES = _headed("{Appliance} guide: ", (
+    "Before you {action} the {part}, make sure {condition}.\n",
+    "To {action} the {part}, press the release button and lift gently.\n",
+    "Do not immerse the {part} in water.\n",
+    "If the {part} {fault}, {remedy}.\n",
+    "The {part} can be washed in warm soapy water.\n",
+    "Wipe the {part} with a soft dry cloth after each use.\n",
+    "Warning: never {danger}, and keep the {part} away from children.\n",
+    "Troubleshooting: when the {indicator} {blink}, {remedy}.\n",
+    "Store the {part} in {store} when not in use.\n",
+    "The {part} clicks into place when fitted correctly.\n",
+    "For best results, {tip} and {action} the {part} often.\n",
+    "Check the {part} for cracks before each use.\n",
+    "Turn the control dial to {setting} and wait for the {indicator}.\n",
+    "Accessories: {accessory} and {accessory:b} are sold separately.\n",
+    "The warranty does not cover damage to the {part} caused by {misuse}.\n",
+    "Please note: the {part} may feel warm during normal operation.\n",
+    "Empty the {part} and let it dry with the lid open.\n",
+    "Fit the {part} so that the arrows line up.\n",
+    "Press and hold the {button} to {function}.\n",
+    "Should the {indicator} {blink}, {action} the {part} first.\n",
+))
+
+_MINUTES_WORDS: dict[str, tuple[str, ...]] = {
+    "meeting": ("board meeting", "staff meeting", "committee meeting", "annual meeting", "project meeting",
+                "team meeting", "trustees meeting", "planning meeting", "finance meeting", "open meeting"),
+    "prev": ("previous", "last", "special", "annual", "extra"),
+    "how": ("without changes", "with one correction", "after a short discussion", "as circulated"),
+    "role": ("the chair", "the treasurer", "the secretary", "the site manager", "the head of sales",
+             "the facilities lead", "a trustee", "the auditor", "the deputy chair", "the volunteer lead",
+             "the head of finance", "a staff representative"),
+    "project": ("website redesign", "office move", "new heating system", "volunteer programme",
+                "library extension", "staff survey", "garden project", "recycling scheme", "training plan",
+                "roof repair", "winter fair"),
+    "status": ("on schedule", "slightly behind", "over budget", "nearly finished", "waiting for approval",
+               "paused until spring"),
+    "task": ("draft a proposal", "collect quotes", "book the hall", "update the contact list", "speak to the landlord",
+             "prepare the accounts", "write to the council"),
+    "decision": ("go ahead as planned", "be put on hold", "be reviewed in the autumn", "get a smaller budget",
+                 "move to the new site"),
+    "change": ("reduced", "moved to later in the year", "shared with the other branch", "paid in stages"),
+    "concern": ("the delivery schedule", "staff workload", "rising costs", "the condition of the roof",
+                "late invoices", "the shortage of volunteers", "noise from the building work"),
+    "aob": ("the summer outing", "parking at the main site", "a request for new chairs", "the noticeboard",
+            "the kitchen rota"),
+    "thanks": ("organising the workshop", "the detailed report", "covering the front desk", "tidying the store room",
+               "chasing the suppliers"),
+    "vote": ("passed", "failed", "was carried by a clear majority", "was withdrawn", "was carried unanimously"),
+    "suggestion": ("the group meets every other week", "a small committee looks at the options",
+                   "the report goes out before the meeting", "members bring ideas to the next session"),
+    "doc": ("policy", "timetable", "report", "agenda", "floor plan", "budget summary"),
+    "progress": ("the first phase is complete", "two tasks are behind", "the contractor has been chosen",
+                 "funding is still pending", "the plans were approved"),
+}
+
+_MINUTES_TEMPLATES = _headed("{Meeting}: ", (
+    "{Role} opened the meeting and welcomed everyone.\n",
+    "{Role} reported that the {project} is {status}.\n",
+    "Action: {role} to {task} before the next meeting.\n",
+    "Agreed: the {project} will {decision}.\n",
+    "Apologies were received from {role} and {role:b}.\n",
+    "{Role} asked whether the budget for the {project} could be {change}.\n",
+    "Discussion of the {project} was deferred to the next meeting.\n",
+    "{Role} noted concerns about {concern}.\n",
+    "The minutes of the {prev} meeting were approved {how}.\n",
+    "Any other business: {aob}, raised by {role}.\n",
+    "{Role} thanked {role:b} for {thanks}.\n",
+    "A vote was taken on the {project} and the motion {vote}.\n",
+    "{Role} suggested that {suggestion}.\n",
+    "The meeting closed after {role} spoke about {concern}.\n",
+    "{Role} will circulate the draft {doc} by email.\n",
+    "Progress on the {project} was reviewed; {progress}.\n",
+    "{Role} proposed that the {project} should {decision}; {role:b} seconded.\n",
+    "Members raised {concern} and {concern:b} under the {project} item.\n",
+))
+
 _GENERATED: dict[str, tuple[tuple[str, ...], Mapping[str, tuple[str, ...]]]] = {
     "code": (_CODE_TEMPLATES, _CODE_WORDS),
     "legal": (_LEGAL_TEMPLATES, _LEGAL_WORDS),
     "logs": (_LOG_TEMPLATES, _LOG_WORDS),
+    "recipes": (_RECIPE_TEMPLATES, _RECIPE_WORDS),
+    "weather": (_WEATHER_TEMPLATES, _WEATHER_WORDS),
+    "manual": (_MANUAL_TEMPLATES, _MANUAL_WORDS),
+    "minutes": (_MINUTES_TEMPLATES, _MINUTES_WORDS),
 }
 
 
