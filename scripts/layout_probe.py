@@ -21,8 +21,7 @@ import llama_cpp  # noqa: E402
 
 import locret  # noqa: E402,F401  (points llama_cpp at our library)
 from locret import models, retention  # noqa: E402
-from locret.evaluation import decoding, items as items_mod  # noqa: E402
-from locret.llama import Llama  # noqa: E402
+from locret.evaluation import decoding, items as items_mod, worker  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     item = prompts[a.which]
     n_ctx = -(-(len(item.tokens) + a.max_new + 64) // 256) * 256
-    llm = Llama(model, n_ctx=n_ctx, n_batch=a.ubatch, n_ubatch=a.ubatch, n_threads=a.threads,
-                n_threads_batch=a.threads, flash_attn=True, verbose=False, locret_budget=a.budget,
-                locret_policy="heads", locret_heads=str(models.shipped_heads("smollm2-135m")), locret_pool=a.pool,
-                locret_positions=a.positions, locret_query="off")
+    # the context `locret eval --methods locret` makes for these settings
+    llm = worker.make_llm(worker.RunSpec(model_path=model, method="locret", budget=a.budget,
+                                         heads=str(models.shipped_heads("smollm2-135m")), stabilizers=None,
+                                         local=None, n_ctx=n_ctx, ubatch=a.ubatch, threads=a.threads, pool=a.pool,
+                                         positions=a.positions))
     try:
         t0 = time.time()
         llm.eval(list(item.tokens))

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-TRAINER_DEFAULT_CONTEXTS = ("pydoc",)  # locret.train: the built-in generator's text when --contexts is not given
+from ..train.synthetic import DEFAULT_CONTEXTS
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def training(heads_file: str | Path | None, *, _seen: frozenset[str] = frozenset
     if config.get("data"):
         return Training(None, f"{log}: trained on data files ({', '.join(map(str, config['data']))}) whose text "
                               "families are unknown")
-    families = set(config.get("contexts") or TRAINER_DEFAULT_CONTEXTS)
+    families = set(config.get("contexts") or DEFAULT_CONTEXTS)
     why = [str(log)]
     init = config.get("init_heads")
     if init:

@@ -119,14 +119,21 @@ def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequen
     return out
 
 
+_MARK = "\u0001"  # stands for the document in a user turn, to find the text the template puts around it
+
+
+def _around_mark(chat, user: str = _MARK) -> tuple[str, str]:
+    """The prompt's text before and after _MARK in the user turn `user` (the template's own text around the turn,
+    with what `user` adds before or after the mark; without a template only that)."""
+    before, after = (chat(user) if chat else user).split(_MARK)
+    return before, after
+
+
 def user_message(sample: tasks.haystack.Sample, chat) -> str:
     """The text of a task sample's user turn: the prompt without the chat template around it (the whole prompt
     without a template)."""
     text = sample.text
-    if not chat:
-        return text
-    mark = "\u0001"
-    before, after = chat(mark).split(mark)
+    before, after = _around_mark(chat)
     if not (text.startswith(before) and text.endswith(after)):
         raise ItemError(f"{sample.task}: the prompt is not one user turn of the model's chat template")
     return text[len(before):len(text) - len(after)]
@@ -149,11 +156,8 @@ def query_prompt(sample: tasks.haystack.Sample, tokenize, chat, question: str | 
     head = sample.pieces[0]
     if head.kind != "head":
         raise ItemError(f"{sample.task}: a sample must start with its head piece")
-    mark = "\u0001"
-    plain = chat(mark) if chat else mark
     question = sample.question if question is None else question
-    with_query = chat(place_query(question, mark)) if chat else place_query(question, mark)
-    before, before_q = plain.split(mark)[0], with_query.split(mark)[0]
+    before, before_q = _around_mark(chat)[0], _around_mark(chat, place_query(question, _MARK))[0]
     if not head.text.startswith(before):
         raise ItemError(f"{sample.task}: the chat template's text before the user turn is not the prompt's head")
     text = before_q + head.text[len(before):]

@@ -16,7 +16,7 @@ from pathlib import Path
 from locret.train.backbone import TRAINABLE_MODEL_TYPES
 from locret.convert.errors import ConversionError, RefusingParser
 from locret.convert.gguf_output import WEIGHT_TYPES
-from locret.train.synthetic import CONTEXTS, DEFAULT_TASKS, TASKS
+from locret.train.synthetic import CONTEXTS, DEFAULT_CONTEXTS, DEFAULT_TASKS, TASKS
 from locret.train.trainer import TrainConfig, train
 
 PROGRAM = "train_heads"
@@ -55,7 +55,7 @@ def parser() -> RefusingParser:
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help=f"built-in generator's task mix, comma separated; a task named twice is drawn twice as "
                         f"often (known: {','.join(TASKS)}; default {','.join(DEFAULT_TASKS)})")
-    p.add_argument("--contexts", default="pydoc",
+    p.add_argument("--contexts", default=",".join(DEFAULT_CONTEXTS),
                    help=f"built-in generator's text around the needles, comma separated, one drawn per example "
                         f"(known: {','.join(CONTEXTS)}; pydoc: the Python reference, the others the evaluation's "
                         f"generated haystack families; default pydoc)")

@@ -42,6 +42,9 @@ from typing import Callable
 from locret.tasks.haystacks import FAMILIES, units
 
 CONTEXTS = ("pydoc",) + FAMILIES
+# the text when none is chosen (--contexts): the Python reference alone, the shipped plain heads' (a training log
+# without "contexts" means this; locret.evaluation.heldout reads it so)
+DEFAULT_CONTEXTS = ("pydoc",)
 TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats")
 # the mix when none is chosen: the shipped heads' recipe, kept fixed so that it reproduces them
 DEFAULT_TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent")
@@ -83,7 +86,7 @@ class SyntheticData:
     """Example `index` of the built-in task mix for one seed."""
 
     def __init__(self, count_tokens: Callable[[str], int], seed: int, min_tokens: int, max_tokens: int,
-                 tasks: tuple[str, ...] = DEFAULT_TASKS, contexts: tuple[str, ...] = ("pydoc",)) -> None:
+                 tasks: tuple[str, ...] = DEFAULT_TASKS, contexts: tuple[str, ...] = DEFAULT_CONTEXTS) -> None:
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise ValueError(f"unknown synthetic task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
@@ -120,7 +123,7 @@ class SyntheticData:
         paragraphs of a generated haystack family. The default (pydoc only) draws nothing extra from `rng`,
         so the shipped heads' examples stay what they were. `sections_only`: a task that asks about a
         section (quote) always gets the Python reference."""
-        if self.contexts != ("pydoc",) and not sections_only:
+        if self.contexts != DEFAULT_CONTEXTS and not sections_only:
             kind = self.contexts[rng.randrange(len(self.contexts))]
             if kind != "pydoc":
                 self._kind = kind

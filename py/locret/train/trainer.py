@@ -35,7 +35,7 @@ from ..convert.errors import ConversionError
 from ..convert.gguf_output import Recommended
 from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
-from .synthetic import CONTEXTS, DEFAULT_TASKS, TASKS, SyntheticData
+from .synthetic import CONTEXTS, DEFAULT_CONTEXTS, DEFAULT_TASKS, TASKS, SyntheticData
 from .training_data import Example, TokenizedExample, read_examples, tokenize, with_query
 
 BETAS = (0.9, 0.95)
@@ -69,7 +69,7 @@ class TrainConfig:
     freeze_layers: list[int] = field(default_factory=list)  # layers kept as init_heads gave them
     rank_weight: float = 0.0     # weight of heads_model.attention_kl in the loss; 0: the paper's loss alone
     query_tokens: int = 0        # Locret-Q: the query's length limit L_Q, placed in front of the prompt; 0: off
-    contexts: list[str] = field(default_factory=lambda: ["pydoc"])  # built-in generator's text kinds
+    contexts: list[str] = field(default_factory=lambda: list(DEFAULT_CONTEXTS))  # built-in generator's text kinds
 
     def fingerprint(self) -> str:
         """What must not change between a run and its resumption."""
@@ -82,7 +82,7 @@ class TrainConfig:
             settings["rank_weight"] = self.rank_weight
         if self.query_tokens:  # likewise
             settings["query_tokens"] = self.query_tokens
-        if self.contexts != ["pydoc"]:  # likewise
+        if self.contexts != list(DEFAULT_CONTEXTS):  # likewise
             settings["contexts"] = list(self.contexts)
         text = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -159,7 +159,7 @@ class ExampleSource:
 
     def describe(self) -> str:
         if self.synthetic is not None:
-            kinds = ("pydoc_data.topics text" if self.config.contexts == ["pydoc"] else
+            kinds = ("pydoc_data.topics text" if self.config.contexts == list(DEFAULT_CONTEXTS) else
                      f"text drawn from {', '.join(self.config.contexts)}")
             text = (f"built-in generator ({kinds}; tasks {', '.join(self.config.tasks)}; "
                     f"{self.config.min_tokens}-{self.config.max_tokens} tokens; seed {self.config.seed})")
