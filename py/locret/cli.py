@@ -94,6 +94,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _add_eval(sub) -> None:
     from .evaluation import METHODS
+    from .tasks import TASKS
 
     p = sub.add_parser("eval", help="long-context tasks or benchmarks with every method side by side",
                        description="Evaluate full attention, Locret and the other policies on the same prompts: "
@@ -101,7 +102,7 @@ def _add_eval(sub) -> None:
                        "(--benchmark, --dataset). Writes samples.jsonl (resumable), summary.json, summary.md and "
                        "PNG plots to -o. Exit 1 on a bad input, 3 when a run exceeds --device's memory.")
     what = p.add_argument_group("what to ask")
-    what.add_argument("--tasks", help="comma-separated: passkey, niah, niah_single, variable_tracking, common_words, long_qa")
+    what.add_argument("--tasks", help=f"comma-separated: {', '.join(TASKS)}")
     what.add_argument("--lengths", help="prompt lengths in tokens, comma-separated: 4096, 16k, ...")
     what.add_argument("--haystacks", default="prose",
                       help="the long text the tasks hide their needles in, comma-separated: prose, code, legal, logs, "

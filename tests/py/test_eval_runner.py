@@ -308,16 +308,18 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
 def test_the_auto_rule_finds_every_generated_tasks_question(model_path):
     # locret-q-auto runs what `--locret-query auto` would pin: on the generated tasks (every haystack family) the rule
     # finds the task's own question at the end of the user message; where it finds none the prompt stays plain
+    from locret import tasks
     from locret.evaluation import items as items_module, worker
+    from locret.tasks import haystacks
 
     vocab = items_module.vocab_model(str(model_path))
     try:
-        found = items_module.task_items(vocab, ["passkey", "niah", "niah_single", "variable_tracking", "long_qa"],
-                                        [1200], [0.5], 1, 0)
-        found += items_module.task_items(vocab, ["passkey"], [1200], [0.5], 1, 0, haystacks=("code", "legal", "logs"))
+        found = items_module.task_items(vocab, [t for t in tasks.TASKS if tasks.get(t).USES_DEPTH], [1200], [0.5], 1, 0)
+        found += items_module.task_items(vocab, ["passkey"], [1200], [0.5], 1, 0,
+                                         haystacks=tuple(f for f in haystacks.FAMILIES if f != "prose"))
     finally:
         vocab.close()
-    assert len(found) == 8
+    assert len(found) == 7 + 7
     for item in found:
         assert item.auto_query == item.query and item.auto_query_tokens == item.query_tokens, item.id
     spec = worker.RunSpec(model_path=str(model_path), method="locret-q-auto", budget=256, heads=None,

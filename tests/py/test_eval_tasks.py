@@ -12,7 +12,7 @@ import pytest
 
 from locret import benchmarks, metrics, tasks
 from locret.benchmarks import DatasetError, infinitebench, leval, longbench
-from locret.tasks import common_words, filler, long_qa, niah, passkey_task, variable_tracking
+from locret.tasks import common_words, filler, long_qa, niah, niah_code, niah_quote, passkey_task, variable_tracking
 
 
 def word_tokenizer():
@@ -36,8 +36,8 @@ def filler_before(sample, piece_index: int) -> int:
 # ------------------------------------------------------------------ common interface
 
 def test_registry_and_interface():
-    assert set(tasks.TASKS) == {"passkey", "niah", "niah_single", "variable_tracking", "common_words",
-                                "long_qa"}
+    assert set(tasks.TASKS) == {"passkey", "niah", "niah_single", "niah_code", "niah_quote", "variable_tracking",
+                                "common_words", "long_qa"}
     for name in tasks.TASKS:
         task = tasks.get(name)
         assert task.NAME == name and callable(task.generate) and callable(task.score)
@@ -55,7 +55,8 @@ def _needles_to_find(sample):
     return [(a, 1) for a in sample.answers[:1] if sample.task == "long_qa"] or [(a, 1) for a in sample.answers]
 
 
-@pytest.mark.parametrize("name", ["passkey", "niah", "niah_single", "variable_tracking", "long_qa"])
+@pytest.mark.parametrize("name", ["passkey", "niah", "niah_single", "niah_code", "niah_quote", "variable_tracking",
+                                  "long_qa"])
 @pytest.mark.parametrize("depth", [0.0, 0.1, 0.5, 0.77, 1.0])
 def test_answer_sits_once_at_the_asked_depth(name, depth):
     task = tasks.get(name)
@@ -197,6 +198,32 @@ def test_task_scores():
     assert long_qa.score("March 14, 1962", ["14 March 1962", "March 14, 1962"]) == 1.0
     assert passkey_task.score("The passkey is 48213.", ["48213"]) == 1.0
     assert passkey_task.score("482130", ["48213"]) == 0.0
+    # niah_code: the code's capitals and digits in order, case and separators ignored
+    assert niah_code.score("The code is kx7r 42m9.", ["KX7R-42M9"]) == 1.0
+    assert niah_code.score("KX7R-42M8", ["KX7R-42M9"]) == 0.0 and niah_code.score("KX7R", ["KX7R-42M9"]) == 0.0
+    # niah_quote: "seven cobalt otters" vs "seven cobalt otters murmur beneath the lagoons" (the article goes):
+    # 3 shared, P = 1, R = 3/6 -> F1 = 2/3
+    motto = "seven cobalt otters murmur beneath the lagoons"
+    assert niah_quote.score("Seven cobalt otters", [motto]) == pytest.approx(2 / 3)
+    assert niah_quote.score(f'"{motto.capitalize()}."', [motto]) == 1.0 and niah_quote.score("no idea", [motto]) == 0.0
+
+
+def test_needle_forms():
+    """niah_code's codes follow their pattern and differ across samples; niah_quote's mottos are seven words of
+    their lists; both ask for the key their needle names."""
+    codes, mottos = set(), set()
+    for i in range(40):
+        c = niah_code.generate(1, i, tokenize=TOK, n_tokens=400, depth=0.5)
+        code, key = c.answers[0], c.metadata["keys"][0]
+        assert re.fullmatch(r"[A-HJ-NP-Z]{2}[2-9][A-HJ-NP-Z]-[2-9]{2}[A-HJ-NP-Z][2-9]", code), code
+        assert niah_code.needle_text(key, code) in c.context and key in c.question
+        q = niah_quote.generate(1, i, tokenize=TOK, n_tokens=400, depth=0.5)
+        words = q.answers[0].split()
+        assert len(words) == 7 and set(words) - {"the"} <= set(niah_quote.MOTTO_WORDS)
+        assert f'"{q.answers[0]}"' in q.context and q.metadata["keys"][0] in q.question
+        codes.add(code)
+        mottos.add(q.answers[0])
+    assert len(codes) == 40 and len(mottos) >= 38
 
 
 # ------------------------------------------------------------------ metrics, by hand

@@ -33,12 +33,13 @@ needles + tail, each piece tokenized on its own (so needle positions are exact);
 is the evaluation. haystack.py explains the placement rules.
 
 Filler is our own plain sentences (filler.py; passkey keeps its own), not Python's documentation, which
-the head trainer learns from. The needle tasks (all but common_words) take ``haystack="code"``, ``"legal"`` or
-``"logs"`` for another kind of long text (haystacks.py; ``"prose"``, the default, is the plain sentences).
+the head trainer learns from. The needle tasks (all but common_words) take ``haystack=FAMILY`` for another kind of long text (haystacks.FAMILIES: code, legal, logs, recipes, ...;
+``"prose"``, the default, is the plain sentences).
 
 Tasks: passkey (passkey.py: the original module with its own runner passkey_eval.py; passkey_task.py
 puts it in this interface), niah (several keys and values), niah_single (one key, one number, no
-distractors: the needle task the default model can do in its window), variable_tracking (chains of assignments),
+distractors: the needle task the default model can do in its window), niah_code and niah_quote (the same
+with another needle form: a code of capitals and digits, a sentence to quote), variable_tracking (chains of assignments),
 common_words (most frequent words), long_qa (facts about invented people, F1-scored).
 """
 from __future__ import annotations
@@ -50,6 +51,8 @@ TASKS = {
     "passkey": "passkey_task",
     "niah": "niah",
     "niah_single": "niah_single",
+    "niah_code": "niah_code",
+    "niah_quote": "niah_quote",
     "variable_tracking": "variable_tracking",
     "common_words": "common_words",
     "long_qa": "long_qa",

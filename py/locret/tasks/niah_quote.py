@@ -1,0 +1,65 @@
+"""Single needle, a sentence to quote: one key's motto, seven invented-but-plain words ("seven cobalt otters murmur
+beneath the lagoons"), asked back word for word.
+
+Why beside niah_single and niah_code: a number or a code is one contiguous span a cache either keeps or
+loses; a sentence is several words whose tokens a score-based eviction may keep in part. Scoring by
+token F1 shows a partial keep as a partial answer instead of a zero. The words come from lists of
+their own (MOTTO_WORDS), which no haystack family uses (test_haystacks checks it), so the answer's
+words occur in the text only in the needle.
+
+Score (`score`): SQuAD token F1 of the prediction against the motto (metrics.qa_f1), best over answers.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import metrics
+from . import haystacks, niah
+from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
+
+NAME = "niah_quote"
+USES_DEPTH = True
+MAX_NEW_TOKENS = 32
+
+# the motto's words by place: "<number> <colour> <creature> <verb> <preposition> <the> <thing>"
+NUMBERS = ("seven", "eleven", "twelve", "nineteen", "forty", "ninety")
+COLOURS = ("crimson", "scarlet", "violet", "indigo", "saffron", "cobalt", "maroon", "turquoise")
+CREATURES = ("herons", "beetles", "otters", "magpies", "salmon", "moths", "crickets", "tortoises")
+VERBS = ("whistle", "wander", "shimmer", "tremble", "gallop", "waltz", "murmur", "dance")
+PLACES = ("beneath", "atop", "amid", "alongside")
+THINGS = ("lighthouses", "glaciers", "vineyards", "windmills", "chimneys", "lagoons", "meadows", "volcanoes")
+MOTTO_WORDS = NUMBERS + COLOURS + CREATURES + VERBS + PLACES + THINGS
+
+INTRO = ("A motto is hidden in the long text below. Read it carefully: at the end you will be asked to quote "
+         "the motto that belongs to a given name.")
+
+
+def make_motto(rng) -> str:
+    return " ".join((rng.choice(NUMBERS), rng.choice(COLOURS), rng.choice(CREATURES), rng.choice(VERBS),
+                     rng.choice(PLACES), "the", rng.choice(THINGS)))
+
+
+def needle_text(key: str, motto: str) -> str:
+    return f'The motto of {key} is "{motto}".'
+
+
+def question_text(key: str) -> str:
+    return f"What is the motto of {key} mentioned in the text? Quote it exactly."
+
+
+def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float = 0.5,
+             chat_format: ChatFormat | None = None, haystack: str = "prose") -> Sample:
+    """One sample of at most `n_tokens` prompt tokens: one key's motto at `depth` in a haystack of the family
+    `haystack` (one of haystacks.FAMILIES)."""
+    rng = rng_for(NAME, seed, index)
+    key = f"{rng.choice(niah.ADJECTIVES)}-{rng.choice(niah.NOUNS)}"
+    motto = make_motto(rng)
+    return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
+                    n_tokens=n_tokens, intro=INTRO, question=question_text(key),
+                    filler=haystacks.units(haystack, rng), needles=[Needle(needle_text(key, motto), depth, "answer")],
+                    answers=[motto], metadata={"depth": float(depth), "keys": [key], **haystacks.metadata(haystack)})
+
+
+def score(prediction: str, answers: Sequence[str]) -> float:
+    """Best token F1 of the prediction over the mottos (SQuAD normalisation)."""
+    return max((metrics.qa_f1(prediction, a) for a in answers), default=0.0)
