@@ -95,8 +95,9 @@ void llama_locret_model_forget(const llama_model * model) {
 // budget schedules
 //
 
-// the per-layer budgets of a schedule file: integers separated by blanks, commas or line ends; '#' starts a comment
-static std::vector<uint32_t> locret_read_schedule_file(const char * path) {
+// the per-layer budgets of a schedule file: integers separated by blanks, commas or line ends; '#' starts a comment.
+// A comment line "# model: NAME" names the model the file was made for (into *model, *has_model).
+static std::vector<uint32_t> locret_read_schedule_file(const char * path, std::string * model, bool * has_model) {
     FILE * f = fopen(path, "rb");
     if (f == nullptr) {
         throw std::runtime_error(format("budget schedule '%s' is neither uniform, pyramid nor a readable file", path));
@@ -111,6 +112,19 @@ static std::vector<uint32_t> locret_read_schedule_file(const char * path) {
     std::vector<uint32_t> out;
     std::string word;
     bool comment = false;
+    static const char * MODEL_KEY = "# model:";
+    for (size_t at = 0; at < text.size(); ) {
+        const size_t eol = std::min(text.find('\n', at), text.size());
+        const std::string line = text.substr(at, eol - at);
+        if (line.rfind(MODEL_KEY, 0) == 0) {
+            std::string name = line.substr(std::strlen(MODEL_KEY));
+            const size_t b = name.find_first_not_of(" \t");
+            const size_t e = name.find_last_not_of(" \t\r");
+            *model     = b == std::string::npos ? "" : name.substr(b, e - b + 1);
+            *has_model = true;
+        }
+        at = eol + 1;
+    }
     auto flush = [&]() {
         if (word.empty()) {
             return;
@@ -155,10 +169,26 @@ locret_schedule_spec locret_schedule_parse(const char * schedule) {
         spec.kind = locret_schedule_spec::PYRAMID;
     } else {
         spec.kind    = locret_schedule_spec::EXPLICIT;
-        spec.budgets = locret_read_schedule_file(schedule);
+        spec.budgets = locret_read_schedule_file(schedule, &spec.model, &spec.has_model);
         spec.source  = schedule;
     }
     return spec;
+}
+
+std::string locret_schedule_model_problem(const llama_model & model, const locret_schedule_spec & schedule) {
+    if (schedule.kind != locret_schedule_spec::EXPLICIT || !schedule.has_model) {
+        return "";
+    }
+    // a calibrated schedule fits one model's heads and layers
+    char name[256] = "";
+    if (llama_model_meta_val_str(&model, "general.name", name, sizeof(name)) < 0) {
+        name[0] = '\0';
+    }
+    if (schedule.model == name) {
+        return "";
+    }
+    return format("budget schedule '%s' was made for model '%s'; this model is '%s' (make one for it with locret "
+            "calibrate)", schedule.source.c_str(), schedule.model.c_str(), name);
 }
 
 int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const char * schedule) {
@@ -180,6 +210,9 @@ int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const
             llama_locret_params with = it->second;
             with.budget_schedule = schedule;
             err = locret_params_problem(with);
+            if (err.empty()) {
+                err = locret_schedule_model_problem(*model, spec);
+            }
         }
     }
     if (!err.empty()) {
@@ -552,6 +585,9 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
         cfg.position_limit = p.position_limit > 0 ? (uint32_t) p.position_limit : hp.n_ctx_train;
     }
 
+    if (const std::string why = locret_schedule_model_problem(model, schedule); !why.empty()) {
+        throw std::runtime_error(why);
+    }
     if (schedule.kind != locret_schedule_spec::UNIFORM) {
         // the layers the model's own cache holds and the memory evicts: those with a KV cache, without the window
         // layers of an iSWA model (the memory's constructor checks the count); the cache is sized for the largest

@@ -45,6 +45,8 @@ struct locret_schedule_spec {
     enum kind_t { UNIFORM, PYRAMID, EXPLICIT } kind = UNIFORM;
     std::vector<uint32_t> budgets; // EXPLICIT: one per evicting layer
     std::string           source;  // the file it came from (EXPLICIT), for messages
+    std::string           model;   // EXPLICIT: the model the file was made for (its "# model: NAME" line; "" when none)
+    bool                  has_model = false;
 };
 
 // the schedule registered for `model` (UNIFORM when none)
@@ -68,8 +70,12 @@ bool locret_settings_find(const llama_model & model, llama_locret_params & out);
 std::string locret_params_problem(const llama_locret_params & p);
 
 // a budget schedule by name or file (NULL, "" or "uniform": UNIFORM); throws std::runtime_error for a file that cannot
-// be read or parsed
+// be read or parsed. A file's comment line "# model: NAME" (locret calibrate writes it) names the model it was made
+// for: locret_config_make refuses it for a model whose general.name differs.
 locret_schedule_spec locret_schedule_parse(const char * schedule);
+
+// "" when `schedule` may be used with `model`, else the refusal: a file made for another model (its "# model:" line)
+std::string locret_schedule_model_problem(const llama_model & model, const locret_schedule_spec & schedule);
 
 // The settings of a context that evicts, checked against the model, the context parameters and the K cache type: every
 // refusal, the defaults, the schedule's per-layer budgets and the cells the cache holds, written once. n_ubatch_requested

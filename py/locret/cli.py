@@ -138,6 +138,8 @@ def _add_eval(sub) -> None:
     how.add_argument("--positions", help="where kept units sit for every evicting method: compact (positions 0..n-1 "
                      "after every eviction, the default), keep or keep:N (the positions they were read at, compacted "
                      "at N, default the model's trained context; heads, random and streaming policies)")
+    how.add_argument("--schedule", help="the budget schedule file of the method locret-schedule: one budget per "
+                     "layer summing to layers x each --budgets value (locret calibrate writes one)")
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
     how.add_argument("--kv-type", help="KV cache type for K and V (default f16, or the profile's)")
     how.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all' (default 0, or the profile's)")
@@ -206,6 +208,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "on a bad input.")
     retention.add_arguments(p)
     p.set_defaults(func=lambda args: retention.run_cli(args))
+
+    from . import calibrate
+    p = sub.add_parser("calibrate", help="per-layer budgets fitted to the model (a budget schedule file)",
+                       description="Read sample text without eviction, measure how concentrated each layer's "
+                       "retaining-head scores are (the share of units carrying most of the attention the heads "
+                       "predict) and write a budget schedule that gives each layer a budget in proportion, at the "
+                       "memory of a uniform --budget. The file names the model; the library refuses it for another. "
+                       "Exit 1 on a bad input.")
+    calibrate.add_arguments(p)
+    p.set_defaults(func=lambda args: calibrate.run_cli(args))
 
     from . import serve
     p = sub.add_parser("serve", help="llama-server (OpenAI-compatible API) with Locret's eviction",

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from locret.files import sha256_file
 from conftest import REPO, run
 
 BUDGET, UBATCH = 128, 64
@@ -251,6 +252,14 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
       "--held-out"], "--held-out is about the generated tasks' haystack families"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "5", "--methods", "streaming"],
      "--pool smooths the retaining heads' scores"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-schedule"],
+     "locret-schedule runs the per-layer budgets of --schedule FILE"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--schedule", "conftest.py"],
+     "locret-schedule runs the per-layer budgets of --schedule FILE"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-schedule", "--schedule",
+      "none.txt"], "schedule file none.txt does not exist"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-schedule", "--schedule",
+      "conftest.py"], "is not a budget"),
 ])
 def test_bad_settings_are_refused(args, message, tmp_path, model_path):
     proc = run(locret_cmd("eval", "--model", model_path, *args, "-o", tmp_path / "out"), timeout=300,
@@ -329,12 +338,20 @@ def test_the_auto_rule_finds_every_generated_tasks_question(model_path):
     assert worker.prompt_of(spec, found[0]) == list(found[0].query_tokens)
 
 
-def test_locret_pyramid_gives_each_layer_pyramidkvs_budget(tmp_path, model_path):
+def test_locret_pyramid_and_a_schedule_file_give_each_layer_its_budget(tmp_path, model_path):
     out = tmp_path / "pyr"
+    # a schedule file (as locret calibrate writes one): the second half of the layers keeps 32 units more
+    schedule = tmp_path / "schedule.txt"
+    mine = [BUDGET - 16] * 15 + [BUDGET + 16] * 15
+    schedule.write_text("# per-layer budgets\n" + "\n".join(map(str, mine)) + "\n")
     proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", LENGTH, "--depths", "0.5",
-                          "--methods", "locret,locret-pyramid", *COMMON, "-o", out, "--no-plots"), timeout=900)
+                          "--methods", "locret,locret-pyramid,locret-schedule", "--schedule", schedule, *COMMON,
+                          "-o", out, "--no-plots"), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
+    assert by_method["locret-schedule"]["layer_budgets"] == mine and by_method["locret-schedule"]["evictions"] >= 1
+    config = json.loads((out / "config.json").read_text())
+    assert config["schedule"]["sha256"] == sha256_file(schedule)   # a changed file does not resume the run
     flat, pyr = by_method["locret"]["layer_budgets"], by_method["locret-pyramid"]["layer_budgets"]
     assert len(flat) == len(pyr) == 30 and sum(pyr) == sum(flat) and len(set(flat)) == 1
     assert pyr[0] > flat[0] > pyr[-1] and pyr == sorted(pyr, reverse=True)

@@ -18,10 +18,12 @@ Modules, one job each:
 """
 from __future__ import annotations
 
-METHODS = ("full", "locret", "locret-q", "locret-q-auto", "locret-pyramid", "random-heads", "lagkv", "sage", "random", "streaming")
-# scored by retaining heads (score pooling applies); locret-pyramid: the trained heads with PyramidKV's per-layer budgets
-HEADS_METHODS = ("locret", "locret-q", "locret-q-auto", "locret-pyramid", "random-heads")
-TRAINED_HEADS_METHODS = ("locret", "locret-q", "locret-q-auto", "locret-pyramid")
+METHODS = ("full", "locret", "locret-q", "locret-q-auto", "locret-pyramid", "locret-schedule", "random-heads", "lagkv",
+           "sage", "random", "streaming")
+# scored by retaining heads (score pooling applies); locret-pyramid: the trained heads with PyramidKV's per-layer budgets;
+# locret-schedule: with the per-layer budgets of --schedule FILE (e.g. from locret calibrate)
+HEADS_METHODS = ("locret", "locret-q", "locret-q-auto", "locret-pyramid", "locret-schedule", "random-heads")
+TRAINED_HEADS_METHODS = ("locret", "locret-q", "locret-q-auto", "locret-pyramid", "locret-schedule")
 # Locret-Q: the task's question placed at the start and pinned ("locret-q"), or the question the auto rule finds in
 # the user message (llama_locret_find_question, as `--locret-query auto` does; none found: plain Locret)
 QUERY_METHODS = ("locret-q", "locret-q-auto")

@@ -55,6 +55,7 @@ class EvalConfig:
     pool: int | None = None        # score pooling window of the heads methods (None: none)
     lag: int | None = None         # LagKV's partition (None: the paper's 128)
     positions: str | None = None   # where kept units sit ("compact", "keep", "keep:N"; None: the library's default)
+    schedule: str | None = None    # the budget schedule file of the method locret-schedule
     ubatch: int | None = None      # None: the device profile's, else 512
     threads: int = 2
     kv_type: str | None = None
@@ -77,6 +78,10 @@ class EvalConfig:
             d.pop("lag")        # likewise for runs from before LagKV
         if d["positions"] is None:
             d.pop("positions")  # and from before kept positions
+        if d["schedule"] is None:
+            d.pop("schedule")   # and from before schedule files
+        else:
+            d["schedule"] = {"file": d["schedule"], "sha256": sha256_file(d["schedule"])}  # its budgets decide
         return d
 
 
@@ -127,6 +132,11 @@ def validate(cfg: EvalConfig) -> None:
         if method in cfg.methods and not cfg.tasks:
             raise EvalError(f"{method} places each generated task's question at the start of its prompt (the task's "
                             "own, or the one the auto rule finds); benchmark records have none here")
+    if ("locret-schedule" in cfg.methods) != (cfg.schedule is not None):
+        raise EvalError("the method locret-schedule runs the per-layer budgets of --schedule FILE (e.g. from locret "
+                        "calibrate): give both or neither")
+    if cfg.schedule is not None and not Path(cfg.schedule).is_file():
+        raise EvalError(f"schedule file {cfg.schedule} does not exist")
     for d in cfg.datasets:
         if not Path(d).is_file():
             raise EvalError(f"dataset file {d} does not exist")
@@ -208,6 +218,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                pool=cfg.pool if method in HEADS_METHODS else None,
                                lag=cfg.lag if method == "lagkv" else None,
                                positions=cfg.positions,
+                               schedule=str(cfg.schedule) if method == "locret-schedule" else None,
                                # SAGE-KV splits its budget itself (b/4 sinks, b/4 recent) and reads the prompt
                                # whole, in a context sized for it
                                stabilizers=None if method == "sage" else cfg.stabilizers,
@@ -399,7 +410,7 @@ def run_cli(args) -> int:
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
                      stabilizers=args.stabilizers, local=args.local, pool=args.pool, lag=args.lag,
-                     positions=args.positions, ubatch=args.ubatch,
+                     positions=args.positions, schedule=args.schedule, ubatch=args.ubatch,
                      threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
                      max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,

@@ -42,6 +42,7 @@ class RunSpec:
     pool: int | None = None      # score pooling window of the heads methods (None: none)
     lag: int | None = None       # LagKV's partition (method lagkv; None: the paper's 128)
     positions: str | None = None # where kept units sit (locret_positions; None: the library's default)
+    schedule: str | None = None  # the budget schedule file of locret-schedule
 
     @property
     def name(self) -> str:
@@ -71,7 +72,8 @@ def locret_settings(spec: RunSpec) -> dict:
         # what the run asks for and nothing the heads recommend: no pooling unless --pool (and no query but
         # locret-q's own, pinned by the worker: make_llm), so that a run means the same whatever heads file it reads
         return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool or 0,
-                          locret_budget_schedule="pyramid" if spec.method == "locret-pyramid" else None)
+                          locret_budget_schedule="pyramid" if spec.method == "locret-pyramid" else
+                          spec.schedule if spec.method == "locret-schedule" else None)
     if spec.method == "lagkv":
         return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
     return out | dict(locret_policy=spec.method)
