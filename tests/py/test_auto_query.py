@@ -178,3 +178,38 @@ def test_the_tools_apply_the_heads_recommendations_unless_told_otherwise(model_p
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "score pooling" not in proc.stderr and "Locret-Q (auto)" not in proc.stderr
     assert not PIN_LOG.search(proc.stderr)
+
+
+def test_a_second_question_rereads_the_conversation_with_it_pinned(model_path, heads_file, tmp_path):
+    # A follow-up question about a document the first turn compressed: with auto, each request's closing question
+    # opens the first user turn (Locret-Q's layout), so a new question changes the prompt from there on and the
+    # server reads the whole conversation again with the new question pinned, instead of answering from what the
+    # first question's eviction kept. The second turn on the slot that holds the first must then hold what a fresh
+    # read of the same conversation holds: the same pinned count, the same tokens read, the same answer and the same
+    # top candidates (a fresh slot is the reference).
+    port = free_port()
+    cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-c", 8192,
+           "-b", 256, "-ub", UB, "-t", 2, "-np", 2, "--host", "127.0.0.1", "--port", port, "-lv", 4,
+           "--locret-query", "auto", "--slot-prompt-similarity", 0]
+    q1 = "Which module reads and writes tar archives?"
+    q2 = "Which module of the standard library compresses and decompresses data in the zlib format?"
+    first = [{"role": "user", "content": DOC + "\n\n" + q1}]
+    log = tmp_path / "server.log"
+    with http_server(cmd, log, port) as url:
+        req = {"max_tokens": 8, "temperature": 0, "n_probs": 5}
+        r1 = post_json(url + "/v1/chat/completions", req | {"messages": first, "id_slot": 0})
+        second = first + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                          {"role": "user", "content": q2}]
+        before = len(log.read_text())
+        again = post_json(url + "/v1/chat/completions", req | {"messages": second, "id_slot": 0})
+        turn2_log = log.read_text()[before:]
+        fresh = post_json(url + "/v1/chat/completions", req | {"messages": second, "id_slot": 1})
+        text = log.read_text()
+    pins = [(int(m.group(2)), int(m.group(1))) for m in PIN_LOG.finditer(text)]
+    assert f'pinned: "{q2}"' in turn2_log and f'pinned: "{q1}"' not in turn2_log
+    # slot 0 pinned twice (q1, then q2), slot 1 once (q2): the same count for the same question
+    assert [n for s, n in pins if s == 0][-1] == [n for s, n in pins if s == 1][-1] != [n for s, n in pins if s == 0][0]
+    # read again whole: as many prompt tokens processed as the fresh slot, all of the conversation
+    assert again["timings"]["prompt_n"] == fresh["timings"]["prompt_n"] == again["usage"]["prompt_tokens"] > 4 * B
+    assert again["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
+    assert again["choices"][0]["logprobs"] == fresh["choices"][0]["logprobs"]
