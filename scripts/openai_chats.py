@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -80,20 +79,6 @@ def ask(url: str, text: str, max_tokens: int) -> tuple[str, int, float]:
     return reply.choices[0].message.content or "", reply.usage.prompt_tokens, time.monotonic() - t0
 
 
-def wait_healthy(url: str, server: subprocess.Popen, log: Path, startup_s: float) -> None:
-    deadline = time.monotonic() + startup_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError("the server exited: " + log.read_text(errors="replace")[-2000:])
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy in {startup_s:.0f} s: " + log.read_text(errors="replace")[-2000:])
-
-
 def table(rows: list[dict]) -> str:
     by_task: dict[str, list[float]] = {}
     for r in rows:
@@ -136,7 +121,7 @@ def main(argv=None) -> int:
         server = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO)
         try:
             try:
-                wait_healthy(url, server, log, args.startup_s)
+                serve.wait_healthy(url, server, log, args.startup_s)
             except RuntimeError as e:
                 print(f"openai_chats: {e}", file=sys.stderr)
                 return 2

@@ -28,6 +28,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_healthy(url: str, server, log_path, startup_s: float) -> None:
+    """Wait until the server process `server` (a subprocess.Popen writing its log to `log_path`) answers GET
+    /health with 200; RuntimeError with the log's tail if it exits first or is not healthy in `startup_s`."""
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    deadline = time.monotonic() + startup_s
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+        tail = lambda: Path(log_path).read_text(errors="replace")[-3000:]  # noqa: E731
+        if server.poll() is not None:
+            raise RuntimeError("the server exited: " + tail())
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server was not healthy in {startup_s:.0f} s: " + tail())
+
+
 def command(args: argparse.Namespace) -> list[str]:
     """The llama-server command line; PlanError / DeviceError / ModelError / LibraryError on bad input."""
     server = tool_path("llama-server")

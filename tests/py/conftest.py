@@ -111,24 +111,17 @@ def free_port() -> int:
 def http_server(cmd: list, log_path: Path, port: int, startup_s: float = 120):
     """Start a server command (its output to `log_path`), wait until GET /health answers 200, yield its
     base URL, and stop it afterwards. Fails with the log's tail if it exits or never becomes healthy."""
-    import time
-    import urllib.request
+    from locret import serve
 
     with open(log_path, "w") as log:
         server = subprocess.Popen([str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL, cwd=REPO)
         try:
             url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + startup_s
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.5)
-                assert server.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "server not healthy in time: " + log_path.read_text()[-3000:]
+            try:
+                serve.wait_healthy(url, server, log_path, startup_s)
+            except RuntimeError as e:
+                pytest.fail(str(e))
             yield url
         finally:
             server.terminate()

@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from . import haystacks, niah
-from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
+from . import niah, niah_single
+from .haystack import ChatFormat, Sample, Tokenize, rng_for
 
 NAME = "niah_code"
 USES_DEPTH = True
@@ -50,10 +50,9 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
     rng = rng_for(NAME, seed, index)
     key = f"{rng.choice(niah.ADJECTIVES)}-{rng.choice(niah.NOUNS)}"
     code = make_code(rng)
-    return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
-                    n_tokens=n_tokens, intro=INTRO, question=question_text(key),
-                    filler=haystacks.units(haystack, rng), needles=[Needle(needle_text(key, code), depth, "answer")],
-                    answers=[code], metadata={"depth": float(depth), "keys": [key], **haystacks.metadata(haystack)})
+    return niah_single.one_needle(task=NAME, seed=seed, index=index, rng=rng, tokenize=tokenize, n_tokens=n_tokens,
+                                  depth=depth, chat_format=chat_format, haystack=haystack, intro=INTRO,
+                                  question=question_text(key), needle=needle_text(key, code), key=key, answer=code)
 
 
 def _letters_and_digits(text: str) -> str:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import metrics
-from . import haystacks, niah
-from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
+from . import niah, niah_single
+from .haystack import ChatFormat, Sample, Tokenize, rng_for
 
 NAME = "niah_quote"
 USES_DEPTH = True
@@ -54,10 +54,9 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
     rng = rng_for(NAME, seed, index)
     key = f"{rng.choice(niah.ADJECTIVES)}-{rng.choice(niah.NOUNS)}"
     motto = make_motto(rng)
-    return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
-                    n_tokens=n_tokens, intro=INTRO, question=question_text(key),
-                    filler=haystacks.units(haystack, rng), needles=[Needle(needle_text(key, motto), depth, "answer")],
-                    answers=[motto], metadata={"depth": float(depth), "keys": [key], **haystacks.metadata(haystack)})
+    return niah_single.one_needle(task=NAME, seed=seed, index=index, rng=rng, tokenize=tokenize, n_tokens=n_tokens,
+                                  depth=depth, chat_format=chat_format, haystack=haystack, intro=INTRO,
+                                  question=question_text(key), needle=needle_text(key, motto), key=key, answer=motto)
 
 
 def score(prediction: str, answers: Sequence[str]) -> float:

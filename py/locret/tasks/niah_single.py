@@ -26,6 +26,17 @@ def question_text(key: str) -> str:
     return f"What is the archive number for {key} mentioned in the text? Answer with the number only."
 
 
+def one_needle(*, task: str, seed: int, index: int, rng, tokenize: Tokenize, n_tokens: int, depth: float,
+               chat_format: ChatFormat | None, haystack: str, intro: str, question: str, needle: str, key: str,
+               answer: str) -> Sample:
+    """A sample with one answer needle at `depth` and nothing like it in the filler: what niah_single, niah_code and
+    niah_quote share (each draws its key and answer from `rng` first; the filler continues the same stream)."""
+    return assemble(task=task, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
+                    n_tokens=n_tokens, intro=intro, question=question,
+                    filler=haystacks.units(haystack, rng), needles=[Needle(needle, depth, "answer")],
+                    answers=[answer], metadata={"depth": float(depth), "keys": [key], **haystacks.metadata(haystack)})
+
+
 def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float = 0.5,
              chat_format: ChatFormat | None = None, haystack: str = "prose") -> Sample:
     """One sample of at most `n_tokens` prompt tokens: one key's number at `depth` in a haystack of the
@@ -33,10 +44,9 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
     rng = rng_for(NAME, seed, index)
     adjective, noun = rng.choice(niah.ADJECTIVES), rng.choice(niah.NOUNS)
     key, value = f"{adjective}-{noun}", str(rng.randrange(1_000_000, 10_000_000))
-    return assemble(task=NAME, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
-                    n_tokens=n_tokens, intro=INTRO, question=question_text(key),
-                    filler=haystacks.units(haystack, rng), needles=[Needle(niah.needle_text(key, value), depth, "answer")],
-                    answers=[value], metadata={"depth": float(depth), "keys": [key], **haystacks.metadata(haystack)})
+    return one_needle(task=NAME, seed=seed, index=index, rng=rng, tokenize=tokenize, n_tokens=n_tokens, depth=depth,
+                      chat_format=chat_format, haystack=haystack, intro=INTRO, question=question_text(key),
+                      needle=niah.needle_text(key, value), key=key, answer=value)
 
 
 def score(prediction: str, answers: Sequence[str]) -> float:
