@@ -120,7 +120,9 @@ enum llama_locret_policy {
     LLAMA_LOCRET_POLICY_SNAPKV    = 5, // SnapKV per chunk: at each eviction the queries of the last part's last
                                        // LLAMA_LOCRET_SNAPKV_WINDOW tokens (post-RoPE, causal) score every cached unit
                                        // by their attention, averaged over the window and the KV head's query heads,
-                                       // pooled over neighbouring units (--locret-pool, default 5); the window is kept
+                                       // pooled over neighbouring units (--locret-pool, default 5); the window is kept;
+                                       // with a pinned query (Locret-Q) its last LLAMA_LOCRET_SNAPKV_QUESTION tokens
+                                       // are the window instead, read as if after the cache
 };
 
 // Units LagKV always keeps at the start of a sequence (its attention sinks; the paper's S = 16).
@@ -134,6 +136,9 @@ enum llama_locret_policy {
 #define LLAMA_LOCRET_SNAPKV_WINDOW 32
 // SnapKV's default pooling window over neighbouring units (kvpress's kernel_size).
 #define LLAMA_LOCRET_SNAPKV_POOL 5
+// SnapKV with a pinned query (Locret-Q): the queries of the last 64 pinned tokens (the question; fewer when fewer are
+// pinned) are the observation window of every eviction, read as if after the cache.
+#define LLAMA_LOCRET_SNAPKV_QUESTION 64
 
 // The policies are 0 .. llama_locret_policy_count() - 1, in this enum's order.
 LLAMA_API int32_t llama_locret_policy_count(void);

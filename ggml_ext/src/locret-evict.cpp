@@ -245,13 +245,14 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
 
 locret_policy_env llama_locret_memory::policy_env() {
     return { cfg, layers, v_trans, queries_of_layer, query_scale,
-        [this](const char * title, const std::string & what, const std::function<void(ggml_context *, ggml_cgraph *)> & build) {
-            return run_score_graph(title, what, build);
+        [this](const char * title, const std::string & what, const std::function<void(ggml_context *, ggml_cgraph *)> & build,
+                const std::function<void()> & set_inputs) {
+            return run_score_graph(title, what, build, set_inputs);
         } };
 }
 
 bool llama_locret_memory::run_score_graph(const char * policy_name, const std::string & what,
-        const std::function<void(ggml_context *, ggml_cgraph *)> & build) {
+        const std::function<void(ggml_context *, ggml_cgraph *)> & build, const std::function<void()> & set_inputs) {
     const int64_t p0 = ggml_time_us();
     ggml_backend_sched_t sched = evict_sched.get();
     ggml_backend_sched_reset(sched);
@@ -260,7 +261,11 @@ bool llama_locret_memory::run_score_graph(const char * policy_name, const std::s
     build(evict_res->get_ctx(), gf);
     // queued, not waited for: it writes the score store, which the selection reads after it (the device's graph
     // queued behind it, or the host after the eviction's one wait)
-    if (!ggml_backend_sched_alloc_graph(sched, gf) || ggml_backend_sched_graph_compute_async(sched, gf) != GGML_STATUS_SUCCESS) {
+    bool ok = ggml_backend_sched_alloc_graph(sched, gf);
+    if (ok && set_inputs) {
+        set_inputs();
+    }
+    if (!ok || ggml_backend_sched_graph_compute_async(sched, gf) != GGML_STATUS_SUCCESS) {
         locret_set_error(format("the %s scoring graph could not run; the cache is unchanged", policy_name));
         LLAMA_LOG_ERROR("%s: Locret: the %s scoring graph failed\n", __func__, policy_name);
         return false;

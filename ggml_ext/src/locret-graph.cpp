@@ -177,18 +177,35 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
 namespace {
 
 // the ubatch's rows to capture: for each run of one sequence (split_simple / split_seq: one run; split_equal: one per
-// sequence), its last min(n_rows, run length) tokens, into the store rows of its stream, the newest last:
-// row stream*n_rows + n_rows - k + j for the j-th of the k captured tokens
-void locret_query_rows(const llama_ubatch & ubatch, uint32_t n_rows, std::vector<int32_t> * idx, std::vector<int64_t> * row) {
+// sequence), its last min(n_rows - n_pin_rows, run length) tokens, into the store rows of its stream, the newest last:
+// row stream*n_rows + n_rows - k + j for the j-th of the k captured tokens. With n_pin_rows > 0, also the tokens at the
+// last k = min(n_pin_rows, n_pinned) pinned positions of a sequence that pins (mem->pinned_to_capture), into the
+// stream's leading rows, the newest last: position p to row stream*n_rows + n_pin_rows - n_pinned + p.
+void locret_query_rows(const llama_ubatch & ubatch, const llama_locret_memory & mem, std::vector<int32_t> * idx,
+        std::vector<int64_t> * row) {
+    const uint32_t n_rows     = mem.query_rows();
+    const uint32_t n_pin_rows = mem.query_pin_rows();
+    const uint32_t n_window   = n_rows - n_pin_rows;
     idx->clear();
     row->clear();
+    if (n_pin_rows > 0) {
+        for (uint32_t t = 0; t < ubatch.n_tokens; ++t) {
+            const llama_seq_id seq   = ubatch.seq_id[t][0];
+            const uint32_t     n_pin = mem.pinned_to_capture(seq);
+            const llama_pos    p     = ubatch.pos[t];
+            if (n_pin > 0 && p >= (llama_pos) n_pin - (llama_pos) std::min(n_pin_rows, n_pin) && p < (llama_pos) n_pin) {
+                idx->push_back((int32_t) t);
+                row->push_back((int64_t) seq * n_rows + n_pin_rows - n_pin + p);
+            }
+        }
+    }
     uint32_t start = 0;
     for (uint32_t t = 0; t < ubatch.n_tokens; ++t) {
         if (t + 1 < ubatch.n_tokens && ubatch.seq_id[t + 1][0] == ubatch.seq_id[t][0]) {
             continue;
         }
         // the run [start, t]
-        const uint32_t k    = std::min(n_rows, t + 1 - start);
+        const uint32_t k    = std::min(n_window, t + 1 - start);
         const int64_t  strm = ubatch.seq_id[t][0];
         for (uint32_t j = 0; j < k; ++j) {
             idx->push_back((int32_t) (t + 1 - k + j));
@@ -200,24 +217,24 @@ void locret_query_rows(const llama_ubatch & ubatch, uint32_t n_rows, std::vector
 
 class locret_query_rows_input : public llm_graph_input_i {
 public:
-    locret_query_rows_input(ggml_tensor * idx, ggml_tensor * rows, uint32_t n_rows) : idx(idx), rows(rows), n_rows(n_rows) {}
+    locret_query_rows_input(ggml_tensor * idx, ggml_tensor * rows, const llama_locret_memory * mem) : idx(idx), rows(rows), mem(mem) {}
 
     void set_input(const llama_ubatch * ubatch) override {
         GGML_ASSERT(ubatch != nullptr);
-        locret_query_rows(*ubatch, n_rows, &v_idx, &v_row);
+        locret_query_rows(*ubatch, *mem, &v_idx, &v_row);
         GGML_ASSERT(v_idx.size() == (size_t) idx->ne[0]);
         ggml_backend_tensor_set(idx, v_idx.data(), 0, ggml_nbytes(idx));
         ggml_backend_tensor_set(rows, v_row.data(), 0, ggml_nbytes(rows));
     }
 
     bool can_reuse(const llm_graph_params & params) override {
-        locret_query_rows(params.ubatch, n_rows, &v_idx, &v_row);
+        locret_query_rows(params.ubatch, *mem, &v_idx, &v_row);
         return v_idx.size() == (size_t) idx->ne[0];
     }
 
     ggml_tensor * idx;  // I32 [n_captured]: the ubatch index of each captured token
     ggml_tensor * rows; // I64 [n_captured]: its row in the store
-    uint32_t n_rows;
+    const llama_locret_memory * mem;
     std::vector<int32_t> v_idx;
     std::vector<int64_t> v_row;
 };
@@ -245,14 +262,14 @@ void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_grap
     if (res->t_locret_q_last == nullptr) {
         std::vector<int32_t> idx;
         std::vector<int64_t> row;
-        locret_query_rows(ubatch, mem->query_rows(), &idx, &row);
+        locret_query_rows(ubatch, *mem, &idx, &row);
         ggml_tensor * t_idx  = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, (int64_t) idx.size());
         ggml_tensor * t_rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, (int64_t) row.size());
         ggml_set_input(t_idx);
         ggml_set_input(t_rows);
         ggml_set_name(t_idx, "locret_query_last");
         ggml_set_name(t_rows, "locret_query_rows");
-        res->add_input(std::make_unique<locret_query_rows_input>(t_idx, t_rows, mem->query_rows()));
+        res->add_input(std::make_unique<locret_query_rows_input>(t_idx, t_rows, mem));
         res->t_locret_q_last = t_idx;
         res->t_locret_q_rows = t_rows;
     }

@@ -190,7 +190,9 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
         // a schedule keeps a different count per layer and skips each layer's masked cells: the host selects
         select_graph = select_graph && cfg.layer_budget.empty();
     }
-    n_query_rows = policy->query_rows(cfg);
+    n_query_rows     = policy->query_rows(cfg);
+    n_query_pin_rows = policy->query_pin_rows(cfg);
+    GGML_ASSERT(n_query_pin_rows <= n_query_rows);
     if (n_query_rows > 0) {
         make_query_store(n_seq);
     }
@@ -280,6 +282,11 @@ int32_t llama_locret_memory::layer_index(uint32_t il) const {
 
 const locret_stream * llama_locret_memory::get_stream(llama_seq_id seq_id) const {
     return seq_id >= 0 && (size_t) seq_id < streams.size() ? &streams[seq_id] : nullptr;
+}
+
+uint32_t llama_locret_memory::pinned_to_capture(llama_seq_id seq_id) const {
+    const locret_stream * s = get_stream(seq_id);
+    return s != nullptr && s->n_evictions == 0 ? s->n_pinned : 0;
 }
 
 bool llama_locret_memory::take_fault(locret_fault f) {
@@ -507,7 +514,7 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         s.n_used       = st.first_cell + st.n_tokens;
         s.rope_next    = st.first_rope + st.n_tokens;
         s.prev_output  = st.output;
-        policy->placed(cfg, s.policy_state, s.n_used, st.n_tokens, prompt_end);
+        policy->placed(cfg, s.policy_state, s.n_used, st.n_tokens, s.n_pinned, prompt_end);
     }
     for (size_t t = 0; t < plan.cell.size(); ++t) {
         locret_stream & s = streams[plan.strm[t]];

@@ -175,6 +175,11 @@ public:
     // captures the queries (NaN until then)
     ggml_tensor * query_store(int32_t i) const { return queries_of_layer.empty() ? nullptr : queries_of_layer[i]; }
     uint32_t query_rows() const { return n_query_rows; }
+    // of those, the leading rows that hold a pinned query's last tokens (locret_policy::query_pin_rows), and the
+    // pinned positions of sequence seq_id whose queries the graph captures into them now: n_pinned before its first
+    // eviction (its ubatches' positions are then its logical ones), 0 after it or without a pin
+    uint32_t query_pin_rows() const { return n_query_pin_rows; }
+    uint32_t pinned_to_capture(llama_seq_id seq_id) const;
     // bytes of one sequence's queries in a layer's store
     size_t query_block_bytes(const ggml_tensor * q) const { return q->nb[1] * n_query_rows; }
     void  set_query_scale(int32_t i, float scale) { query_scale[i] = scale; }
@@ -270,6 +275,7 @@ private:
     std::vector<ggml_tensor *> queries_of_layer;
     std::vector<float>         query_scale;
     uint32_t                   n_query_rows = 0; // queries per (layer, sequence) in the store
+    uint32_t                   n_query_pin_rows = 0; // of which the leading ones hold a pinned query's
     // where the heads policy selects: on the device with a graph (the default when the scores are not in host memory),
     // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
     bool select_graph = false;
@@ -331,7 +337,8 @@ private:
     // builds one eviction-time scoring graph on the memory's own scheduler and runs it; false (the reason logged and
     // in llama_locret_last_error) when it cannot run. `what` names what it scored, for LOCRET_PROFILE.
     bool run_score_graph(const char * policy_name, const std::string & what,
-                         const std::function<void(ggml_context *, ggml_cgraph *)> & build);
+                         const std::function<void(ggml_context *, ggml_cgraph *)> & build,
+                         const std::function<void()> & set_inputs);
     // what the policy sees of this memory (locret_policy_env)
     locret_policy_env policy_env();
 

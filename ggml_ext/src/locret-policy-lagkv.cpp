@@ -56,7 +56,7 @@ struct locret_policy_lagkv : locret_policy {
         } else {
             const bool ok = env.run("LagKV", format("%u partitions", n_part - 1), [&](ggml_context * ctx, ggml_cgraph * gf) {
                 locret_build_lagkv(ctx, gf, env.layers, env.v_trans, env.cfg.n_cells, a.strm, start, n_part - 1, lag);
-            });
+            }, nullptr);
             if (!ok) {
                 return false;
             }

@@ -61,7 +61,7 @@ struct locret_policy_sage : locret_policy {
 
     bool reads_prompt_whole() const override { return true; }
     bool selection_due(const locret_policy_state & st) const override { return st.word[1] != 0; }
-    void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t,
+    void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t, uint32_t,
                 bool prompt_end) const override {
         if (prompt_end) {
             // a prompt that passes the budget is chosen from at the next part, with this part's last query; one within
@@ -87,7 +87,7 @@ struct locret_policy_sage : locret_policy {
         }
         const bool ok = env.run("SAGE-KV", format("%u units", a.n_used), [&](ggml_context * ctx, ggml_cgraph * gf) {
             locret_build_sage(ctx, gf, env.layers, env.queries, env.query_scale, env.cfg.n_cells, a.strm, a.n_used);
-        });
+        }, nullptr);
         out.n_pin  = locret_sage_sinks(env.cfg.budget);
         out.n_stab = env.cfg.stabilizers;
         return ok;

@@ -7,9 +7,20 @@
 //     score = s averaged over the `pool` units centred on j (within the sequence's cells; --locret-pool, default 5)
 // into the memory's score store, and the top-b selection keeps the best units beside the window itself (kept like
 // stabilizers: it is the observation). The window is the last part's: a prefill ubatch's last w tokens, or during
-// generation (parts of one token) the newest token alone. Its state: state.word[0] = the window's captured queries
-// (min(w, tokens of the last part); 0 after a cut, when the newest units are kept by recency instead).
-// tests/py/test_snapkv.py checks the scores and the kept sets against numpy.
+// generation (parts of one token) the newest token alone.
+//
+// With a pinned query (Locret-Q: the question placed at the start and pinned), the question is the observation
+// window instead, as SnapKV reads a prompt whose question is at its end: the graph captures the queries of the last
+// q = min(Q, n_pinned) pinned positions (Q = LLAMA_LOCRET_SNAPKV_QUESTION, the store's leading rows) when they are
+// read, and every eviction scores all cached units by them, re-rotated (exactly, as compaction re-rotates keys) from
+// their positions n_pinned - q + t to the positions right after the cache, n_used + t, so that they read the units
+// as a question after the document would; no causal mask (every unit precedes them), and nothing kept for a window
+// besides the pinned units and the plan's stabilizers. A quantized K cache (its keys and the captured queries in
+// llama.cpp's Hadamard basis) keeps the last part's window.
+// Its state: word[0] = the last part's captured window queries (min(w, tokens of the last part); 0 after a cut, when
+// the newest units are kept by recency instead); word[1] = the pinned count whose question rows were captured (0:
+// none).
+// tests/py/test_snapkv.py checks the scores and the kept sets against numpy, with and without a pinned question.
 
 #include "locret-policy.h"
 #include "locret-compact.h"
@@ -25,11 +36,27 @@
 namespace {
 
 constexpr uint32_t W = LLAMA_LOCRET_SNAPKV_WINDOW;
+constexpr uint32_t Q = LLAMA_LOCRET_SNAPKV_QUESTION;
+constexpr uint32_t R = Q + W; // query store rows per stream: [0, Q) the pinned question's, [Q, R) the last part's
 
-// Build into gf, for every layer, the scores of cells [0, n) of stream strm from the last nw queries of its query
-// store rows, written into the layer's score store (rows strm*kv_size + cell).
+// the question window's inputs: the re-rotation of its queries (one delta per query) and each layer's frequency
+// factors
+struct snapkv_question_inputs {
+    ggml_tensor * delta = nullptr;       // I32 [nw]
+    std::vector<ggml_tensor *> factors;  // per layer: F32 [n_rot/2], or NULL
+};
+
+// Build into gf, for every layer, the scores of cells [0, n) of stream strm from nw queries of its query store
+// rows, written into the layer's score store (rows strm*kv_size + cell): the last part's window (the block's last nw
+// rows, query t in cell n - nw + t, causal), or with `question` the pinned question's (the first block rows
+// [Q - nw, Q)), re-rotated by question->delta, reading every cell.
 void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env & env, uint32_t strm, uint32_t n,
-                  uint32_t nw, const std::vector<float> & kq_scale) {
+                  uint32_t nw, const std::vector<float> & kq_scale, snapkv_question_inputs * question) {
+    if (question != nullptr) {
+        question->delta = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, nw);
+        ggml_set_input(question->delta);
+        question->factors.assign(env.layers.size(), nullptr);
+    }
     for (size_t i = 0; i < env.layers.size(); ++i) {
         const locret_kv_layer & L = env.layers[i];
         ggml_tensor * store = env.queries[i]; // F32 [d*nq, W*n_stream]
@@ -42,15 +69,29 @@ void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env 
         ggml_tensor * k = ggml_view_3d(ctx, L.k, d, H, n, ggml_row_size(L.k->type, d), L.k->nb[1],
                 (size_t) strm * L.k->nb[2]);
         k = ggml_permute(ctx, k, 0, 2, 1, 3);
-        // the window's queries, oldest first: [d*nq, nw] -> [d, nw, nq]
-        ggml_tensor * q = ggml_view_2d(ctx, store, store->ne[0], nw, store->nb[1],
-                ((size_t) strm * W + W - nw) * store->nb[1]);
+        // the window's queries, oldest first: [d*nq, nw] -> [d, nq, nw]
+        const size_t row0 = (size_t) strm * R + (question != nullptr ? Q - nw : R - nw);
+        ggml_tensor * q = ggml_view_2d(ctx, store, store->ne[0], nw, store->nb[1], row0 * store->nb[1]);
         q = ggml_reshape_3d(ctx, ggml_cont(ctx, q), d, nq, nw);
+        if (question != nullptr && L.rot.rope) {
+            // rotated at the question's positions: rotating by the difference moves them after the cache
+            if (!L.rot.freq_factors.empty()) {
+                question->factors[i] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());
+                ggml_set_input(question->factors[i]);
+            }
+            q = ggml_rope_ext(ctx, q, question->delta, question->factors[i], L.rot.n_rot, L.rot.mode,
+                    L.rot.n_ctx_orig, L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor,
+                    L.rot.beta_fast, L.rot.beta_slow);
+        }
+        // [d, nq, nw] -> [d, nw, nq]
         q = ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3));
 
-        // each window query's attention over the units it saw (query t sits in cell n - nw + t): [n, nw, nq]
+        // each query's attention over the units it reads: [n, nw, nq] (a window query t sits in cell n - nw + t and
+        // sees the cells up to it; the question sees them all)
         ggml_tensor * p = ggml_mul_mat(ctx, k, q);
-        p = ggml_diag_mask_inf(ctx, p, (int) (n - nw));
+        if (question == nullptr) {
+            p = ggml_diag_mask_inf(ctx, p, (int) (n - nw));
+        }
         p = ggml_soft_max_ext(ctx, p, nullptr, kq_scale[i], 0.0f);
 
         // the mean over the window and the KV head's group: [n, nw, G, H] -> [nw*G, n*H] -> [n, H]
@@ -94,19 +135,52 @@ struct locret_policy_snapkv : locret_policy {
         return format(", observation window %u", W);
     }
 
-    uint32_t query_rows(const locret_config &) const override { return W; }
-    size_t score_graph_nodes(size_t n_layers) const override { return 48 * n_layers + 16; }
+    uint32_t query_rows(const locret_config &) const override { return R; }
+    uint32_t query_pin_rows(const locret_config &) const override { return Q; }
+    size_t score_graph_nodes(size_t n_layers) const override { return 56 * n_layers + 16; }
     void build_worst_score_graph(const locret_policy_env & env, ggml_context * ctx, ggml_cgraph * gf) const override {
-        snapkv_build(ctx, gf, env, 0, env.cfg.capacity, W, std::vector<float>(env.layers.size(), 1.0f));
+        // the question's graph is the larger (a rope per layer; the same matrices as the window's when Q >= W)
+        snapkv_question_inputs question;
+        snapkv_build(ctx, gf, env, 0, env.cfg.capacity, std::max(Q, W), std::vector<float>(env.layers.size(), 1.0f),
+                &question);
     }
 
-    void placed(const locret_config &, locret_policy_state & st, uint32_t, uint32_t n_tokens, bool) const override {
+    void placed(const locret_config &, locret_policy_state & st, uint32_t n_used, uint32_t n_tokens, uint32_t n_pinned,
+                bool) const override {
         st.word[0] = std::min(W, n_tokens);
+        if (n_pinned > 0 && n_used - n_tokens < n_pinned && n_pinned <= n_used) {
+            st.word[1] = n_pinned; // the part held the last pinned position: the question's rows are captured
+        }
     }
     bool prepare(const locret_policy_env & env, const locret_evict_args & a, locret_policy_state & st,
                  locret_protect & out) const override {
-        const uint32_t nw = std::min(st.word[0], a.n_used);
         out.n_pin = a.n_pinned;
+        const bool quantized_k = !env.layers.empty() && ggml_is_quantized(env.layers[0].k->type);
+        if (a.n_pinned > 0 && st.word[1] == a.n_pinned && !quantized_k) {
+            const uint32_t nq = std::min(Q, a.n_pinned);
+            out.n_stab = a.n_stab;
+            if (!locret_queries_captured(env, "SnapKV")) {
+                return false;
+            }
+            snapkv_question_inputs question;
+            // the question's queries were rotated at positions n_pinned - nq + t; read after the cache: n_used + t
+            const int32_t delta = (int32_t) a.n_used - (int32_t) (a.n_pinned - nq);
+            return env.run("SnapKV", format("%u units by the pinned question's %u queries", a.n_used, nq),
+                [&](ggml_context * ctx, ggml_cgraph * gf) {
+                    snapkv_build(ctx, gf, env, a.strm, a.n_used, nq, env.query_scale, &question);
+                },
+                [&]() {
+                    const std::vector<int32_t> d(nq, delta);
+                    ggml_backend_tensor_set(question.delta, d.data(), 0, ggml_nbytes(question.delta));
+                    for (size_t i = 0; i < env.layers.size(); ++i) {
+                        if (question.factors[i] != nullptr) {
+                            ggml_backend_tensor_set(question.factors[i], env.layers[i].rot.freq_factors.data(), 0,
+                                    ggml_nbytes(question.factors[i]));
+                        }
+                    }
+                });
+        }
+        const uint32_t nw = std::min(st.word[0], a.n_used);
         if (nw == 0) {
             // no window since a cut: the newest units stay, as StreamingLLM would keep them
             out.n_stab = a.n_keep - a.n_pinned;
@@ -117,14 +191,17 @@ struct locret_policy_snapkv : locret_policy {
             return false;
         }
         return env.run("SnapKV", format("%u units by %u queries", a.n_used, nw), [&](ggml_context * ctx, ggml_cgraph * gf) {
-            snapkv_build(ctx, gf, env, a.strm, a.n_used, nw, env.query_scale);
-        });
+            snapkv_build(ctx, gf, env, a.strm, a.n_used, nw, env.query_scale, nullptr);
+        }, nullptr);
     }
-    void truncated(const locret_config &, locret_policy_state & st, uint32_t) const override {
+    void truncated(const locret_config &, locret_policy_state & st, uint32_t n_used) const override {
         st.word[0] = 0; // the window's tokens may be gone
+        if (n_used < st.word[1]) {
+            st.word[1] = 0; // and the question's
+        }
     }
     bool state_ok(const locret_config &, const locret_policy_state & st, uint32_t n_used) const override {
-        return st.word[0] <= std::min(W, n_used) && st.word[1] == 0;
+        return st.word[0] <= std::min(W, n_used) && st.word[1] <= n_used;
     }
 };
 

@@ -48,9 +48,11 @@ struct locret_policy_env {
     const std::vector<ggml_tensor *>   & queries;
     const std::vector<float>           & query_scale;
     // builds one scoring graph and runs it; false, with the reason in llama_locret_last_error, when it cannot run.
-    // `title` names the method in messages, `what` what it scored (LOCRET_PROFILE).
+    // `title` names the method in messages, `what` what it scored (LOCRET_PROFILE). `set_inputs` (may be empty) fills
+    // the graph's input tensors once they are allocated, before it runs.
     std::function<bool(const char * title, const std::string & what,
-                       const std::function<void(ggml_context *, ggml_cgraph *)> & build)> run;
+                       const std::function<void(ggml_context *, ggml_cgraph *)> & build,
+                       const std::function<void()> & set_inputs)> run;
 };
 
 // for a policy that scores by attention: every layer's queries were captured (the model's attention goes through the
@@ -115,6 +117,9 @@ struct locret_policy {
     // queries the model's graph captures per (layer, sequence) from the end of each ubatch, post-RoPE, into the query
     // store (0: none)
     virtual uint32_t query_rows(const locret_config & cfg) const { (void) cfg; return 0; }
+    // of those rows, the first ones hold a pinned query's (Locret-Q) last tokens instead, captured when they are read
+    // (before the sequence's first eviction): the last min(n, n_pinned) pinned positions, the newest last (0: none)
+    virtual uint32_t query_pin_rows(const locret_config & cfg) const { (void) cfg; return 0; }
     // nodes of the policy's largest eviction-time scoring graph (0: none), and that graph for the reservation: a full
     // cache of stream 0
     virtual size_t score_graph_nodes(size_t n_layers) const { (void) n_layers; return 0; }
@@ -130,11 +135,11 @@ struct locret_policy {
     virtual bool reads_prompt_whole() const { return false; }
     // a selection is due at the next eviction whatever the cache holds (ubatch planning of reads_prompt_whole policies)
     virtual bool selection_due(const locret_policy_state & st) const { (void) st; return false; }
-    // a part of n_tokens was placed; the sequence now uses n_used cells; prompt_end: it asked for an output after a
-    // prompt (locret_plan_sage_prompt_end)
+    // a part of n_tokens was placed; the sequence now uses n_used cells, n_pinned of them pinned (Locret-Q); prompt_end:
+    // it asked for an output after a prompt (locret_plan_sage_prompt_end)
     virtual void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t n_tokens,
-                        bool prompt_end) const {
-        (void) cfg; (void) st; (void) n_used; (void) n_tokens; (void) prompt_end;
+                        uint32_t n_pinned, bool prompt_end) const {
+        (void) cfg; (void) st; (void) n_used; (void) n_tokens; (void) n_pinned; (void) prompt_end;
     }
     // before an eviction's selection: the scores it needs computed (a scoring graph through env.run), and the units it
     // protects. false, with the reason in llama_locret_last_error, when it cannot; the cache is then unchanged.

@@ -38,7 +38,9 @@ static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
 // query (Locret-Q). 5, 4, 3 and 2 (read as unpinned) load too, into a context without a schedule.
 // 7: after the schedule, the positions mode (0 compact, 1 kept) and limit; per sequence its next RoPE position after
 // the masks, and with kept positions each (layer, KV head)'s RoPE positions after its scores.
-static const uint32_t LOCRET_STATE_VERSION = 7;
+// 8: a policy's captured queries include the rows of a pinned question (SnapKV: LLAMA_LOCRET_SNAPKV_QUESTION rows
+// before its window's); such a policy's state of an earlier version is refused.
+static const uint32_t LOCRET_STATE_VERSION = 8;
 
 // what a saved state must agree on with the context that loads it
 struct locret_state_header {
@@ -277,6 +279,10 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
     }
     if (!queries_of_layer.empty() && h.version < 5) {
         throw std::runtime_error("Locret: the saved state has no captured queries (saved by an older build)");
+    }
+    if (n_query_pin_rows > 0 && h.version < 8) {
+        throw std::runtime_error("Locret: the saved state's captured queries have no rows for a pinned question (saved "
+                "by an older build)");
     }
     const uint32_t n_expected = seq_id < 0 ? (uint32_t) streams.size() : 1;
     if (h.n_streams != n_expected) {

@@ -441,8 +441,9 @@ def read_scores(ctx: int, layer: int, n_cells: int, *, n_head_kv: int, seq_id: i
 
 def read_query(ctx: int, layer: int, seq_id: int = 0) -> tuple[np.ndarray, float]:
     """The post-RoPE queries a policy captured for sequence `seq_id` in `layer`, as its scoring graph reads them (SAGE-KV:
-    the last token placed; SnapKV: the last part's last 32 tokens, the newest row last): (float32, flat
-    [rows * n_head * d_head_k], the layer's attention scale)."""
+    the last token placed; SnapKV: 64 rows for a pinned question's last tokens, zero when none, then the last part's
+    last 32 tokens, the newest row last in each): (float32, flat [rows * n_head * d_head_k], the layer's attention
+    scale)."""
     width = _api().llama_locret_debug_read_query(ctx, seq_id, layer, None, 0, None)
     if width < 0:
         raise HeadsError(_last_error())

@@ -28,9 +28,9 @@ from . import evaluation
 from .evaluation import decoding, worker
 from .tasks import passkey
 
-# the methods of `locret eval` but locret-q-auto: this script assembles its prompts from cached pieces and places no
+# the methods of `locret eval` but the auto-question ones (locret-q-auto, snapkv-q-auto): this script assembles its prompts from cached pieces and places no
 # query (its locret-q runs the Locret-Q heads on the plain prompt), so the auto rule would change nothing here
-METHODS = tuple(m for m in evaluation.METHODS if m != "locret-q-auto")
+METHODS = tuple(m for m in evaluation.METHODS if m not in evaluation.AUTO_QUERY_METHODS)
 MAX_NEW_TOKENS = 32  # room for a chatty answer ("The five-digit passkey hidden in the text is 12345.")
 
 

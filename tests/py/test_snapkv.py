@@ -26,12 +26,15 @@ from test_sage import all_held, assert_resumes_exactly, shape
 
 B, UB, NS = 128, 64, 16
 W, POOL = 32, 5   # LLAMA_LOCRET_SNAPKV_WINDOW, LLAMA_LOCRET_SNAPKV_POOL
+Q = 64            # LLAMA_LOCRET_SNAPKV_QUESTION: the store rows of a pinned question, before the window's
 
 
-def snapkv_scores(k: np.ndarray, queries: np.ndarray, scale: float, n_head_kv: int, d: int, pool: int) -> np.ndarray:
-    """k [n, n_head_kv*d] (the cache as stored), queries [nw, n_head*d] oldest first, query t in cell n - nw + t.
-    Query head h reads KV head h // G; the CPU multiplies the F16 cache by queries rounded to F16. Returns [n,
-    n_head_kv]: the mean attention over the window and the group, averaged over the `pool` cells around each cell."""
+def snapkv_scores(k: np.ndarray, queries: np.ndarray, scale: float, n_head_kv: int, d: int, pool: int,
+                  causal: bool = True) -> np.ndarray:
+    """k [n, n_head_kv*d] (the cache as stored), queries [nw, n_head*d] oldest first, query t in cell n - nw + t
+    (causal) or after every cell (not causal: a pinned question read after the cache). Query head h reads KV head
+    h // G; the CPU multiplies the F16 cache by queries rounded to F16. Returns [n, n_head_kv]: the mean attention
+    over the window and the group, averaged over the `pool` cells around each cell."""
     n, nw = k.shape[0], queries.shape[0]
     n_head = queries.shape[1] // d
     group = n_head // n_head_kv
@@ -41,7 +44,7 @@ def snapkv_scores(k: np.ndarray, queries: np.ndarray, scale: float, n_head_kv: i
     for h in range(n_head):
         kv = h // group
         logits = scale * (q[:, h, :] @ k[:, kv * d:(kv + 1) * d].T)  # [nw, n]
-        for t in range(nw):
+        for t in range(nw if causal else 0):
             logits[t, n - nw + t + 1:] = -np.inf
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         out[:, kv] += (p / p.sum(axis=1, keepdims=True)).sum(axis=0)
@@ -56,7 +59,11 @@ class SnapKV:
     """Per (layer, KV head) the logical positions held, in cell order; the plan of test_eviction's Algorithm 1 (no
     local tail), with the window kept like stabilizers."""
 
-    def __init__(self, n_layer, n_head_kv, d, pool):
+    def __init__(self, n_layer, n_head_kv, d, pool, pinned=0, rtol=1e-4):
+        self.pinned = pinned  # leading units a pinned question holds (kept, never scored away)
+        # how close the engine's float32 scores are to these: the queries are rounded to F16 for the product, and a
+        # question's queries are rotated first (float32 there, float64 here), so a rounding can fall the other way
+        self.rtol = rtol
         self.units = [[[] for _ in range(n_head_kv)] for _ in range(n_layer)]
         self.n_layer, self.n_head_kv, self.d, self.pool = n_layer, n_head_kv, d, pool
         self.prev_output, self.window = True, 0
@@ -74,20 +81,26 @@ class SnapKV:
             return min(B, n_used), 0
         return None
 
-    def evict(self, n_keep, plan_stab, k_cache, queries, engine_held, engine_scores):
-        n_used, nw = self.n_used(), self.window
-        n_stab = max(plan_stab, nw)
-        n_top = n_keep - n_stab
+    def evict(self, n_keep, plan_stab, k_cache, queries, engine_held, engine_scores, question=None):
+        """question(il, n_used): the pinned question's queries of layer il re-rotated after the cache (the window
+        then), or None (the last part's window)."""
+        n_used, nw, n_pin = self.n_used(), self.window, self.pinned
+        n_stab = plan_stab if question is not None else max(plan_stab, nw)
+        n_top = n_keep - n_stab - n_pin
         for il in range(self.n_layer):
             q, scale = queries[il]
-            s = snapkv_scores(k_cache[il][:n_used], q[len(q) - nw:], scale, self.n_head_kv, self.d, self.pool)
+            if question is not None:
+                s = snapkv_scores(k_cache[il][:n_used], question(il, n_used), scale, self.n_head_kv, self.d, self.pool,
+                                  causal=False)
+            else:
+                s = snapkv_scores(k_cache[il][:n_used], q[len(q) - nw:], scale, self.n_head_kv, self.d, self.pool)
             got_scores = engine_scores(il)
             for h in range(self.n_head_kv):
                 units = self.units[il][h]
-                cand = np.arange(0, n_used - n_stab)
+                cand = np.arange(n_pin, n_used - n_stab)
                 order = cand[np.lexsort((cand, -s[cand, h]))]
                 chosen = sorted(order[:n_top].tolist())
-                keep = chosen + list(range(n_used - n_stab, n_used))
+                keep = list(range(n_pin)) + chosen + list(range(n_used - n_stab, n_used))
                 want = [units[c] for c in keep]
                 got = engine_held(il, h)[:n_keep]
                 if got != want:
@@ -95,13 +108,13 @@ class SnapKV:
                     cut = s[order[n_top - 1], h]
                     pos_score = {units[c]: s[c, h] for c in range(n_used)}
                     for p in set(got) ^ set(want):
-                        assert abs(pos_score[p] - cut) <= 1e-4 * cut + 1e-7, \
+                        assert abs(pos_score[p] - cut) <= self.rtol * cut + 1e-7, \
                             f"layer {il} head {h}: position {p} kept/evicted against the model, far from the cut"
                     self.near_ties += 1
                     want = got
                 # the stored scores moved with their units
                 np.testing.assert_allclose(got_scores[:n_keep, h], [s[units.index(p), h] for p in want],
-                                           rtol=1e-4, atol=1e-7, err_msg=f"layer {il} head {h}")
+                                           rtol=self.rtol, atol=1e-7, err_msg=f"layer {il} head {h}")
                 self.checked += n_keep
                 self.units[il][h] = want
         self.evictions += 1
@@ -133,7 +146,7 @@ def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, model_path, promp
     llm = make(model_path, **({} if pool == POOL else dict(locret_pool=pool)))  # POOL: the policy's default
     ctx = llm._ctx.ctx
     n_layer, n_head_kv, d = shape(llm)
-    d_model = len(eviction.read_query(ctx, 0)[0]) // W
+    d_model = len(eviction.read_query(ctx, 0)[0]) // (Q + W)
     ref = SnapKV(n_layer, n_head_kv, d, pool)
     stats = llm.locret_stats()
     assert stats["policy"] == "snapkv" and stats["stabilizers"] == NS
@@ -178,18 +191,75 @@ def test_the_window_holds_the_last_parts_last_queries(model_path, prompt_tokens)
     decode(a, prompt_tokens[:UB], 0, False)
     decode(b, prompt_tokens[:UB - W], 0, False)
     decode(b, prompt_tokens[UB - W:UB], UB - W, False)
-    d_model = len(eviction.read_query(a._ctx.ctx, 0)[0]) // W
-    qa, _ = read_queries(a._ctx.ctx, 3, d_model)
-    qb, _ = read_queries(b._ctx.ctx, 3, d_model)
+    d_model = len(eviction.read_query(a._ctx.ctx, 0)[0]) // (Q + W)
+    qa, qb = (read_queries(x._ctx.ctx, 3, d_model)[0][Q:] for x in (a, b))  # the window's rows (no pinned question)
     assert np.abs(qa).max() > 0.1
     np.testing.assert_allclose(qa, qb, rtol=0, atol=2e-3 * np.abs(qa).max())
     # a short part fills the newest rows: 5 new rows at the end, the older ones as they were
     decode(b, prompt_tokens[UB:UB + 5], UB, False)
-    qc, _ = read_queries(b._ctx.ctx, 3, d_model)
+    qc = read_queries(b._ctx.ctx, 3, d_model)[0][Q:]
     np.testing.assert_array_equal(qc[:W - 5], qb[:W - 5])
     assert np.abs(qc[W - 5:] - qb[W - 5:]).max() > 0.1 * np.abs(qa).max()
     a.close()
     b.close()
+
+
+def test_a_pinned_question_is_the_window_read_after_the_cache(model_path, prompt_tokens):
+    # Locret-Q with SnapKV: the pinned prefix's last queries (here all 40 pinned tokens) are captured when read and
+    # score every eviction, re-rotated from their positions to right after the cache and reading every unit; the
+    # pinned units and the plan's stabilizers are kept, no window. numpy: the same scores from the captured rows,
+    # rotated by llama.cpp's RoPE in float64, and the kept sets, over a prompt of 8 ubatches and generation
+    from test_eviction import rope_norm
+
+    n_pin = 40
+    llm = make(model_path)
+    ctx = llm._ctx.ctx
+    n_layer, n_head_kv, d = shape(llm)
+    d_model = len(eviction.read_query(ctx, 0)[0]) // (Q + W)
+    base = float(llm.metadata["llama.rope.freq_base"])
+    llm.locret_pin_query(n_pin)
+    ref = SnapKV(n_layer, n_head_kv, d, POOL, pinned=n_pin, rtol=1e-3)
+    captured = {}
+
+    def question(il, n_used):
+        rows = captured[il][Q - n_pin:Q]                     # the pinned positions 0..39, oldest first
+        heads = rows.reshape(-1, d)                          # [n_pin * n_head, d]
+        delta = np.full(len(heads), n_used - 0)              # from position t to n_used + t
+        return rope_norm(heads, delta, base, d).reshape(rows.shape)
+
+    body = prompt_tokens[:8 * UB + 20]
+    calls = [(body[i:i + UB], i + UB >= len(body)) for i in range(0, len(body), UB)]
+    calls += [([t], True) for t in prompt_tokens[700:760]]
+    n_past = 0
+    for tokens, output in calls:
+        planned = ref.plan(len(tokens), output)
+        if planned is not None:
+            k = [eviction.read_kv(ctx, il, ref.n_used(), width=n_head_kv * d) for il in range(n_layer)]
+            queries = [read_queries(ctx, il, d_model) for il in range(n_layer)]
+            captured = {il: q for il, (q, _) in enumerate(queries)}
+        n_past = decode(llm, tokens, n_past, output)
+        if planned is not None:
+            ref.evict(*planned, k, queries, lambda il, h: llm.locret_retained(il, h).tolist(),
+                      lambda il: eviction.read_scores(ctx, il, planned[0], n_head_kv=n_head_kv), question=question)
+        ref.place(list(range(n_past - len(tokens), n_past)), output)
+        for il in range(n_layer):
+            for h in range(n_head_kv):
+                assert llm.locret_retained(il, h).tolist() == ref.units[il][h], f"layer {il} head {h} at {n_past}"
+    assert ref.evictions >= 7 and ref.near_ties <= 0.02 * ref.evictions * n_layer * n_head_kv, ref.near_ties
+    # the rows were captured once, when the pinned tokens were read: later parts left them as they were
+    q_now = read_queries(ctx, 5, d_model)[0][Q - n_pin:Q]
+    np.testing.assert_array_equal(q_now, captured[5][Q - n_pin:Q])
+    assert np.abs(q_now).max() > 0.1 and not np.abs(read_queries(ctx, 5, d_model)[0][:Q - n_pin]).any()
+    # the question decides: without the pin the same prompt keeps other units
+    plain = make(model_path)
+    n = 0
+    for tokens, output in calls:
+        n = decode(plain, tokens, n, output)
+    differs = sum(plain.locret_retained(il, h).tolist()[n_pin:] != ref.units[il][h][n_pin:]
+                  for il in range(n_layer) for h in range(n_head_kv))
+    assert differs > n_layer * n_head_kv // 2, differs
+    plain.close()
+    llm.close()
 
 
 def test_snapkv_settings_are_checked(model_path):

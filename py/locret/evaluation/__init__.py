@@ -19,11 +19,14 @@ Modules, one job each:
 from __future__ import annotations
 
 METHODS = ("full", "locret", "locret-q", "locret-q-auto", "locret-pyramid", "locret-schedule", "random-heads", "lagkv",
-           "sage", "random", "streaming")
+           "sage", "snapkv", "snapkv-q-auto", "random", "streaming")
 # scored by retaining heads (score pooling applies); locret-pyramid: the trained heads with PyramidKV's per-layer budgets;
 # locret-schedule: with the per-layer budgets of --schedule FILE (e.g. from locret calibrate)
 HEADS_METHODS = ("locret", "locret-q", "locret-q-auto", "locret-pyramid", "locret-schedule", "random-heads")
 TRAINED_HEADS_METHODS = ("locret", "locret-q", "locret-q-auto", "locret-pyramid", "locret-schedule")
 # Locret-Q: the task's question placed at the start and pinned ("locret-q"), or the question the auto rule finds in
 # the user message (llama_locret_find_question, as `--locret-query auto` does; none found: plain Locret)
-QUERY_METHODS = ("locret-q", "locret-q-auto")
+QUERY_METHODS = ("locret-q", "locret-q-auto", "snapkv-q-auto")
+# the question the auto rule finds: with the trained Locret-Q heads, or with SnapKV (no training), whose observation
+# window the pinned question then is
+AUTO_QUERY_METHODS = ("locret-q-auto", "snapkv-q-auto")

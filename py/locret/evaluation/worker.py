@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import HEADS_METHODS, QUERY_METHODS, decoding
+from . import AUTO_QUERY_METHODS, HEADS_METHODS, QUERY_METHODS, decoding
 from .items import Item
 
 HEATMAP_BINS = 128  # logical-position bins of a retained-unit heatmap
@@ -76,6 +76,8 @@ def locret_settings(spec: RunSpec) -> dict:
                           spec.schedule if spec.method == "locret-schedule" else None)
     if spec.method == "lagkv":
         return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
+    if spec.method == "snapkv-q-auto":
+        return out | dict(locret_policy="snapkv")  # the pinned question is its observation window
     return out | dict(locret_policy=spec.method)
 
 
@@ -122,12 +124,12 @@ def query_of(spec: RunSpec, item: Item) -> str:
     prompt as it is)."""
     if spec.method == "locret-q":
         return item.query
-    return item.auto_query if spec.method == "locret-q-auto" else ""
+    return item.auto_query if spec.method in AUTO_QUERY_METHODS else ""
 
 
 def prompt_of(spec: RunSpec, item: Item) -> list[int]:
     """The prompt a method answers: Locret-Q's has the question at the start of the user turn."""
-    if spec.method == "locret-q-auto":
+    if spec.method in AUTO_QUERY_METHODS:
         return list(item.auto_query_tokens) if item.auto_query else list(item.tokens)
     if spec.method != "locret-q":
         return list(item.tokens)
@@ -189,7 +191,7 @@ def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
                evictions=int(stats["n_evictions"]) if evicting else 0,
                pinned=int(stats["n_pinned"]) if evicting else 0, pool=int(stats["pool"]) if evicting else 0,
                kv_bytes=int(stats["kv_bytes"]) if evicting else None, extra=item.extra)
-    if spec.method == "locret-q-auto":
+    if spec.method in AUTO_QUERY_METHODS:
         # what the auto rule found, and whether it is the task's own question
         out["query_found"] = item.auto_query
         out["query_is_the_tasks"] = bool(item.auto_query) and item.auto_query.strip() == item.query.strip()
