@@ -201,10 +201,13 @@ def test_task_scores():
     # niah_code: the code's capitals and digits in order, case and separators ignored
     assert niah_code.score("The code is kx7r 42m9.", ["KX7R-42M9"]) == 1.0
     assert niah_code.score("KX7R-42M8", ["KX7R-42M9"]) == 0.0 and niah_code.score("KX7R", ["KX7R-42M9"]) == 0.0
-    # niah_quote: "seven cobalt otters" vs "seven cobalt otters murmur beneath the lagoons" (the article goes):
-    # 3 shared, P = 1, R = 3/6 -> F1 = 2/3
+    # niah_quote: the share of the motto's words said; "seven cobalt otters murmur beneath the lagoons" has 6 once
+    # the article goes: "Seven cobalt otters" says 3 of them -> 1/2, whatever else the answer says
     motto = "seven cobalt otters murmur beneath the lagoons"
-    assert niah_quote.score("Seven cobalt otters", [motto]) == pytest.approx(2 / 3)
+    assert niah_quote.score("Seven cobalt otters", [motto]) == pytest.approx(1 / 2)
+    assert niah_quote.score(f"The motto of amber-heron mentioned in the text is: seven cobalt otters.", [motto]) == \
+        pytest.approx(1 / 2)
+    assert niah_quote.score("seven seven seven", ["seven seven cobalt"]) == pytest.approx(2 / 3)  # counted once each
     assert niah_quote.score(f'"{motto.capitalize()}."', [motto]) == 1.0 and niah_quote.score("no idea", [motto]) == 0.0
 
 
@@ -508,3 +511,29 @@ def test_summarize_takes_one_benchmark(tmp_path):
     with pytest.raises(ValueError, match="one benchmark"):
         benchmarks.summarize(lb + ib, ["a", "b"])
     assert math.isclose(benchmarks.summarize(lb, ["Jane Doe"])["hotpotqa"], 100.0)
+
+
+@pytest.mark.parametrize("name,restated", [
+    ("niah_single", "The archive number for {key} mentioned in the text is {answer}."),
+    ("niah_code", "The access code for {key} mentioned in the text is {answer}."),
+    ("niah_quote", 'The motto of {key} mentioned in the text is "{answer}".'),
+])
+def test_the_answer_budget_holds_an_answer_that_restates_the_question(name, restated, model_path):
+    # the default model answers by restating the question first; an answer cut before its end scores 0 however right
+    # it was (niah_code's first budget of 24 tokens cut "... is ZB3Q-98M" before its last character). With the
+    # model's own tokenizer, the restated answer of 20 samples fits with room to spare.
+    from locret.evaluation import decoding, items as items_module
+
+    vocab = items_module.vocab_model(str(model_path))
+    try:
+        tokenize = decoding.tokenizer(vocab)
+        task = tasks.get(name)
+        longest = 0
+        for i in range(20):
+            s = task.generate(2, i, tokenize=TOK, n_tokens=400, depth=0.5)
+            text = restated.format(key=s.metadata["keys"][0], answer=s.answers[0])
+            assert s.score(text) == 1.0
+            longest = max(longest, len(tokenize(text, False)))
+    finally:
+        vocab.close()
+    assert longest + 8 <= task.MAX_NEW_TOKENS, (longest, task.MAX_NEW_TOKENS)
