@@ -5,7 +5,8 @@ Each prompt is a `locret eval` task sample (the same generator, seed and familie
 document with the question at its end, no extra field, so the server's defaults decide everything (the heads file's
 recommended settings: Locret-Q auto finds and pins the question, its pooling window). `--slots` chats run at once
 (one client thread per slot). The server's log says what it pinned for each request; the script checks it against
-the task's question and prints one markdown table (accuracy per task, prompts counted) and writes the answers to -o.
+the task's question and prints one markdown table (accuracy per task, prompts counted) and writes the answers to -o
+(and each one as it comes to <output>.answers.jsonl).
 
     .venv/bin/python scripts/openai_chats.py --tasks niah_single,niah_code --lengths 16384 \
         --haystacks recipes,weather,manual,minutes --depths 0.25,0.75 -o results/openai-16k.json
@@ -126,6 +127,8 @@ def main(argv=None) -> int:
                 print(f"openai_chats: {e}", file=sys.stderr)
                 return 2
             rows = []
+            journal = out.with_suffix(".answers.jsonl")  # each answer as it comes: an interrupted run keeps them
+            journal.write_text("")
             with ThreadPoolExecutor(max_workers=args.slots) as pool, tqdm(total=len(todo), unit="chat") as bar:
                 futures = [(c, pool.submit(ask, url, c["text"], c["max_tokens"])) for c in todo]
                 for c, fut in futures:
@@ -134,6 +137,8 @@ def main(argv=None) -> int:
                     rows.append({"id": c["id"], "row": c["row"], "question": s.question.strip(), "answer": answer,
                                  "gold": list(s.answers), "score": s.score(answer), "prompt_tokens": prompt_tokens,
                                  "seconds": round(seconds, 1)})
+                    with open(journal, "a") as j:
+                        j.write(json.dumps(rows[-1]) + "\n")
                     bar.update()
         finally:
             server.terminate()

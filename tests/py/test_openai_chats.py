@@ -18,6 +18,8 @@ def test_two_chats_at_once_are_answered_and_their_questions_pinned(tmp_path):
     summary = json.loads(out.read_text())
     rows = summary["rows"]
     assert summary["prompts"] == len(rows) == 2 and {r["row"] for r in rows} == {"niah_single@weather"}
+    journal = [json.loads(line) for line in out.with_suffix(".answers.jsonl").read_text().splitlines()]
+    assert journal == rows                                             # each answer written as it came
     # the server found each chat's closing question by itself and pinned it (no extra field was sent)
     assert summary["pinned_the_tasks_question"] == 2
     assert all(r["prompt_tokens"] > 3 * 256 for r in rows)            # read past the budget: it evicted
