@@ -59,7 +59,7 @@ void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env 
     }
     for (size_t i = 0; i < env.layers.size(); ++i) {
         const locret_kv_layer & L = env.layers[i];
-        ggml_tensor * store = env.queries[i]; // F32 [d*nq, W*n_stream]
+        ggml_tensor * store = env.queries[i]; // F32 [d*nq, R*n_stream]
         const int64_t d  = L.d_k;
         const int64_t H  = L.n_head_kv;
         const int64_t nq = store->ne[0] / d;  // query heads
@@ -170,10 +170,13 @@ struct locret_policy_snapkv : locret_policy {
                     snapkv_build(ctx, gf, env, a.strm, a.n_used, nq, env.query_scale, &question);
                 },
                 [&]() {
-                    const std::vector<int32_t> d(nq, delta);
-                    ggml_backend_tensor_set(question.delta, d.data(), 0, ggml_nbytes(question.delta));
+                    // (an input no layer reads, as in a model without RoPE, is left unallocated)
+                    if (question.delta->buffer != nullptr) {
+                        const std::vector<int32_t> d(nq, delta);
+                        ggml_backend_tensor_set(question.delta, d.data(), 0, ggml_nbytes(question.delta));
+                    }
                     for (size_t i = 0; i < env.layers.size(); ++i) {
-                        if (question.factors[i] != nullptr) {
+                        if (question.factors[i] != nullptr && question.factors[i]->buffer != nullptr) {
                             ggml_backend_tensor_set(question.factors[i], env.layers[i].rot.freq_factors.data(), 0,
                                     ggml_nbytes(question.factors[i]));
                         }
