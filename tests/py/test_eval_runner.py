@@ -502,17 +502,23 @@ def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path,
 def test_snapkv_with_the_question_found_pins_it_as_its_window(tmp_path, model_path):
     # the training-free counterpart of locret-q-auto: SnapKV with the question the auto rule finds placed at the start
     # and pinned, so that it is SnapKV's observation window at every eviction (test_snapkv checks the scores)
+    from locret.evaluation import items as items_module
+
     out = tmp_path / "snap"
     proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
-                          "--methods", "snapkv,snapkv-q-auto,locret-q-auto", *COMMON, "-o", out, "--no-plots"),
-               timeout=900)
+                          "--methods", "snapkv,snapkv-q-auto", *COMMON, "-o", out, "--no-plots"), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
-    snap, snap_q, heads_q = by_method["snapkv"], by_method["snapkv-q-auto"], by_method["locret-q-auto"]
-    assert snap_q["query_is_the_tasks"] is True and "query_found" not in snap
-    # the same placed prompt and pin as Locret-Q's, and the plain prompt without a pin for SnapKV alone
-    assert (snap_q["prompt_tokens"], snap_q["pinned"]) == (heads_q["prompt_tokens"], heads_q["pinned"])
-    assert snap_q["pinned"] > 0 and snap["pinned"] == 0 and snap["prompt_tokens"] < snap_q["prompt_tokens"]
+    snap, snap_q = by_method["snapkv"], by_method["snapkv-q-auto"]
+    vocab = items_module.vocab_model(str(model_path))
+    try:
+        item, = items_module.task_items(vocab, ["niah"], [LENGTH], [0.5], 1, 0)
+    finally:
+        vocab.close()
+    # the question placed at the start (locret-q's prompt) and pinned; SnapKV alone reads the plain prompt, unpinned
+    assert snap_q["query_is_the_tasks"] is True and snap_q["query_found"] == item.query and "query_found" not in snap
+    assert snap_q["prompt_tokens"] == len(item.query_tokens) and snap["prompt_tokens"] == len(item.tokens)
+    assert 0 < snap_q["pinned"] < 64 and snap["pinned"] == 0
     assert snap["evictions"] >= 3 and snap_q["evictions"] >= 3
     heads_files = json.loads((out / "summary.json").read_text())["settings"]["heads_files"]
     assert "snapkv" not in heads_files and "snapkv-q-auto" not in heads_files   # no heads: training-free
