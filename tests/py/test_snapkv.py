@@ -139,6 +139,25 @@ def read_queries(ctx, il, d_model):
     return flat.reshape(-1, d_model), scale
 
 
+def step(llm, ref, tokens, output, n_past, d_model, question=None):
+    """One llama_decode call of `tokens` followed by the model: the cache and queries read before it when it evicts,
+    the eviction checked (ref.evict), its units placed. Returns (n_past after it, the queries read or None)."""
+    ctx = llm._ctx.ctx
+    planned = ref.plan(len(tokens), output)
+    queries = None
+    if planned is not None:
+        k = [eviction.read_kv(ctx, il, ref.n_used(), width=ref.n_head_kv * ref.d) for il in range(ref.n_layer)]
+        queries = [read_queries(ctx, il, d_model) for il in range(ref.n_layer)]
+    n_before = llm.locret_stats()["n_evictions"]
+    n_past = decode(llm, tokens, n_past, output)
+    assert llm.locret_stats()["n_evictions"] == n_before + (planned is not None), (n_past, planned)
+    if planned is not None:
+        ref.evict(*planned, k, queries, lambda il, h: llm.locret_retained(il, h).tolist(),
+                  lambda il: eviction.read_scores(ctx, il, planned[0], n_head_kv=ref.n_head_kv), question=question)
+    ref.place(list(range(n_past - len(tokens), n_past)), output)
+    return n_past, queries
+
+
 @pytest.mark.parametrize("select,pool", [("host", 0), ("graph", POOL)])
 def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, model_path, prompt_tokens, monkeypatch):
     # host: the host selects from the store (the CPU default); graph: the device's selection graph (a GPU's default)
@@ -158,18 +177,9 @@ def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, model_path, promp
     calls += [(prompt_tokens[900 + i:900 + i + UB], i == 2 * UB) for i in range(0, 3 * UB, UB)]
     n_past = 0
     for tokens, output in calls:
-        planned = ref.plan(len(tokens), output)
-        if planned is not None:
-            k = [eviction.read_kv(ctx, il, ref.n_used(), width=n_head_kv * d) for il in range(n_layer)]
-            queries = [read_queries(ctx, il, d_model) for il in range(n_layer)]
+        n_past, queries = step(llm, ref, tokens, output, n_past, d_model)
+        if queries is not None:
             assert all(scale == pytest.approx(1 / np.sqrt(d)) for _, scale in queries)
-        n_before = llm.locret_stats()["n_evictions"]
-        n_past = decode(llm, tokens, n_past, output)
-        assert llm.locret_stats()["n_evictions"] == n_before + (planned is not None), (n_past, planned)
-        if planned is not None:
-            ref.evict(*planned, k, queries, lambda il, h: llm.locret_retained(il, h).tolist(),
-                      lambda il: eviction.read_scores(ctx, il, planned[0], n_head_kv=n_head_kv))
-        ref.place(list(range(n_past - len(tokens), n_past)), output)
         for il in range(n_layer):
             for h in range(n_head_kv):
                 assert llm.locret_retained(il, h).tolist() == ref.units[il][h], f"layer {il} head {h} at {n_past}"
@@ -232,16 +242,11 @@ def test_a_pinned_question_is_the_window_read_after_the_cache(model_path, prompt
     calls += [([t], True) for t in prompt_tokens[700:760]]
     n_past = 0
     for tokens, output in calls:
+        # the question's rows as read before the call (`question` reads them when the eviction is checked)
         planned = ref.plan(len(tokens), output)
         if planned is not None:
-            k = [eviction.read_kv(ctx, il, ref.n_used(), width=n_head_kv * d) for il in range(n_layer)]
-            queries = [read_queries(ctx, il, d_model) for il in range(n_layer)]
-            captured = {il: q for il, (q, _) in enumerate(queries)}
-        n_past = decode(llm, tokens, n_past, output)
-        if planned is not None:
-            ref.evict(*planned, k, queries, lambda il, h: llm.locret_retained(il, h).tolist(),
-                      lambda il: eviction.read_scores(ctx, il, planned[0], n_head_kv=n_head_kv), question=question)
-        ref.place(list(range(n_past - len(tokens), n_past)), output)
+            captured = {il: read_queries(ctx, il, d_model)[0] for il in range(n_layer)}
+        n_past, _ = step(llm, ref, tokens, output, n_past, d_model, question=question)
         for il in range(n_layer):
             for h in range(n_head_kv):
                 assert llm.locret_retained(il, h).tolist() == ref.units[il][h], f"layer {il} head {h} at {n_past}"
