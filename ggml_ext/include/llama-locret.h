@@ -428,6 +428,12 @@ LLAMA_API int32_t llama_locret_query_tokens(const struct llama_vocab * vocab, co
 #define LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES 320
 LLAMA_API int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out);
 
+// The tokens a budget schedule keeps free for a pinned question in its smallest layer, beyond the stabilizers: a
+// question of LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES in Locret-Q's layout (about 70-90 tokens of English with the usual
+// tokenizers). A pyramid with Locret-Q heads raises its last layer to n_s + 1 + this, and `locret calibrate` its floor.
+#define LLAMA_LOCRET_PIN_ROOM 96
+LLAMA_API int32_t llama_locret_pin_room(void);
+
 #ifdef __cplusplus
 }
 #endif

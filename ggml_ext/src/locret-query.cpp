@@ -224,3 +224,7 @@ static std::string locret_find_question(const std::string & text) {
 int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out) {
     return locret_copy_out(locret_find_question(text != nullptr ? text : ""), out, n_out);
 }
+
+int32_t llama_locret_pin_room(void) {
+    return LLAMA_LOCRET_PIN_ROOM;
+}

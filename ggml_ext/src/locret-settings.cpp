@@ -288,7 +288,8 @@ locret_schedule_spec locret_schedule_find(const llama_model & model) {
     return it == g_schedule.end() ? locret_schedule_spec() : it->second;
 }
 
-std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s) {
+std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s,
+                                              uint32_t pin_room) {
     std::vector<uint32_t> out;
     const uint64_t total = (uint64_t) n_layers * b;
     if (spec.kind == locret_schedule_spec::UNIFORM || n_layers == 0) {
@@ -311,11 +312,14 @@ std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec,
         }
     } else {
         // PyramidKV: k_last = b/beta, k_first = 2b - k_last, linear between (its sum is n_layers * b before rounding)
-        const double k_last  = std::max((double) b / LOCRET_PYRAMID_BETA, (double) n_s + 1.0);
-        const double k_first = 2.0 * b - k_last;
+        const uint32_t floor   = n_s + 1 + pin_room;
+        const double   k_last  = std::max((double) b / LOCRET_PYRAMID_BETA, (double) floor);
+        const double   k_first = 2.0 * b - k_last;
         if (k_first < k_last) {
             throw std::runtime_error(format("a pyramid schedule needs a budget of at least %u (the last layer keeps the "
-                    "%u stabilizers and one unit more); got %u", n_s + 1, n_s, b));
+                    "%u stabilizers%s and one unit more); got %u", floor, n_s,
+                    pin_room > 0 ? format(", room for a pinned question of %u tokens (Locret-Q heads)", pin_room).c_str()
+                                 : "", b));
         }
         uint64_t sum = 0;
         for (uint32_t l = 0; l < n_layers; ++l) {
@@ -596,7 +600,9 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
         for (uint32_t il = 0; il < hp.n_layer(); ++il) {
             n_evicting += hp.has_kv(il) && (hp.swa_type == LLAMA_SWA_TYPE_NONE || !hp.is_swa(il));
         }
-        cfg.layer_budget = locret_schedule_resolve(schedule, n_evicting, cfg.budget, cfg.stabilizers);
+        // Locret-Q heads pin the question they find by default: the smallest layer keeps room for it
+        const uint32_t pin_room = rec.query_auto ? LLAMA_LOCRET_PIN_ROOM : 0;
+        cfg.layer_budget = locret_schedule_resolve(schedule, n_evicting, cfg.budget, cfg.stabilizers, pin_room);
         if (!cfg.layer_budget.empty()) {
             cfg.budget = *std::max_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
         }

@@ -54,10 +54,12 @@ locret_schedule_spec locret_schedule_find(const llama_model & model);
 
 // The per-layer budgets of a schedule for n_layers evicting layers with mean budget b and n_s stabilizers: sum
 // n_layers * b. PYRAMID is PyramidKV's arithmetic sequence (Cai et al., 2024): the last layer keeps b / 20 (raised to
-// n_s + 1, the fewest a layer can choose from), the first 2b minus that, the layers between on the line joining them,
-// rounded down with the remainder given one unit each to the first layers. Throws std::runtime_error (message
-// without prefix) for a schedule that cannot work.
-std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s);
+// n_s + 1 + pin_room, the fewest a layer can choose from beside a pinned question of pin_room tokens), the first 2b
+// minus that, the layers between on the line joining them, rounded down with the remainder given one unit each to the
+// first layers. pin_room: LLAMA_LOCRET_PIN_ROOM with heads that pin the question they find (Locret-Q), else 0.
+// Throws std::runtime_error (message without prefix) for a schedule that cannot work.
+std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s,
+                                              uint32_t pin_room);
 
 // PyramidKV's beta: the last layer's budget is b / beta
 #define LOCRET_PYRAMID_BETA 20

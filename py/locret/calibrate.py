@@ -11,8 +11,8 @@ one whose attention is spread needs more of its units. So, over sample text read
 
 Clamping and rounding are done by water-filling (the layers at a bound keep it, the others share what is left in
 proportion to their need; the units rounding leaves go to the largest remainders, ties to the lower layer), so the
-result is a deterministic function of the scores. The floor (default: the stabilizers, a Locret-Q question of up to
-64 tokens, and one unit more) keeps every layer able to evict; the cap (default 2b, PyramidKV's first layer) keeps
+result is a deterministic function of the scores. The floor (default: the stabilizers, the library's room for a pinned
+Locret-Q question, query.pin_room(), and one unit more) keeps every layer able to evict; the cap (default 2b, PyramidKV's first layer) keeps
 one layer from holding most of the memory.
 
 The file it writes is a budget schedule (--locret-budget-schedule FILE, locret.Llama(locret_budget_schedule=...)):
@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-QUERY_ROOM = 64           # a Locret-Q question's tokens at most (pinned, in every layer's budget)
 DEFAULT_MASS = 0.9
 DEFAULT_TEXTS = ("prose", "code", "legal", "logs")
 DEFAULT_TOKENS = 2048
@@ -64,25 +63,27 @@ def fit_budgets(needs: list[float], total: int, floor: int, cap: int) -> list[in
         raise CalibrationError(f"{n} layers cannot share {total} units with budgets between {floor} and {cap} "
                                f"(possible totals: {n * floor} to {n * cap})")
     w = np.maximum(np.asarray(needs, dtype=np.float64), 1e-12)
-    fixed: dict[int, float] = {}
-    while True:
-        free = [i for i in range(n) if i not in fixed]
-        room = total - sum(fixed.values())
-        share = {i: room * w[i] / w[free].sum() for i in free}
-        low = [i for i in free if share[i] < floor]
-        high = [i for i in free if share[i] > cap]
-        if not low and not high:
-            break
-        for i in low:
-            fixed[i] = float(floor)
-        for i in high:
-            fixed[i] = float(cap)
-    exact = [fixed.get(i, share.get(i)) for i in range(n)]
-    out = [int(np.floor(v + 1e-9)) for v in exact]
-    left = total - sum(out)
-    order = sorted(range(n), key=lambda i: (-(exact[i] - out[i]), i))
-    for i in order[:left]:
+    # the water level: the scale s at which sum(clamp(s * need, floor, cap)) == total (the sum grows with s, from
+    # n * floor to n * cap); bisection to the precision of a float64
+    lo, hi = 0.0, cap / w.min()
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if np.clip(mid * w, floor, cap).sum() < total:
+            lo = mid
+        else:
+            hi = mid
+    exact = np.clip(hi * w, floor, cap)
+    out = [min(cap, max(floor, int(np.floor(v + 1e-9)))) for v in exact]
+    # whole units: what rounding down leaves goes to the largest remainders (ties to the lower layer), never past cap
+    frac = [float(exact[i] - out[i]) for i in range(n)]
+    while sum(out) < total:
+        i = min((i for i in range(n) if out[i] < cap), key=lambda i: (-round(frac[i], 9), i))  # ties within float noise
         out[i] += 1
+        frac[i] -= 1.0
+    while sum(out) > total:  # only float rounding at the bounds could get here
+        i = min((i for i in range(n) if out[i] > floor), key=lambda i: (round(frac[i], 9), i))
+        out[i] -= 1
+        frac[i] += 1.0
     assert sum(out) == total and all(floor <= v <= cap for v in out), (out, total, floor, cap)
     return out
 
@@ -116,6 +117,7 @@ def calibrate(model_path: str, *, heads: str | None, budget: int, stabilizers: i
               progress=None) -> Calibration:
     from . import eviction
     from .llama import Llama
+    from .query import pin_room
     from .tasks import haystacks
 
     if not 0.0 < mass < 1.0:
@@ -136,7 +138,7 @@ def calibrate(model_path: str, *, heads: str | None, budget: int, stabilizers: i
     try:
         stats = llm.locret_stats()
         n_s = stats["stabilizers"] if stabilizers is None else stabilizers
-        floor = n_s + QUERY_ROOM + 1 if floor is None else floor
+        floor = n_s + pin_room() + 1 if floor is None else floor
         cap = 2 * budget if cap is None else cap
         import llama_cpp
 
@@ -183,7 +185,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"tokens per text (default {DEFAULT_TOKENS})")
     p.add_argument("--mass", type=float, default=DEFAULT_MASS, help=f"the share of predicted attention a layer's "
                    f"units must carry (default {DEFAULT_MASS})")
-    p.add_argument("--floor", type=int, help="the smallest layer budget (default: stabilizers + 64 + 1)")
+    p.add_argument("--floor", type=int, help="the smallest layer budget (default: stabilizers + the room for a pinned "
+                   "question + 1)")
     p.add_argument("--cap", type=int, help="the largest layer budget (default 2 x --budget)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)

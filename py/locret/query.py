@@ -30,6 +30,13 @@ def find_question(text: str) -> str:
     return _c_string(lambda out, n: _api().llama_locret_find_question(text.encode(), out, n))
 
 
+def pin_room() -> int:
+    """The tokens a budget schedule keeps free for a pinned question in its smallest layer, beyond the stabilizers
+    (the library's LLAMA_LOCRET_PIN_ROOM: a question of the auto rule's longest in Locret-Q's layout)."""
+    from .eviction import _api
+    return int(_api().llama_locret_pin_room())
+
+
 def _c_string(write) -> str:
     """The text of a C function that, like snprintf, returns the length it needs when given no buffer."""
     import ctypes

@@ -14,7 +14,7 @@ import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
 from locret.llama import Llama
-from locret.query import find_question, place_query
+from locret.query import find_question, pin_room, place_query
 
 from conftest import REPO, free_port, http_server, natural_text, post_json, run, tool
 from test_eviction import B, UB, make
@@ -213,3 +213,30 @@ def test_a_second_question_rereads_the_conversation_with_it_pinned(model_path, h
     assert again["timings"]["prompt_n"] == fresh["timings"]["prompt_n"] == again["usage"]["prompt_tokens"] > 4 * B
     assert again["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
     assert again["choices"][0]["logprobs"] == fresh["choices"][0]["logprobs"]
+
+
+def test_a_pyramid_keeps_room_for_the_longest_question_the_rule_finds(model_path):
+    # the longest question auto finds (whole sentences within LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES), in a pyramid whose
+    # last layer PyramidKV would give b/20 or the stabilizers and one unit: the Locret-Q heads' pin must still fit
+    question = "Consider the archive formats this text describes. " * 5 + "Which module reads and writes tar archives?"
+    found = find_question(DOC + "\n\n" + question)
+    assert 280 < len(found.encode()) <= 320 and found.endswith("tar archives?")
+    b = 256
+    llm = Llama(model_path=str(model_path), locret_heads=str(QUERY_HEADS), locret_budget=b, n_ctx=16384, n_batch=64,
+                n_ubatch=64, locret_budget_schedule="pyramid", verbose=False, seed=1)
+    n_layer = int(llm.metadata["llama.block_count"])
+    st = llm.locret_stats()
+    n_s, room = st["stabilizers"], pin_room()
+    budgets = [llm.locret_layer_budget(il) for il in range(n_layer)]
+    assert budgets[-1] == n_s + 1 + room > b // 20 and sum(budgets) == n_layer * b
+    assert budgets == sorted(budgets, reverse=True)
+    llm.create_completion(DOC + "\n\n" + question, max_tokens=1, temperature=0.0)  # raised before: no room for the pin
+    st = llm.locret_stats()
+    assert 0 < st["n_pinned"] <= room and st["n_evictions"] > 0
+    assert llm.detokenize(llm.input_ids[:st["n_pinned"]].tolist()).decode().strip().endswith(found)
+    # plain heads recommend no auto query: their pyramid keeps PyramidKV's last layer
+    plain = Llama(model_path=str(model_path), locret_heads=str(REPO / "heads" / "smollm2-135m-instruct.gguf"),
+                  locret_budget=b, n_ctx=4096, n_batch=64, n_ubatch=64, locret_budget_schedule="pyramid", verbose=False)
+    assert plain.locret_layer_budget(n_layer - 1) == plain.locret_stats()["stabilizers"] + 1
+    plain.close()
+    llm.close()

@@ -13,6 +13,7 @@ from conftest import REPO, run
 from locret import Llama, calibrate
 from locret.calibrate import CalibrationError, fit_budgets, mass_share
 from locret.heads import HeadsError
+from locret.query import pin_room
 
 HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
 N_LAYER, B, UB = 30, 240, 64
@@ -40,6 +41,26 @@ def test_budgets_follow_the_needs_within_the_bounds():
     # remainders: 10 x (0.15, 0.35, 0.5) = 1.5, 3.5, 5 -> 1, 3, 5 and one unit left to 1.5 (its remainder ties 3.5's,
     # the lower layer wins)
     assert fit_budgets([0.15, 0.35, 0.5], 10, 1, 10) == [2, 3, 5]
+    # a floor near the mean: the bounds take most layers, and the sum still holds (the first water-filling fixed the
+    # layers under the floor and over the cap in the same round and ended 315 units over)
+    needs = [0.64, 0.37, 0.38, 0.22, 0.31, 0.22, 0.47, 0.31, 0.38, 0.42, 0.42, 0.58, 0.45, 0.31, 0.31] * 2
+    got = fit_budgets(needs, 30 * 240, 225, 480)
+    assert sum(got) == 7200 and min(got) == 225 and max(got) <= 480
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # the defining property on random needs: free layers follow one scale, bounds hold
+        n = int(rng.integers(2, 40))
+        needs = rng.uniform(0.01, 1.0, n).tolist()
+        floor = int(rng.integers(1, 200))
+        cap = floor + int(rng.integers(0, 400))
+        total = int(rng.integers(n * floor, n * cap + 1))
+        got = fit_budgets(needs, total, floor, cap)
+        assert sum(got) == total and all(floor <= v <= cap for v in got)
+        free = [i for i in range(n) if floor < got[i] < cap]
+        if len(free) >= 2:
+            scale = [got[i] / needs[i] for i in free]
+            lo, hi = min(free, key=lambda i: got[i] / needs[i]), max(free, key=lambda i: got[i] / needs[i])
+            # within one unit of rounding of a common scale
+            assert (got[hi] - 1) / needs[hi] <= (got[lo] + 1) / needs[lo] + 1e-9, (scale, got, needs)
     with pytest.raises(CalibrationError, match="3 layers cannot share 100 units with budgets between 40 and 90"):
         fit_budgets([1, 1, 1], 100, 40, 90)
     with pytest.raises(CalibrationError, match="possible totals: 30 to 60"):
@@ -63,7 +84,7 @@ def test_the_schedule_names_its_model_and_keeps_the_memory_of_the_uniform_budget
     header = {k.strip(): v.strip() for k, v in (line[2:].split(":", 1) for line in lines if line.startswith("# ")
                                                  and ":" in line)}
     assert len(budgets) == N_LAYER and sum(budgets) == N_LAYER * B
-    floor = 128 + calibrate.QUERY_ROOM + 1                             # the shipped heads' stabilizers, 128
+    floor = 128 + pin_room() + 1                                       # the shipped heads' stabilizers, 128
     assert min(budgets) >= floor and max(budgets) <= 2 * B and len(set(budgets)) > 5
     needs = [float(x) for x in header["needs (share of units per layer)"].split()]
     assert len(needs) == N_LAYER and all(0 < v <= 1 for v in needs)
@@ -108,7 +129,8 @@ def test_the_library_uses_the_schedule_and_refuses_it_for_another_model(calibrat
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--budget", 100], "30 layers cannot share 3000 units with budgets between 193 and 200"),
+    (["--budget", 100], "the floor (225) must be at least 1 and at most the cap (200)"),
+    (["--budget", 100, "--floor", 150], "30 layers cannot share 3000 units with budgets between 150 and 200"),
     (["--budget", 512, "--mass", 1.5], "--mass must be between 0 and 1"),
     (["--budget", 512, "--texts", "poetry"], "unknown text family poetry"),
     (["--budget", 512, "--tokens", 100], "--tokens must be at least 256"),
