@@ -122,7 +122,9 @@ def _add_eval(sub) -> None:
     how = p.add_argument_group("how to answer")
     how.add_argument("--model", default=models.DEFAULT_MODEL, help=f"model name or .gguf path (default {models.DEFAULT_MODEL})")
     how.add_argument("--methods", default="full,locret,streaming,random",
-                     help=f"comma-separated, of {', '.join(METHODS)} (default full,locret,streaming,random)")
+                     help=f"comma-separated, of {', '.join(METHODS)} (default full,locret,streaming,random); "
+                     "a heads method with per-layer budgets: METHOD@pyramid or METHOD@schedule (the --schedule "
+                     "file's), e.g. locret-q-auto@pyramid")
     how.add_argument("--budgets", default="", help="Locret budgets b, comma-separated (default: the --device profile's)")
     how.add_argument("--heads", help="trained heads for 'locret' and 'locret-q' (default: embedded in the model, or "
                      "shipped in heads/, for locret-q the Locret-Q heads where shipped); locret-q places each task's "
@@ -138,7 +140,7 @@ def _add_eval(sub) -> None:
     how.add_argument("--positions", help="where kept units sit for every evicting method: compact (positions 0..n-1 "
                      "after every eviction, the default), keep or keep:N (the positions they were read at, compacted "
                      "at N, default the model's trained context; heads, random and streaming policies)")
-    how.add_argument("--schedule", help="the budget schedule file of the method locret-schedule: one budget per "
+    how.add_argument("--schedule", help="the budget schedule file of locret-schedule and METHOD@schedule: one budget per "
                      "layer summing to layers x each --budgets value (locret calibrate writes one)")
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
     how.add_argument("--kv-type", help="KV cache type for K and V (default f16, or the profile's)")

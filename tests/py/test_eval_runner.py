@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from locret.files import sha256_file
+from locret.query import pin_room
 from conftest import REPO, run
 
 BUDGET, UBATCH = 128, 64
@@ -253,9 +254,17 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--pool", "5", "--methods", "streaming"],
      "--pool smooths the retaining heads' scores"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-schedule"],
-     "locret-schedule runs the per-layer budgets of --schedule FILE"),
+     "locret-schedule (and METHOD@schedule) runs the per-layer budgets of --schedule FILE"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-q-auto@schedule"],
+     "locret-schedule (and METHOD@schedule) runs the per-layer budgets of --schedule FILE"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-pyramid@pyramid"],
+     "locret-pyramid@pyramid: a budget schedule variant is METHOD@pyramid|schedule with METHOD one of locret, "),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret@uniform"],
+     "locret@uniform: a budget schedule variant is METHOD@pyramid|schedule"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret,streaming,locret"],
+     "a method is given twice"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--schedule", "conftest.py"],
-     "locret-schedule runs the per-layer budgets of --schedule FILE"),
+     "locret-schedule (and METHOD@schedule) runs the per-layer budgets of --schedule FILE"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-schedule", "--schedule",
       "none.txt"], "schedule file none.txt does not exist"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-schedule", "--schedule",
@@ -345,7 +354,8 @@ def test_locret_pyramid_and_a_schedule_file_give_each_layer_its_budget(tmp_path,
     mine = [BUDGET - 16] * 15 + [BUDGET + 16] * 15
     schedule.write_text("# per-layer budgets\n" + "\n".join(map(str, mine)) + "\n")
     proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", LENGTH, "--depths", "0.5",
-                          "--methods", "locret,locret-pyramid,locret-schedule", "--schedule", schedule, *COMMON,
+                          "--methods", "locret,locret-pyramid,locret-schedule,locret-q-auto@pyramid",
+                          "--schedule", schedule, "--stabilizers", "16", *COMMON,
                           "-o", out, "--no-plots"), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
@@ -358,6 +368,46 @@ def test_locret_pyramid_and_a_schedule_file_give_each_layer_its_budget(tmp_path,
     # the cache holds the largest layer's budget plus a chunk
     assert by_method["locret-pyramid"]["evictions"] >= 1
     assert by_method["locret-pyramid"]["cells_used_max"] == pyr[0] + UBATCH > by_method["locret"]["cells_used_max"]
+    # METHOD@variant: the question found and pinned with PyramidKV's budgets; the last layer raised for the Locret-Q heads' pinned question: 16 stabilizers, the room, one unit
+    q_pyr = by_method["locret-q-auto@pyramid"]
+    assert q_pyr["layer_budgets"][-1] == 16 + pin_room() + 1 > pyr[-1] == 16 + 1
+    assert sum(q_pyr["layer_budgets"]) == sum(pyr) and q_pyr["evictions"] >= 1
+    assert q_pyr["query_is_the_tasks"] and q_pyr["pinned"] > 0 and by_method["locret-pyramid"]["pinned"] == 0
+    runs = {r["method"] for r in read_jsonl(out / "runs.jsonl")}
+    assert runs == set(by_method), runs
+
+
+def test_a_schedule_variant_is_its_method_with_the_schedule(tmp_path, model_path):
+    from locret.evaluation import runner, split_method
+    from locret.evaluation.worker import locret_settings
+
+    schedule = tmp_path / "schedule.txt"
+    schedule.write_text("\n".join(["128"] * 30) + "\n")
+    cfg = runner.EvalConfig(output=tmp_path / "o", model=str(model_path), tasks=["passkey"], lengths=[600],
+                            depths=[0.5], budgets=[128], ubatch=64, schedule=str(schedule),
+                            methods=["locret-schedule", "locret@schedule", "locret-pyramid", "locret@pyramid",
+                                     "locret-q-auto@schedule"])
+    runner.validate(cfg)
+    assert split_method("locret-q-auto@pyramid") == ("locret-q-auto", "pyramid")
+    assert split_method("lagkv") == ("lagkv", "")
+    facts = runner.planner.read_model(model_path)
+    heads, random_heads = runner._heads_for(cfg, model_path, facts)
+    vocab = runner.items_module.vocab_model(str(model_path))
+    try:
+        its = runner.items_module.task_items(vocab, cfg.tasks, cfg.lengths, cfg.depths, 1, 0)
+    finally:
+        vocab.close()
+    runs, _ = runner.plan_runs(cfg, its, model_path, facts, heads, random_heads, tmp_path)
+    specs = {spec.labels["method"]: spec for spec, _ in runs}
+    settings = {m: locret_settings(s) for m, s in specs.items()}
+    assert settings["locret@schedule"] == settings["locret-schedule"]
+    assert settings["locret@schedule"]["locret_budget_schedule"] == str(schedule)
+    assert settings["locret@pyramid"] == settings["locret-pyramid"]
+    assert settings["locret@pyramid"]["locret_budget_schedule"] == "pyramid"
+    assert settings["locret-q-auto@schedule"]["locret_budget_schedule"] == str(schedule)
+    # each variant runs apart: its own run name
+    assert len({spec.labels["run"] for spec in specs.values()}) == 5
+    assert specs["locret@pyramid"].name == "locret@pyramid-b128"
 
 
 def test_haystack_families_get_rows_of_their_own(tmp_path, model_path):

@@ -30,3 +30,24 @@ QUERY_METHODS = ("locret-q", "locret-q-auto", "snapkv-q-auto")
 # the question the auto rule finds: with the trained Locret-Q heads, or with SnapKV (no training), whose observation
 # window the pinned question then is
 AUTO_QUERY_METHODS = ("locret-q-auto", "snapkv-q-auto")
+# a heads method with per-layer budgets: METHOD@pyramid (PyramidKV's) or METHOD@schedule (the --schedule file's), e.g.
+# locret-q-auto@pyramid; locret-pyramid and locret-schedule are locret@pyramid and locret@schedule under their old names
+SCHEDULE_VARIANTS = ("pyramid", "schedule")
+SCHEDULABLE_METHODS = ("locret", "locret-q", "locret-q-auto", "random-heads")
+
+
+def split_method(name: str) -> tuple[str, str]:
+    """(base method, schedule variant or "") of a --methods entry; ValueError for a variant that does not exist or a
+    method it does not apply to."""
+    base, at, variant = name.partition("@")
+    if not at:
+        return name, ""
+    if base not in SCHEDULABLE_METHODS or variant not in SCHEDULE_VARIANTS:
+        raise ValueError(f"{name}: a budget schedule variant is METHOD@{'|'.join(SCHEDULE_VARIANTS)} with METHOD one "
+                         f"of {', '.join(SCHEDULABLE_METHODS)}")
+    return base, variant
+
+
+def uses_schedule_file(methods: list[str]) -> bool:
+    """Whether a method of the list runs the per-layer budgets of --schedule FILE."""
+    return any(m == "locret-schedule" or m.endswith("@schedule") for m in methods)

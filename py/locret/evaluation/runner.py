@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from .. import devices, models, planner
 from ..files import sha256_file
-from . import HEADS_METHODS, METHODS, QUERY_METHODS, TRAINED_HEADS_METHODS, items as items_module, report
+from . import (HEADS_METHODS, METHODS, QUERY_METHODS, SCHEDULABLE_METHODS, TRAINED_HEADS_METHODS, items as items_module,
+               report, split_method, uses_schedule_file)
 from .items import Item, ItemError
 from .worker import RunSpec
 
@@ -55,7 +56,7 @@ class EvalConfig:
     pool: int | None = None        # score pooling window of the heads methods (None: none)
     lag: int | None = None         # LagKV's partition (None: the paper's 128)
     positions: str | None = None   # where kept units sit ("compact", "keep", "keep:N"; None: the library's default)
-    schedule: str | None = None    # the budget schedule file of the method locret-schedule
+    schedule: str | None = None    # the budget schedule file of locret-schedule and METHOD@schedule
     ubatch: int | None = None      # None: the device profile's, else 512
     threads: int = 2
     kv_type: str | None = None
@@ -106,9 +107,16 @@ def apply_device(cfg: EvalConfig, facts: planner.ModelFacts) -> devices.Device |
 
 
 def validate(cfg: EvalConfig) -> None:
-    unknown = [m for m in cfg.methods if m not in METHODS]
+    try:
+        bases = [split_method(m)[0] for m in cfg.methods]
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+    unknown = [m for m, base in zip(cfg.methods, bases) if base not in METHODS]
     if unknown or not cfg.methods:
-        raise EvalError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(METHODS)}")
+        raise EvalError(f"unknown method(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(METHODS)}, and "
+                        f"{'|'.join(SCHEDULABLE_METHODS)} with @pyramid or @schedule (per-layer budgets)")
+    if len(set(cfg.methods)) != len(cfg.methods):
+        raise EvalError(f"a method is given twice in --methods {','.join(cfg.methods)}")
     if bool(cfg.tasks) == bool(cfg.benchmark):
         raise EvalError("give either --tasks (generated tasks) or --benchmark with --dataset files, not both")
     if cfg.benchmark and not cfg.datasets:
@@ -126,15 +134,15 @@ def validate(cfg: EvalConfig) -> None:
     # book when the runs are planned (check_runs); these are the runner's own rules about which options go together
     if cfg.lag is not None and "lagkv" not in cfg.methods:
         raise EvalError(f"--lag is LagKV's partition (at least 2 units): give the method lagkv (got {cfg.lag})")
-    if cfg.pool and not any(m in HEADS_METHODS for m in cfg.methods):
+    if cfg.pool and not any(m in HEADS_METHODS for m in bases):
         raise EvalError(f"--pool smooths the retaining heads' scores: give one of {', '.join(HEADS_METHODS)}")
     for method in QUERY_METHODS:
-        if method in cfg.methods and not cfg.tasks:
+        if method in bases and not cfg.tasks:
             raise EvalError(f"{method} places each generated task's question at the start of its prompt (the task's "
                             "own, or the one the auto rule finds); benchmark records have none here")
-    if ("locret-schedule" in cfg.methods) != (cfg.schedule is not None):
-        raise EvalError("the method locret-schedule runs the per-layer budgets of --schedule FILE (e.g. from locret "
-                        "calibrate): give both or neither")
+    if uses_schedule_file(cfg.methods) != (cfg.schedule is not None):
+        raise EvalError("the method locret-schedule (and METHOD@schedule) runs the per-layer budgets of --schedule FILE "
+                        "(e.g. from locret calibrate): give both or neither")
     if cfg.schedule is not None and not Path(cfg.schedule).is_file():
         raise EvalError(f"schedule file {cfg.schedule} does not exist")
     for d in cfg.datasets:
@@ -146,7 +154,7 @@ def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> 
     """The trained heads of each heads method ('locret-q': the shipped Locret-Q heads where the model has them;
     None: embedded in the model) and the random heads of 'random-heads'."""
     heads, random_heads = {}, None
-    for method in cfg.methods:
+    for method in dict.fromkeys(split_method(m)[0] for m in cfg.methods):
         if method not in TRAINED_HEADS_METHODS:
             continue
         try:
@@ -154,7 +162,7 @@ def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> 
         except planner.PlanError as e:
             raise EvalError(str(e)) from None
         heads[method] = str(found) if found is not None else None
-    if "random-heads" in cfg.methods:
+    if any(split_method(m)[0] == "random-heads" for m in cfg.methods):
         from ..heads import cached_random_heads
         random_heads = cfg.random_heads or cached_random_heads(model_path)
     return heads, random_heads
@@ -188,7 +196,7 @@ def _heads_used(heads: dict, random_heads: str | None) -> dict:
 def _resolution_unchanged(cfg: EvalConfig) -> bool:
     """Whether a run from before `heads_used` was recorded resolved its heads as today: only locret-q without
     --heads changed (it took the plain heads before the Locret-Q heads were shipped)."""
-    return cfg.heads is not None or not any(m in cfg.methods for m in QUERY_METHODS)
+    return cfg.heads is not None or not any(split_method(m)[0] in QUERY_METHODS for m in cfg.methods)
 
 
 def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: planner.ModelFacts,
@@ -199,7 +207,8 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
         groups.setdefault(it.length if cfg.tasks else 0, []).append(it)
     runs, skipped = [], []
     heat_ids_per_group = {g: tuple(it.id for it in its[:cfg.heatmaps]) for g, its in groups.items()}
-    for method in cfg.methods:
+    for entry in cfg.methods:
+        method, variant = split_method(entry)
         for budget in ([None] if method == "full" else cfg.budgets):
             for group, its in sorted(groups.items()):
                 chosen = its
@@ -218,7 +227,9 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                pool=cfg.pool if method in HEADS_METHODS else None,
                                lag=cfg.lag if method == "lagkv" else None,
                                positions=cfg.positions,
-                               schedule=str(cfg.schedule) if method == "locret-schedule" else None,
+                               schedule="pyramid" if variant == "pyramid" else str(cfg.schedule)
+                               if method == "locret-schedule" or variant == "schedule" else None,
+                               variant=variant,
                                # SAGE-KV splits its budget itself (b/4 sinks, b/4 recent) and reads the prompt
                                # whole, in a context sized for it
                                stabilizers=None if method == "sage" else cfg.stabilizers,
@@ -227,7 +238,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                heatmap_ids=heat_ids_per_group[group] if method != "full" else (),
                                heatmap_dir=str(out_dir / "heatmaps"))
                 run_name = f"{spec.name}/{group}" if cfg.tasks else spec.name
-                runs.append((replace(spec, labels={"method": method, "budget": budget, "run": run_name}), chosen))
+                runs.append((replace(spec, labels={"method": entry, "budget": budget, "run": run_name}), chosen))
     return runs, skipped
 
 
@@ -367,7 +378,7 @@ def run(cfg: EvalConfig) -> int:
             if spec.method == "full":
                 end["kv_bytes"] = planner.full_cache_kv_bytes(facts, spec.n_ctx, cfg.kv_type or "f16")
                 end["kv_bytes_source"] = "predicted (planner) for the full cache"
-            _append(runs_path, dict(end, run=run_name, method=spec.method, budget=spec.budget, n_ctx=spec.n_ctx))
+            _append(runs_path, dict(end, run=run_name, method=spec.labels["method"], budget=spec.budget, n_ctx=spec.n_ctx))
 
     samples = _read_jsonl(samples_path)
     run_records = _read_jsonl(runs_path)

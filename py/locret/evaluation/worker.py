@@ -42,11 +42,13 @@ class RunSpec:
     pool: int | None = None      # score pooling window of the heads methods (None: none)
     lag: int | None = None       # LagKV's partition (method lagkv; None: the paper's 128)
     positions: str | None = None # where kept units sit (locret_positions; None: the library's default)
-    schedule: str | None = None  # the budget schedule file of locret-schedule
+    schedule: str | None = None  # the budget schedule: a file (locret-schedule, METHOD@schedule) or "pyramid"
+    variant: str = ""            # METHOD@variant's schedule variant (SCHEDULE_VARIANTS), "" for a plain method
 
     @property
     def name(self) -> str:
-        return self.method if self.budget is None else f"{self.method}-b{self.budget}"
+        method = f"{self.method}@{self.variant}" if self.variant else self.method
+        return method if self.budget is None else f"{method}-b{self.budget}"
 
 
 def make_llm(spec: RunSpec):
@@ -72,8 +74,7 @@ def locret_settings(spec: RunSpec) -> dict:
         # what the run asks for and nothing the heads recommend: no pooling unless --pool (and no query but
         # locret-q's own, pinned by the worker: make_llm), so that a run means the same whatever heads file it reads
         return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool or 0,
-                          locret_budget_schedule="pyramid" if spec.method == "locret-pyramid" else
-                          spec.schedule if spec.method == "locret-schedule" else None)
+                          locret_budget_schedule="pyramid" if spec.method == "locret-pyramid" else spec.schedule)
     if spec.method == "lagkv":
         return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
     if spec.method == "snapkv-q-auto":
