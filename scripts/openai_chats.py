@@ -17,7 +17,6 @@ Exit 1 on a bad input, 2 when the server does not start.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
 import subprocess
@@ -29,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "py"))
 
-from locret import models, planner, serve, tasks  # noqa: E402  (before llama_cpp: our libllama)
+from locret import models, planner, serve  # noqa: E402  (before llama_cpp: our libllama)
 from locret.evaluation import decoding, heldout, items as items_module  # noqa: E402
 
 PIN = re.compile(r'pinned: "(.*)"')
@@ -54,20 +53,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def chats(args, vocab) -> list[dict]:
-    """The prompts `locret eval` makes for these tasks, families, lengths and depths (its seed and sample indices,
-    one sample per depth), each as the user message: the document with the question at its end."""
-    tokenize, chat = decoding.tokenizer(vocab), decoding.chat_format(vocab)
-    out = []
-    for name, family, length in itertools.product(args.tasks.split(","), args.haystacks.split(","),
-                                                  [int(x) for x in args.lengths.split(",")]):
-        task = tasks.get(name)
-        for index, depth in enumerate(float(x) for x in args.depths.split(",")):
-            sample = task.generate(args.seed, index, tokenize=tokenize, n_tokens=length, depth=depth,
-                                   chat_format=chat, haystack=family)
-            out.append({"id": f"{name}@{family}/{length}/d{depth:.2f}/{index}", "row": f"{name}@{family}",
-                        "sample": sample, "text": items_module.user_message(sample, chat),
-                        "max_tokens": task.MAX_NEW_TOKENS})
-    return out
+    """The prompts `locret eval` makes for these tasks, families, lengths and depths (its generator: seed and sample
+    indices, one sample per depth), each as the user message: the document with the question at its end."""
+    chat = decoding.chat_format(vocab)
+    return [{"id": ts.id, "row": ts.source, "sample": ts.sample, "text": items_module.user_message(ts.sample, chat),
+             "max_tokens": ts.task.MAX_NEW_TOKENS}
+            for ts in items_module.task_samples(vocab, args.tasks.split(","), [int(x) for x in args.lengths.split(",")],
+                                                [float(x) for x in args.depths.split(",")], 1, args.seed,
+                                                args.haystacks.split(","))]
 
 
 def ask(url: str, text: str, max_tokens: int) -> tuple[str, int, float]:

@@ -6,7 +6,7 @@ import inspect
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from .. import benchmarks, tasks
 from ..tasks import haystacks as haystack_families
@@ -72,12 +72,27 @@ def vocab_model(model_path: str) -> VocabOnly:
     return VocabOnly(model_path)
 
 
-def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequence[float], samples: int,
-               seed: int, max_new_tokens: int | None = None, progress=None,
-               haystacks: Sequence[str] = ("prose",)) -> list[Item]:
+@dataclass(frozen=True)
+class TaskSample:
+    """One generated prompt of a task, before it becomes an Item (or a chat, scripts/openai_chats.py)."""
+    task: object             # the task's module (tasks.get)
+    source: str              # task name, "task@family" for a family other than prose
+    length: int
+    depth: float | None
+    index: int               # the sample index of the seed
+    sample: object           # what task.generate made
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}/{self.length}/{'all' if self.depth is None else f'd{self.depth:.2f}'}/{self.index}"
+
+
+def task_samples(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequence[float], samples: int, seed: int,
+                 haystacks: Sequence[str] = ("prose",)) -> Iterator[TaskSample]:
     """`samples` prompts per (task, haystack family, length, depth); a task without depths gets `samples` per
     length. Index k of depth j is sample j * samples + k of the seed, so every prompt has its own keys. A family
-    other than prose names the source "task@family" (its own rows in the summary) and the item ids."""
+    other than prose names the source "task@family" (its own rows in the summary) and the ids. ItemError for
+    settings that cannot produce them, before any is generated."""
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ItemError(f"depth {d} is outside [0, 1] (a share of the filler before the needle)")
@@ -93,8 +108,11 @@ def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequen
             raise ItemError(str(e)) from None
         if any(h != "prose" for h in haystacks) and "haystack" not in inspect.signature(modules[-1].generate).parameters:
             raise ItemError(f"task {name} has no haystack (only prose applies): run it without --haystacks")
+    return _generate(llm, modules, lengths, depths, samples, seed, haystacks)
+
+
+def _generate(llm, modules, lengths, depths, samples, seed, haystacks) -> Iterator[TaskSample]:
     tokenize, chat = decoding.tokenizer(llm), decoding.chat_format(llm)
-    out: list[Item] = []
     for task, family, length in itertools.product(modules, haystacks, lengths):
         source = task.NAME if family == "prose" else f"{task.NAME}@{family}"
         options = {} if family == "prose" else {"haystack": family}
@@ -105,17 +123,26 @@ def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequen
                 kwargs = {} if depth is None else {"depth": depth}
                 sample = task.generate(seed, index, tokenize=tokenize, n_tokens=length, chat_format=chat, **kwargs,
                                        **options)
-                tag = "all" if depth is None else f"d{depth:.2f}"
-                spans = [(label, a, b) for label, a, b in sample.spans()]
-                found = auto_question(sample, chat)
-                out.append(Item(id=f"{source}/{length}/{tag}/{index}", source=source, length=length,
-                                depth=depth, tokens=tuple(sample.tokens),
-                                max_new_tokens=max_new_tokens or task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
-                                extra={"seed": seed, "index": index, "needles": spans}, query=sample.question,
-                                query_tokens=query_prompt(sample, tokenize, chat), auto_query=found,
-                                auto_query_tokens=query_prompt(sample, tokenize, chat, found) if found else ()))
-                if progress is not None:
-                    progress.update(1)
+                yield TaskSample(task, source, length, depth, index, sample)
+
+
+def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequence[float], samples: int,
+               seed: int, max_new_tokens: int | None = None, progress=None,
+               haystacks: Sequence[str] = ("prose",)) -> list[Item]:
+    """The Items of task_samples' prompts, with their Locret-Q layouts (the task's question and the one auto finds)."""
+    tokenize, chat = decoding.tokenizer(llm), decoding.chat_format(llm)
+    out: list[Item] = []
+    for ts in task_samples(llm, names, lengths, depths, samples, seed, haystacks):
+        sample = ts.sample
+        spans = [(label, a, b) for label, a, b in sample.spans()]
+        found = auto_question(sample, chat)
+        out.append(Item(id=ts.id, source=ts.source, length=ts.length, depth=ts.depth, tokens=tuple(sample.tokens),
+                        max_new_tokens=max_new_tokens or ts.task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
+                        extra={"seed": seed, "index": ts.index, "needles": spans}, query=sample.question,
+                        query_tokens=query_prompt(sample, tokenize, chat), auto_query=found,
+                        auto_query_tokens=query_prompt(sample, tokenize, chat, found) if found else ()))
+        if progress is not None:
+            progress.update(1)
     return out
 
 
