@@ -280,6 +280,14 @@ LLAMA_API int32_t llama_locret_resolve_file_layers(const char * model_path, cons
                                                    struct llama_locret_resolved * out, uint64_t * layers_out,
                                                    int32_t n_layers_out);
 
+// llama_locret_resolve_file's layer budgets: the units each evicting layer keeps (a budget schedule's, else the budget
+// in every layer), in layer order. Writes min(n_out, count) entries of budgets_out and returns the count of evicting
+// layers, or -1 (llama_locret_last_error). locret plan shows them beside what the cache allocates.
+LLAMA_API int32_t llama_locret_resolve_file_budgets(const char * model_path, const char * heads_path,
+                                                    const struct llama_locret_params * params,
+                                                    const struct llama_context_params * cparams,
+                                                    uint32_t * budgets_out, int32_t n_out);
+
 // --locret-budget-mib: the largest budget whose memory per sequence (kv_bytes + window_bytes + store_bytes of
 // llama_locret_resolved: the K/V cells of the budget and the chunk, padded to 256, the window layers' cache and the
 // score and query stores) is at most `mib` MiB (2^20 bytes), for the model in `model_path`, the K/V types of

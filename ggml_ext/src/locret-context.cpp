@@ -309,6 +309,35 @@ int32_t llama_locret_resolve_file_layers(const char * model_path, const char * h
     return ret == 0 ? n_layer : -1;
 }
 
+int32_t llama_locret_resolve_file_budgets(const char * model_path, const char * heads_path, const llama_locret_params * params,
+        const llama_context_params * cparams, uint32_t * budgets_out, int32_t n_out) {
+    locret_set_error("");
+    if (model_path == nullptr || params == nullptr || cparams == nullptr || (budgets_out == nullptr && n_out > 0)) {
+        locret_set_error("llama_locret_resolve_file_budgets: model_path, params, cparams and budgets_out must not be NULL");
+        return -1;
+    }
+    int32_t n_evicting = -1;
+    const int32_t ret = locret_with_model_file(model_path, heads_path, *params, *cparams,
+            [&](const llama_model & model, const llama_locret_params & p, const llama_cparams & c, uint32_t n_ubatch_requested) {
+        const locret_config cfg = locret_config_make(model, p, locret_schedule_parse(p.budget_schedule), c,
+                n_ubatch_requested, cparams->type_k);
+        const llama_hparams & hp = model.hparams;
+        std::vector<uint32_t> budgets = cfg.layer_budget;
+        if (budgets.empty()) {
+            for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+                if (locret_layer_evicts(hp, il)) {
+                    budgets.push_back(cfg.budget);
+                }
+            }
+        }
+        n_evicting = (int32_t) budgets.size();
+        for (int32_t i = 0; i < std::min(n_out, n_evicting); ++i) {
+            budgets_out[i] = budgets[i];
+        }
+    });
+    return ret == 0 ? n_evicting : -1;
+}
+
 int32_t llama_locret_budget_for_mib(const char * model_path, const char * heads_path, const llama_locret_params * params,
         const llama_context_params * cparams, double mib, llama_locret_resolved * out) {
     locret_set_error("");

@@ -288,6 +288,10 @@ locret_schedule_spec locret_schedule_find(const llama_model & model) {
     return it == g_schedule.end() ? locret_schedule_spec() : it->second;
 }
 
+bool locret_layer_evicts(const llama_hparams & hp, uint32_t il) {
+    return hp.has_kv(il) && (hp.swa_type == LLAMA_SWA_TYPE_NONE || !hp.is_swa(il));
+}
+
 std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s,
                                               uint32_t pin_room) {
     std::vector<uint32_t> out;
@@ -598,7 +602,7 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
         // layer budget, and evictions run when that would overflow
         uint32_t n_evicting = 0;
         for (uint32_t il = 0; il < hp.n_layer(); ++il) {
-            n_evicting += hp.has_kv(il) && (hp.swa_type == LLAMA_SWA_TYPE_NONE || !hp.is_swa(il));
+            n_evicting += locret_layer_evicts(hp, il);
         }
         // Locret-Q heads pin the question they find by default: the smallest layer keeps room for it
         const uint32_t pin_room = rec.query_auto ? LLAMA_LOCRET_PIN_ROOM : 0;

@@ -61,6 +61,12 @@ locret_schedule_spec locret_schedule_find(const llama_model & model);
 std::vector<uint32_t> locret_schedule_resolve(const locret_schedule_spec & spec, uint32_t n_layers, uint32_t b, uint32_t n_s,
                                               uint32_t pin_room);
 
+struct llama_hparams;
+
+// whether the Locret memory evicts layer il: it has a KV cache and is not a window layer of an iSWA model (those keep
+// llama.cpp's own window cache)
+bool locret_layer_evicts(const llama_hparams & hp, uint32_t il);
+
 // PyramidKV's beta: the last layer's budget is b / beta
 #define LOCRET_PYRAMID_BETA 20
 

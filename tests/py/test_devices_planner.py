@@ -326,6 +326,18 @@ def test_a_budget_schedule_plan_sizes_the_cache_for_the_largest_layer_and_llama_
     p = planner.plan("cpu-2core", str(model_path), budget=2048, ubatch=512, schedule=str(schedule),
                      measure_buffers=False)
     assert p.settings.largest_budget == 2048 * 30 - 2000 * 29 == 3440 and p.settings.n_cells == 4096  # pad(3952)
+    assert p.settings.layer_budgets == tuple([2000] * 29 + [3440])
+    assert "layer budgets (evicting layers in order): " + " ".join(["2000"] * 29 + ["3440"]) in p.notes
+    # the heads given are the rule book's: Locret-Q heads keep room for their pinned question in the pyramid's last
+    # layer, the plain heads do not
+    from locret.query import pin_room
+    lq, plain = (planner.plan("cpu-2core", str(model_path), budget=2048, ubatch=512, stabilizers=128,
+                              schedule="pyramid", measure_buffers=False, heads=str(h))
+                 for h in (REPO / "heads" / "smollm2-135m-instruct.query.gguf",
+                           REPO / "heads" / "smollm2-135m-instruct.gguf"))
+    assert lq.settings.layer_budgets[-1] == 128 + 1 + pin_room() and plain.settings.layer_budgets[-1] == 129
+    assert lq.settings.largest_budget == max(lq.settings.layer_budgets) < plain.settings.largest_budget == 3968
+    assert sum(lq.settings.layer_budgets) == sum(plain.settings.layer_budgets) == 30 * 2048
     for kw, msg in ((dict(schedule=str(tmp_path / "none.txt")), "neither uniform, pyramid nor a readable file"),
                     (dict(schedule="pyramid", policy="lagkv"), "heads, random and streaming policies")):
         with pytest.raises(planner.PlanError, match=msg):

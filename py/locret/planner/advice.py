@@ -106,11 +106,13 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
     dev = devices.load(device)
     model_path = models.resolve(model, fetch=False)
     facts = read_model(model_path)
+    # the heads first: their recommendations are the rule book's defaults (e.g. a pyramid's room for a pinned question)
+    scores_with_heads = policy in (None, "heads")
+    heads_path, heads_origin = resolve_heads(model, model_path, facts, heads) if scores_with_heads else (None, "")
     settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
                                 stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, policy=policy,
-                                schedule=schedule, slots=slots, budget_mib=budget_mib)
+                                schedule=schedule, slots=slots, budget_mib=budget_mib, heads=heads_path)
     if settings.policy == "heads":
-        heads_path, heads_origin = resolve_heads(model, model_path, facts, heads)
         head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
     else:
         heads_path, heads_origin, head_tensors = None, f"none (policy {settings.policy} needs no heads)", ()
@@ -127,9 +129,12 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
                          f"({settings.n_cells} cells), not the budget; the budget bounds what generation keeps after "
                          "the prompt (lower --context to use less memory)")
     if settings.schedule != "uniform":
+        lb = settings.layer_budgets
         out.notes.append(f"budget schedule {settings.schedule}: the layers keep {settings.budget} units on average, "
                          f"the largest {settings.largest_budget}; the KV cache is sized for the largest in every layer "
-                         f"({settings.n_cells} cells), the cells a smaller layer does not keep are masked out")
+                         f"({settings.n_cells} cells), the cells a smaller layer does not keep are masked out: the "
+                         f"layers attend to {sum(lb) / (len(lb) * settings.n_cells):.0%} of the cells allocated")
+        out.notes.append("layer budgets (evicting layers in order): " + " ".join(map(str, lb)))
     if not settings.size_class_covers:
         out.notes.append(f"{facts.n_params / 1e9:.1f}B parameters is above every size class of {dev.name}: "
                          f"using the largest class's settings ({settings.size_class})")

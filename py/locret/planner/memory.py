@@ -34,6 +34,8 @@ class Settings:
     largest_budget: int = 0      # the largest layer budget of a schedule (0: uniform, the budget itself)
     slots: int = 1               # sequences served at once (llama-server -np): one stream of n_cells each
     n_cells: int = 0             # cells of one sequence's stream, as the library's rule book sizes it
+    heads: str | None = None     # the heads file whose recommendations the rule book reads (None: the model's default)
+    layer_budgets: tuple[int, ...] = ()  # the units each evicting layer keeps (a schedule's; the budget otherwise)
 
     @property
     def n_ctx(self) -> int:
@@ -62,15 +64,17 @@ class Settings:
 
 def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=None, ubatch=None,
                      stabilizers=None, kv_type=None, gpu_layers=None, policy=None, schedule=None,
-                     slots: int = 1, budget_mib: float | None = None) -> Settings:
+                     slots: int = 1, budget_mib: float | None = None, heads: str | None = None) -> Settings:
     """The profile's defaults for the model's size class, with the given overrides; PlanError for
     settings that cannot work. budget_mib: the budget is the largest whose memory per slot fits it (the library's
-    rule book, llama_locret_budget_for_mib), for the other settings as given or defaulted."""
+    rule book, llama_locret_budget_for_mib), for the other settings as given or defaulted. heads: the heads file the
+    context will load (its recommendations, e.g. a pyramid's room for a Locret-Q question, are the rule book's
+    defaults); None: what the library finds for the model."""
     sc, covers = device.size_class_for(facts.n_params)
     if budget_mib is not None:
         if budget is not None:
             raise PlanError("give --budget (units) or --budget-mib (memory), not both")
-        budget = _budget_for_mib(device, facts, float(budget_mib), context=context, ubatch=ubatch,
+        budget = _budget_for_mib(device, facts, float(budget_mib), heads=heads, context=context, ubatch=ubatch,
                                  stabilizers=stabilizers, kv_type=kv_type, policy=policy, schedule=schedule,
                                  slots=int(slots))
     given = dict(context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
@@ -116,11 +120,11 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
         raise PlanError(f"{slots} slots of {ctx} tokens exceed llama.cpp's context size (2^32 - 1 in all)")
     settings = Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
                         stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy,
-                        schedule=schedule, slots=slots)
+                        schedule=schedule, slots=slots, heads=None if heads is None else str(heads))
     return sized(facts, settings, sage_stabilizers_given=policy == "sage" and stabilizers is not None)
 
 
-def _budget_for_mib(device: Device, facts: ModelFacts, mib: float, *, context, ubatch, stabilizers, kv_type, policy,
+def _budget_for_mib(device: Device, facts: ModelFacts, mib: float, *, heads, context, ubatch, stabilizers, kv_type, policy,
                     schedule, slots: int) -> int:
     from ..eviction import budget_for_mib
     from ..heads import HeadsError
@@ -129,7 +133,7 @@ def _budget_for_mib(device: Device, facts: ModelFacts, mib: float, *, context, u
     ctx = parse_context(context) if context is not None else DEFAULT_CONTEXT
     ub = sc.ubatch if ubatch is None else int(ubatch)
     try:
-        return budget_for_mib(facts.path, mib, n_ctx=ctx * slots, n_ubatch=ub, n_batch=max(ub, slots), n_seq=slots,
+        return budget_for_mib(facts.path, mib, heads=heads, n_ctx=ctx * slots, n_ubatch=ub, n_batch=max(ub, slots), n_seq=slots,
                               kv_type=(sc.kv_type if kv_type is None else str(kv_type)).lower(), swa_full=False,
                               policy=policy, stabilizers=stabilizers,
                               budget_schedule=None if schedule in (None, "uniform") else schedule)["budget"]
@@ -143,7 +147,8 @@ def sized(facts: ModelFacts, settings: Settings, *, sage_stabilizers_given: bool
     evicting context is written there once (llama_locret_resolve_file): the planner keeps no copy."""
     r = _resolved(facts, settings, sage_stabilizers_given=sage_stabilizers_given)
     s = settings
-    return replace(s, n_cells=r["n_cells"], largest_budget=0 if s.schedule == "uniform" else r["budget_max"])
+    return replace(s, n_cells=r["n_cells"], largest_budget=0 if s.schedule == "uniform" else r["budget_max"],
+                   layer_budgets=r["layer_budgets"])
 
 
 def _resolved(facts: ModelFacts, s: Settings, *, sage_stabilizers_given: bool = False) -> dict:
@@ -151,7 +156,7 @@ def _resolved(facts: ModelFacts, s: Settings, *, sage_stabilizers_given: bool = 
     from ..heads import HeadsError
 
     try:
-        return resolve_file(facts.path, budget=s.budget, policy=s.policy, n_ctx=s.n_ctx, n_ubatch=s.ubatch,
+        return resolve_file(facts.path, heads=s.heads, budget=s.budget, policy=s.policy, n_ctx=s.n_ctx, n_ubatch=s.ubatch,
                             n_batch=max(s.ubatch, s.slots), n_seq=s.slots, kv_type=s.kv_type, swa_full=False,
                             stabilizers=s.stabilizers if s.policy != "sage" or sage_stabilizers_given else None,
                             budget_schedule=None if s.schedule == "uniform" else s.schedule)
