@@ -85,7 +85,8 @@ def test_the_schedule_names_its_model_and_keeps_the_memory_of_the_uniform_budget
                                                  and ":" in line)}
     assert len(budgets) == N_LAYER and sum(budgets) == N_LAYER * B
     floor = 128 + pin_room() + 1                                       # the shipped heads' stabilizers, 128
-    assert min(budgets) >= floor and max(budgets) <= 2 * B and len(set(budgets)) > 5
+    # the floor (225) is near the mean (240): most layers sit at it, the needier ones above
+    assert min(budgets) == floor and max(budgets) <= 2 * B and len(set(budgets)) >= 3
     needs = [float(x) for x in header["needs (share of units per layer)"].split()]
     assert len(needs) == N_LAYER and all(0 < v <= 1 for v in needs)
     # where no bound holds, the budgets are in proportion to the needs
