@@ -12,8 +12,8 @@ one whose attention is spread needs more of its units. So, over sample text read
 Clamping and rounding are done by water-filling (the layers at a bound keep it, the others share what is left in
 proportion to their need; the units rounding leaves go to the largest remainders, ties to the lower layer), so the
 result is a deterministic function of the scores. The floor (default: the stabilizers, the library's room for a pinned
-Locret-Q question, query.pin_room(), and one unit more) keeps every layer able to evict; the cap (default 2b, PyramidKV's first layer) keeps
-one layer from holding most of the memory.
+Locret-Q question, query.pin_room(), and one unit more) keeps every layer able to evict; the cap (default 2b,
+PyramidKV's first layer) keeps one layer from holding most of the memory.
 
 The file it writes is a budget schedule (--locret-budget-schedule FILE, locret.Llama(locret_budget_schedule=...)):
 one budget per evicting layer, and comment lines saying what made it. Its "# model: NAME" line is the model's
