@@ -227,8 +227,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                pool=cfg.pool if method in HEADS_METHODS else None,
                                lag=cfg.lag if method == "lagkv" else None,
                                positions=cfg.positions,
-                               schedule="pyramid" if variant == "pyramid" else str(cfg.schedule)
-                               if method == "locret-schedule" or variant == "schedule" else None,
+                               schedule=_schedule_of(method, variant, cfg.schedule),
                                variant=variant,
                                # SAGE-KV splits its budget itself (b/4 sinks, b/4 recent) and reads the prompt
                                # whole, in a context sized for it
@@ -240,6 +239,13 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                 run_name = f"{spec.name}/{group}" if cfg.tasks else spec.name
                 runs.append((replace(spec, labels={"method": entry, "budget": budget, "run": run_name}), chosen))
     return runs, skipped
+
+
+def _schedule_of(method: str, variant: str, schedule_file: str | None) -> str | None:
+    """A run's budget schedule: "pyramid", the --schedule file, or None (uniform). locret-pyramid and locret-schedule
+    are locret@pyramid and locret@schedule under their first names."""
+    kind = variant or {"locret-pyramid": "pyramid", "locret-schedule": "schedule"}.get(method, "")
+    return "pyramid" if kind == "pyramid" else str(schedule_file) if kind == "schedule" else None
 
 
 def check_runs(runs: list[tuple[RunSpec, list[Item]]]) -> None:

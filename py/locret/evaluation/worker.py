@@ -43,6 +43,7 @@ class RunSpec:
     lag: int | None = None       # LagKV's partition (method lagkv; None: the paper's 128)
     positions: str | None = None # where kept units sit (locret_positions; None: the library's default)
     schedule: str | None = None  # the budget schedule: a file (locret-schedule, METHOD@schedule) or "pyramid"
+                                 # (locret-pyramid, METHOD@pyramid); None: uniform
     variant: str = ""            # METHOD@variant's schedule variant (SCHEDULE_VARIANTS), "" for a plain method
 
     @property
@@ -74,7 +75,7 @@ def locret_settings(spec: RunSpec) -> dict:
         # what the run asks for and nothing the heads recommend: no pooling unless --pool (and no query but
         # locret-q's own, pinned by the worker: make_llm), so that a run means the same whatever heads file it reads
         return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool or 0,
-                          locret_budget_schedule="pyramid" if spec.method == "locret-pyramid" else spec.schedule)
+                          locret_budget_schedule=spec.schedule)
     if spec.method == "lagkv":
         return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
     if spec.method == "snapkv-q-auto":
