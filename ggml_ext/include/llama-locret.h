@@ -270,23 +270,16 @@ LLAMA_API int32_t llama_locret_resolve_file(const char * model_path, const char 
                                             const struct llama_context_params * cparams,
                                             struct llama_locret_resolved * out);
 
-// llama_locret_resolve_file (into *out, when not NULL) and, in the same metadata load, the K and V bytes per
-// sequence of each layer: n_cells or n_cells_window rows of the cache types, 0 for a layer without KV; what locret plan
-// places layer by layer. Writes min(n_layers_out, n_layer) entries of layers_out and returns n_layer, or -1
-// (llama_locret_last_error).
+// llama_locret_resolve_file (into *out, when not NULL) and, in the same metadata load, per layer of the model: the K
+// and V bytes per sequence (n_cells or n_cells_window rows of the cache types, 0 for a layer without KV) into
+// layers_out, and the units the layer keeps (a budget schedule's, else the budget; 0 for a layer that does not evict)
+// into budgets_out when it is not NULL: what locret plan places and shows layer by layer. Writes
+// min(n_layers_out, n_layer) entries of each and returns n_layer, or -1 (llama_locret_last_error).
 LLAMA_API int32_t llama_locret_resolve_file_layers(const char * model_path, const char * heads_path,
                                                    const struct llama_locret_params * params,
                                                    const struct llama_context_params * cparams,
                                                    struct llama_locret_resolved * out, uint64_t * layers_out,
-                                                   int32_t n_layers_out);
-
-// llama_locret_resolve_file's layer budgets: the units each evicting layer keeps (a budget schedule's, else the budget
-// in every layer), in layer order. Writes min(n_out, count) entries of budgets_out and returns the count of evicting
-// layers, or -1 (llama_locret_last_error). locret plan shows them beside what the cache allocates.
-LLAMA_API int32_t llama_locret_resolve_file_budgets(const char * model_path, const char * heads_path,
-                                                    const struct llama_locret_params * params,
-                                                    const struct llama_context_params * cparams,
-                                                    uint32_t * budgets_out, int32_t n_out);
+                                                   uint32_t * budgets_out, int32_t n_layers_out);
 
 // --locret-budget-mib: the largest budget whose memory per sequence (kv_bytes + window_bytes + store_bytes of
 // llama_locret_resolved: the K/V cells of the budget and the chunk, padded to 256, the window layers' cache and the

@@ -278,11 +278,12 @@ int32_t llama_locret_resolve_file(const char * model_path, const char * heads_pa
         return -1;
     }
     // the same resolution without the per-layer bytes
-    return llama_locret_resolve_file_layers(model_path, heads_path, params, cparams, out, nullptr, 0) < 0 ? -1 : 0;
+    return llama_locret_resolve_file_layers(model_path, heads_path, params, cparams, out, nullptr, nullptr, 0) < 0 ? -1 : 0;
 }
 
 int32_t llama_locret_resolve_file_layers(const char * model_path, const char * heads_path, const llama_locret_params * params,
-        const llama_context_params * cparams, llama_locret_resolved * out, uint64_t * layers_out, int32_t n_layers_out) {
+        const llama_context_params * cparams, llama_locret_resolved * out, uint64_t * layers_out, uint32_t * budgets_out,
+        int32_t n_layers_out) {
     locret_set_error("");
     if (model_path == nullptr || params == nullptr || cparams == nullptr || (layers_out == nullptr && n_layers_out > 0)) {
         locret_set_error("llama_locret_resolve_file_layers: model_path, params, cparams and layers_out must not be NULL");
@@ -298,44 +299,25 @@ int32_t llama_locret_resolve_file_layers(const char * model_path, const char * h
                 n_ubatch_requested, cparams->type_k);
         const locret_memory_size size = locret_memory_size_make(model, cfg, c, cparams->type_k, cparams->type_v,
                 locret_v_trans(*cparams), cparams->swa_full);
+        const llama_hparams & hp = model.hparams;
         n_layer = (int32_t) size.layer.size();
-        for (int32_t il = 0; il < std::min(n_layers_out, n_layer); ++il) {
-            layers_out[il] = size.layer[il];
+        size_t i_evicting = 0; // the schedule lists the evicting layers only, in layer order
+        for (int32_t il = 0; il < n_layer; ++il) {
+            const bool evicts = locret_layer_evicts(hp, (uint32_t) il);
+            const uint32_t budget = !evicts ? 0 : cfg.layer_budget.empty() ? cfg.budget : cfg.layer_budget[i_evicting];
+            i_evicting += evicts ? 1 : 0;
+            if (il < n_layers_out) {
+                layers_out[il] = size.layer[il];
+                if (budgets_out != nullptr) {
+                    budgets_out[il] = budget;
+                }
+            }
         }
         if (out != nullptr) {
             locret_resolved_fill(cfg, size, c, out);
         }
     });
     return ret == 0 ? n_layer : -1;
-}
-
-int32_t llama_locret_resolve_file_budgets(const char * model_path, const char * heads_path, const llama_locret_params * params,
-        const llama_context_params * cparams, uint32_t * budgets_out, int32_t n_out) {
-    locret_set_error("");
-    if (model_path == nullptr || params == nullptr || cparams == nullptr || (budgets_out == nullptr && n_out > 0)) {
-        locret_set_error("llama_locret_resolve_file_budgets: model_path, params, cparams and budgets_out must not be NULL");
-        return -1;
-    }
-    int32_t n_evicting = -1;
-    const int32_t ret = locret_with_model_file(model_path, heads_path, *params, *cparams,
-            [&](const llama_model & model, const llama_locret_params & p, const llama_cparams & c, uint32_t n_ubatch_requested) {
-        const locret_config cfg = locret_config_make(model, p, locret_schedule_parse(p.budget_schedule), c,
-                n_ubatch_requested, cparams->type_k);
-        const llama_hparams & hp = model.hparams;
-        std::vector<uint32_t> budgets = cfg.layer_budget;
-        if (budgets.empty()) {
-            for (uint32_t il = 0; il < hp.n_layer(); ++il) {
-                if (locret_layer_evicts(hp, il)) {
-                    budgets.push_back(cfg.budget);
-                }
-            }
-        }
-        n_evicting = (int32_t) budgets.size();
-        for (int32_t i = 0; i < std::min(n_out, n_evicting); ++i) {
-            budgets_out[i] = budgets[i];
-        }
-    });
-    return ret == 0 ? n_evicting : -1;
 }
 
 int32_t llama_locret_budget_for_mib(const char * model_path, const char * heads_path, const llama_locret_params * params,

@@ -58,10 +58,8 @@ _SIGNATURES = {
     "llama_locret_resolve_file": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
                                    ctypes.POINTER(_Resolved)], ctypes.c_int32),
     "llama_locret_resolve_file_layers": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
-                                          ctypes.POINTER(_Resolved), ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32],
-                                         ctypes.c_int32),
-    "llama_locret_resolve_file_budgets": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
-                                           ctypes.POINTER(ctypes.c_uint32), ctypes.c_int32], ctypes.c_int32),
+                                          ctypes.POINTER(_Resolved), ctypes.POINTER(ctypes.c_uint64),
+                                          ctypes.POINTER(ctypes.c_uint32), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_positions_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_budget_for_mib": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
                                      ctypes.c_double, ctypes.POINTER(_Resolved)], ctypes.c_int32),
@@ -175,31 +173,27 @@ def _resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | N
     heads' recommended settings (`heads`, else those embedded in the model): n_cells (per sequence), n_seq,
     budget_max (the largest layer budget), stabilizers, local, n_ubatch, and the bytes per sequence it allocates:
     kv_bytes (K/V of the evicting layers), window_bytes (the window layers' cache, n_cells_window cells), store_bytes
-    (scores and queries), layer_kv_bytes (each layer's K/V, llama_locret_resolve_file_layers) and layer_budgets (the
-    units each evicting layer keeps, llama_locret_resolve_file_budgets). swa_full None:
+    (scores and queries), layer_kv_bytes (each layer's K/V) and layer_budgets (the units each evicting layer keeps, in
+    layer order), all from one metadata load (llama_locret_resolve_file_layers). swa_full None:
     llama.cpp's default, a window cache as large as the evicting one (the tools' default is False). `settings`: stabilizers, local, policy, pool, lag, budget_schedule, positions as in
     `configure`. Settings the rule book refuses raise HeadsError with the same message context creation would give."""
     p = _rule_params(budget=budget, **settings)
     cp = _context_params(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch, n_seq=n_seq, kv_type=kv_type,
                          swa_full=swa_full)
     out = _Resolved()
-    # one metadata load gives both (llama_locret_resolve_file_layers); no model has more layers than this
+    # one metadata load gives all three (llama_locret_resolve_file_layers); no model has more layers than this
     layers = (ctypes.c_uint64 * 1024)()
+    budgets = (ctypes.c_uint32 * 1024)()
     n_layer = _api().llama_locret_resolve_file_layers(os.fsencode(model_path),
                                                       os.fsencode(heads) if heads is not None else b"", ctypes.byref(p),
-                                                      ctypes.byref(cp), ctypes.byref(out), layers, len(layers))
+                                                      ctypes.byref(cp), ctypes.byref(out), layers, budgets, len(layers))
     if n_layer < 0:
         raise HeadsError(_last_error())
     if n_layer > len(layers):
         raise HeadsError(f"the model has {n_layer} layers, more than {len(layers)}")
-    budgets = (ctypes.c_uint32 * 1024)()
-    n_evicting = _api().llama_locret_resolve_file_budgets(os.fsencode(model_path),
-                                                          os.fsencode(heads) if heads is not None else b"",
-                                                          ctypes.byref(p), ctypes.byref(cp), budgets, len(budgets))
-    if n_evicting < 0:
-        raise HeadsError(_last_error())
+    # a layer that does not evict keeps no budget (0); every evicting layer keeps at least its stabilizers
     return dict(_resolved_dict(out), layer_kv_bytes=tuple(int(b) for b in layers[:n_layer]),
-                layer_budgets=tuple(int(b) for b in budgets[:n_evicting]))
+                layer_budgets=tuple(int(b) for b in budgets[:n_layer] if b > 0))
 
 
 def budget_for_mib(model_path: str | os.PathLike, mib: float, *, heads: str | os.PathLike | None = None,
