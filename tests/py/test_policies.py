@@ -120,7 +120,8 @@ def test_streaming_keeps_the_sinks_and_the_most_recent_units(prompt_run, prompt_
         n_past = decode(llm, [t], n_past, True)
         units.append(n_past - 1)
         assert llm.locret_stats()["n_cells_used"] <= B + UB
-    assert llm.locret_stats()["n_evictions"] >= 15
+    st = llm.locret_stats()
+    assert st["n_evictions"] >= 15 and st["n_host_syncs"] == st["n_evictions"], st  # one wait per eviction
     assert all(kept == units for layer in all_retained(llm) for kept in layer)
 
 
@@ -146,9 +147,14 @@ def test_random_policy_is_algorithm_1_with_hashed_scores(model_path, prompt_toke
     n_positions = len(prompt) + 60 + len(second)
     table = random_table(n_layer, n_head_kv, n_positions)
 
-    n_past = 0
+    n_past, before = 0, llm.locret_stats()
     for tokens, output_last in calls:
         n_past = decode(llm, tokens, n_past, output_last)
+        # the host computes these scores from positions it holds: an eviction waits once (before its move tables are
+        # written), a call that evicts nothing never waits
+        now = llm.locret_stats()
+        assert now["n_host_syncs"] - before["n_host_syncs"] == now["n_evictions"] - before["n_evictions"], now
+        before = now
         first, offset = n_past - len(tokens), 0
         for size in ref.split(len(tokens), output_last):
             ref.place(list(range(first + offset, first + offset + size)), table,
