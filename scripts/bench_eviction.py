@@ -4,6 +4,7 @@
     .venv/bin/python scripts/bench_eviction.py [--model M.gguf | --shape NAME] [--heads H.gguf] [--budget 2048]
         [--ubatch 512] [--lengths 2048,8192,32768,131072] [--plain-lengths 2048,8192,32768] [--decode-depth 131072]
         [--gpu-layers -1] [--policies heads,lagkv,streaming] [--lag 128] [--positions keep,compact]
+        [--profile-compaction]
 
 Prints a markdown table of every figure (tok/s; peak host RSS; on a GPU the device memory in use with the context
 alive, which llama-bench reads from the device; and for Locret runs the time split per ubatch: model compute,
@@ -21,7 +22,9 @@ Exits 1 when a target is missed (the targets are the first policy's, with the fi
 the same figures for each eviction policy (and --positions compact,keep: each way of placing the kept units), side by
 side (lagkv with --lag; sage, random and streaming need no heads; sage caches each whole prompt, so its lengths must
 reach the budget plus the ubatch); every policy's prefill and decode are also reported against plain llama.cpp.
-Without --heads it makes random heads (speed does not depend on their values).
+Without --heads it makes random heads (speed does not depend on their values). --profile-compaction adds a table of
+the compaction graph (its nodes, and the host's time to build, allocate and launch it per compaction), from one
+more prefill per run with LOCRET_PROFILE=1: on a GPU, where each node is a launch, what one node per layer costs.
 --shape NAME benchmarks a random-weight model with the exact shapes of a model the paper ran (py/locret/shapes.py:
 llama3.1-8b, phi3-mini-128k, and scaled-down variants for a CPU), with its d_R = 1024 random heads.
 
@@ -45,8 +48,27 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
 
+PROFILE_LINE = re.compile(r"locret-profile: compaction build ([\d.]+) alloc ([\d.]+) inputs ([\d.]+) compute ([\d.]+) ms "
+                          r"\(nodes (\d+)")
+
+
+def compaction_profile(stderr: str) -> dict:
+    """The compaction graphs of a LOCRET_PROFILE=1 run: how many ran, their largest node count, and the host's mean
+    milliseconds per compaction to build, allocate, fill the inputs of and compute the graph (on a GPU the compute
+    is queued, so that figure is the launches of its nodes): what one node per layer and job costs."""
+    found = [tuple(float(x) for x in m.groups()) for m in PROFILE_LINE.finditer(stderr)]
+    if not found:
+        return {}
+    n = len(found)
+    mean = [sum(f[i] for f in found) / n for i in range(4)]
+    return {"profiled_compactions": n, "compaction_nodes": int(max(f[4] for f in found)),
+            "build_ms": mean[0], "alloc_ms": mean[1], "inputs_ms": mean[2], "launch_ms": mean[3]}
+
+
 def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int, policy: str = "heads",
-          positions: str | None = None) -> dict:
+          positions: str | None = None, profile: bool = False) -> dict:
+    """One llama-bench run; `profile`: with LOCRET_PROFILE=1, and the compaction graphs' figures
+    (compaction_profile) in the result."""
     from locret import tool_path
 
     cmd = [str(tool_path("llama-bench")), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
@@ -69,7 +91,8 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         if positions:
             cmd += ["--locret-positions", positions]
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ, LOCRET_PROFILE="1") if profile else None
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"llama-bench failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
     rows = json.loads(proc.stdout)
@@ -89,6 +112,8 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
     device = re.findall(r"locret: device memory: (\S+) ([\d.]+) MiB in use", proc.stderr)
     if device:
         out["device_mib"] = sum(float(mib) for _, mib in device)
+    if profile:
+        out.update(compaction_profile(proc.stderr))
     return out
 
 
@@ -132,6 +157,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--positions", default=None,
                     help="--locret-positions values to measure, comma-separated (compact, keep, keep:N; default: the "
                          "engine's default only); every policy runs with each")
+    ap.add_argument("--profile-compaction", action="store_true",
+                    help="one more prefill (the longest length up to 32768) with LOCRET_PROFILE=1 per --positions "
+                         "value: the compaction graph's node count and the host's time per compaction to build, "
+                         "allocate and launch it (its timings are not mixed into the table's)")
     ap.add_argument("--d-r", type=int, default=256,
                     help="hidden size of the random heads made without --heads (default 256: 5.5%% of SmolLM2's "
                          "per-token work, the paper's 2.5-8%% range; its d_R = 1024 is for 3.8B-8B models)")
@@ -253,6 +282,19 @@ def main() -> int:
         checks.append((f"{label(run)} eviction / prefill time at {hi}", share_run, None, False))
         checks.append((f"{label(run)} decode after {args.decode_depth} / plain decode after 2560",
                        tg["tps"] / plain_tg["tps"], None, True))
+    if args.profile_compaction:
+        n_prof = max([n for n in lengths if n <= 32768] or [min(lengths)])
+        print(f"\nCompaction graphs of a prefill of {n_prof} (LOCRET_PROFILE=1, a run apart; per compaction, the "
+              f"host's time; on a GPU the compute is queued: its figure is the launches)\n")
+        print("| run | compactions | nodes | build (ms) | allocation (ms) | inputs (ms) | compute / launch (ms) |"
+              "\n|---|---:|---:|---:|---:|---:|---:|")
+        for run in runs:
+            r = bench(args, locret=True, prompt=n_prof, gen=0, depth=0, policy=run[0], positions=run[1], profile=True)
+            if not r.get("profiled_compactions"):
+                print(f"| {label(run)} | 0 | - | - | - | - | - |")
+                continue
+            print(f"| {label(run)} | {r['profiled_compactions']} | {r['compaction_nodes']} | {r['build_ms']:.2f} | "
+                  f"{r['alloc_ms']:.2f} | {r['inputs_ms']:.2f} | {r['launch_ms']:.2f} |")
     print("\n| target | ratio | needed | |\n|---|---:|---:|---|")
     ok = True
     for name, ratio, need, at_least in checks:

@@ -16,7 +16,8 @@
 #     bench: scripts/bench_eviction.py on the SmolLM2-135M shape (Q4_1, the shipped heads: b 2048, ub 512, prefill
 #            8K/32K/128K, decode after 128K) and the Llama-3.1-8B shape (Q4_0, d_R 1024 random heads: b 16384,
 #            ub 1024, prefill 128K against plain 16K, plain 128K and plain at the same attention depth), with
-#            --positions keep,compact side by side.
+#            --positions keep,compact side by side; for SmolLM2 also the compaction graph's nodes and the host's
+#            time to launch them per compaction (--profile-compaction: one more 32K prefill per layout).
 #   The stages run in that order; each is idempotent (build skips what is built, the shape models are cached), so a
 #   machine that gives 10 minutes a command runs `--stage build,check` then `--stage bench` (on an H200: build 186 s,
 #   check 30 s, bench 120 s). The stand-ins' scores are nearly flat, so rounding between backends reorders near-ties:
@@ -174,7 +175,8 @@ if want bench; then
         echo
         "$PYTHON" scripts/bench_eviction.py --model "$SMOL_MODEL" --heads "$SMOL_HEADS" --gpu-layers -1 \
             --budget 2048 --ubatch 512 --lengths 8192,32768,131072 --plain-lengths 8192,32768 --decode-depth 131072 \
-            --positions keep,compact 2> "$OUT_DIR/bench-smollm2.log" || echo "(bench_eviction exit $?: a target missed)"
+            --positions keep,compact --profile-compaction 2> "$OUT_DIR/bench-smollm2.log" \
+            || echo "(bench_eviction exit $?: a target missed)"
     } >> "$REPORT"
     log "benchmarks: Llama-3.1-8B shape ($(elapsed))"
     {

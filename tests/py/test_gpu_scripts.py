@@ -33,6 +33,13 @@ def test_bench_eviction_measures_each_positions_layout(model_path):
     with pytest.raises(SystemExit, match="llama-bench failed"):
         bench_eviction.bench(args, locret=True, prompt=256, gen=0, depth=0, positions="sideways")
 
+    # the compaction graphs' profile: one line per compaction, a few nodes per layer
+    prof = bench_eviction.bench(args, locret=True, prompt=768, gen=0, depth=0, positions="compact", profile=True)
+    assert prof["profiled_compactions"] == prof["compactions"] >= 3
+    assert 30 * 3 <= prof["compaction_nodes"] <= 30 * 32  # SmolLM2's 30 layers: K, V and scores moved in each
+    assert min(prof["build_ms"], prof["alloc_ms"], prof["inputs_ms"], prof["launch_ms"]) >= 0
+    assert "profiled_compactions" not in rows["compact"]  # without profile, no LOCRET_PROFILE
+
 
 def test_backend_check_child_and_comparison(model_path, tmp_path):
     import backend_check
