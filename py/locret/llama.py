@@ -88,11 +88,17 @@ class Llama(llama_cpp.Llama):
         self._locret_pending_pin: int | None = None   # tokens to pin when that call's prompt starts a sequence
         self._locret_in_chat = False
         holder: dict[str, Heads] = {}
+        evicting = bool(locret_budget or locret_budget_mib)
 
         class _ConfiguredContext(_internals.LlamaContext):
             # llama-cpp-python loads the model and creates its context in one constructor: register the
             # Locret settings for the model in between, so the context is created with them
             def __init__(self, *, model, params, verbose=True):
+                if evicting and "flash_attn" not in kwargs:
+                    # llama.cpp's own default (its tools'), not llama-cpp-python's "off": flash attention where the
+                    # backend has it, so V is stored by rows and an eviction copies V rows as they are instead of
+                    # moving a transposed V element by element (docs/results.md: a quarter of the compaction time)
+                    params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO
                 if n_seq_max is not None:
                     # several sequences, each in its own KV stream (an evicting cache keeps them apart)
                     params.n_seq_max = n_seq_max

@@ -135,7 +135,9 @@ class Algorithm1:
 
 def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, heads_file, prompt_tokens):
     tokens = prompt_tokens[:700]
-    plain = llama_cpp.Llama(model_path=str(model_path), n_ctx=2048, n_batch=256, n_ubatch=64, verbose=False)
+    # flash attention as the evicting context has it by default (llama.cpp's auto: on for the CPU)
+    plain = llama_cpp.Llama(model_path=str(model_path), n_ctx=2048, n_batch=256, n_ubatch=64, verbose=False,
+                            flash_attn=True)
     plain.eval(tokens)
     want = last_logits(plain)
     llm = make(model_path, heads_file, n_ctx=2048, n_batch=256, n_ubatch=64, locret_budget=1024,
@@ -147,6 +149,20 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
     assert st["n_evictions"] == 0 and st["n_host_syncs"] == 0 and st["n_rows_moved"] == st["n_rows_kept"] == 0
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
     assert int(np.argmax(got)) == int(np.argmax(want))
+
+
+def test_an_evicting_context_takes_llama_cpps_flash_attention_default(model_path, heads_file, prompt_tokens):
+    # llama-cpp-python's default is off; with a budget and flash_attn not given, locret.Llama leaves it to llama.cpp
+    # (on where the backend has it, as its tools): the same logits as flash_attn=True, other than flash_attn=False
+    def logits(**kw):
+        llm = make(model_path, heads_file, n_ctx=2048, n_batch=64, n_ubatch=64, locret_budget=128, **kw)
+        llm.eval(prompt_tokens[:400])
+        assert llm.locret_stats()["n_evictions"] >= 3
+        return last_logits(llm)
+
+    default, on, off = logits(), logits(flash_attn=True), logits(flash_attn=False)
+    assert np.array_equal(default, on)
+    assert not np.array_equal(default, off)
 
 
 @pytest.mark.parametrize("select,n_pin,pool", [("host", 0, 0), ("graph", 0, 0), ("host", 24, 0), ("graph", 24, 0),

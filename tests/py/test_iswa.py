@@ -97,7 +97,9 @@ def run_and_compare(llm, ref, calls, layers, n_head_kv):
 
 def test_gemma_budget_above_the_input_gives_plain_logits(gemma, gemma_heads, tokens):
     toks = tokens[:600]
-    plain = llama_cpp.Llama(model_path=str(gemma), n_ctx=2048, n_batch=256, n_ubatch=64, n_threads=2, verbose=False)
+    # flash attention as the evicting context has it by default (llama.cpp's auto)
+    plain = llama_cpp.Llama(model_path=str(gemma), n_ctx=2048, n_batch=256, n_ubatch=64, n_threads=2, verbose=False,
+                            flash_attn=True)
     plain.eval(toks)
     want = last_logits(plain)
     plain.close()

@@ -217,8 +217,9 @@ def test_the_naive_rerotation_fails_where_the_model_has_an_attention_factor(stan
 
 def test_a_budget_above_the_input_gives_plain_logits(standin, tokens):
     toks = tokens[:200]
+    # flash attention as the evicting context has it by default (llama.cpp's auto)
     plain = llama_cpp.Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=256, n_ubatch=64, n_threads=2,
-                            verbose=False)
+                            verbose=False, flash_attn=True)
     plain.eval(toks)
     want = last_logits(plain)
     plain.close()
