@@ -30,7 +30,7 @@ LONGEST_FIRST = ["test_docs.py", "test_eviction.py", "test_eval_runner.py", "tes
                  "test_schedule.py", "test_inspect.py", "test_trainer.py", "test_devices_planner.py", "test_passkey.py",
                  "test_speculative.py", "test_rpc.py", "test_server_faults.py", "test_openai_client.py", "test_snapkv.py", "test_auto_query.py", "test_budget_mib.py", "test_models.py", "test_needle_ranks.py", "test_policies.py",
                  "test_heads_runtime.py", "test_state_files.py", "test_soak.py", "test_cis_parity.py",
-                 "test_gpu_scripts.py"]
+                 "test_gpu_scripts.py", "test_sage_reference.py"]
 
 
 def pytest_collection_modifyitems(items):
