@@ -196,8 +196,10 @@ def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, model_path, promp
 
 
 def test_the_window_holds_the_last_parts_last_queries(model_path, prompt_tokens):
-    # the same tokens at the same positions in a 64-token part and in two parts: the window rows agree
-    a, b = make(model_path), make(model_path)
+    # the same tokens at the same positions in a 64-token part and in two parts: the window rows agree. Without flash
+    # attention: the CPU's flash-attention kernel rounds queries to F16 and tiles by the part's shape, so one part
+    # and two parts differ past the bound below in layer 3; the window's bookkeeping checked here is the same either way
+    a, b = make(model_path, flash_attn=False), make(model_path, flash_attn=False)
     decode(a, prompt_tokens[:UB], 0, False)
     decode(b, prompt_tokens[:UB - W], 0, False)
     decode(b, prompt_tokens[UB - W:UB], UB - W, False)

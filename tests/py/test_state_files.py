@@ -145,7 +145,9 @@ def test_a_state_from_other_settings_is_refused_with_the_reason(case, saved, mod
 
 
 def test_a_state_saved_without_eviction_is_refused(model_path, heads_file, prompt_tokens):
-    plain = make(model_path, heads_file, locret_budget=None, locret_stabilizers=None, locret_local=None)  # heads attached, no eviction
+    # heads attached, no eviction; flash attention as an evicting context has it by default (V by rows), so that what
+    # refuses the state is its missing Locret section, not llama.cpp's check of the V layout
+    plain = make(model_path, heads_file, locret_budget=None, locret_stabilizers=None, locret_local=None, flash_attn=True)
     prefill(plain, prompt_tokens[:2 * UB])
     data = bytes(plain.save_state().llama_state)
     plain.close()
@@ -161,7 +163,8 @@ def test_an_evicting_state_is_refused_by_a_context_that_does_not_evict(saved, mo
     """A cache without eviction reads the cells and stops before the Locret section; llama.cpp's loaders refuse a
     state they did not read to the end (the cells' positions are compacted ones, meaningless to such a cache)."""
     data, path, state, seq_path = saved
-    plain = make(model_path, heads_file, locret_budget=None, locret_stabilizers=None, locret_local=None)
+    # the evicting context's V layout (flash attention, its default), so that llama.cpp's loader reads the cells
+    plain = make(model_path, heads_file, locret_budget=None, locret_stabilizers=None, locret_local=None, flash_attn=True)
     with captured_log() as lines:
         assert not load_file(plain, path)
     assert "did not read all of the session file data" in errors(lines), errors(lines)
