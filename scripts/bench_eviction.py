@@ -52,17 +52,27 @@ PROFILE_LINE = re.compile(r"locret-profile: compaction build ([\d.]+) alloc ([\d
                           r"\(nodes (\d+)")
 
 
+SELECT_LINE = re.compile(r"locret-profile: select build ([\d.]+) alloc ([\d.]+) compute and read-back ([\d.]+) ms")
+
+
 def compaction_profile(stderr: str) -> dict:
     """The compaction graphs of a LOCRET_PROFILE=1 run: how many ran, their largest node count, and the host's mean
     milliseconds per compaction to build, allocate, fill the inputs of and compute the graph (on a GPU the compute
-    is queued, so that figure is the launches of its nodes): what one node per layer and job costs."""
+    is queued, so that figure is the launches of its nodes): what one node per layer and job costs. With a selection
+    on the device, also its mean allocation and its compute-and-wait per eviction: an allocation that takes as long as
+    a ubatch is ggml's scheduler waiting for the backend before it re-reserves (docs/memory.md)."""
     found = [tuple(float(x) for x in m.groups()) for m in PROFILE_LINE.finditer(stderr)]
     if not found:
         return {}
     n = len(found)
     mean = [sum(f[i] for f in found) / n for i in range(4)]
-    return {"profiled_compactions": n, "compaction_nodes": int(max(f[4] for f in found)),
-            "build_ms": mean[0], "alloc_ms": mean[1], "inputs_ms": mean[2], "launch_ms": mean[3]}
+    out = {"profiled_compactions": n, "compaction_nodes": int(max(f[4] for f in found)),
+           "build_ms": mean[0], "alloc_ms": mean[1], "inputs_ms": mean[2], "launch_ms": mean[3]}
+    sel = [tuple(float(x) for x in m.groups()) for m in SELECT_LINE.finditer(stderr)]
+    if sel:
+        out.update({"profiled_selections": len(sel), "select_alloc_ms": sum(f[1] for f in sel) / len(sel),
+                    "select_wait_ms": sum(f[2] for f in sel) / len(sel)})
+    return out
 
 
 def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int, policy: str = "heads",
@@ -286,15 +296,17 @@ def main() -> int:
         n_prof = max([n for n in lengths if n <= 32768] or [min(lengths)])
         print(f"\nCompaction graphs of a prefill of {n_prof} (LOCRET_PROFILE=1, a run apart; per compaction, the "
               f"host's time; on a GPU the compute is queued: its figure is the launches)\n")
-        print("| run | compactions | nodes | build (ms) | allocation (ms) | inputs (ms) | compute / launch (ms) |"
-              "\n|---|---:|---:|---:|---:|---:|---:|")
+        print("| run | compactions | nodes | build (ms) | allocation (ms) | inputs (ms) | compute / launch (ms) "
+              "| device selection: allocation / compute and wait (ms) |\n|---|---:|---:|---:|---:|---:|---:|---|")
         for run in runs:
             r = bench(args, locret=True, prompt=n_prof, gen=0, depth=0, policy=run[0], positions=run[1], profile=True)
             if not r.get("profiled_compactions"):
-                print(f"| {label(run)} | 0 | - | - | - | - | - |")
+                print(f"| {label(run)} | 0 | - | - | - | - | - | - |")
                 continue
+            sel = (f"{r['select_alloc_ms']:.2f} / {r['select_wait_ms']:.2f}" if r.get("profiled_selections")
+                   else "- (host selection)")
             print(f"| {label(run)} | {r['profiled_compactions']} | {r['compaction_nodes']} | {r['build_ms']:.2f} | "
-                  f"{r['alloc_ms']:.2f} | {r['inputs_ms']:.2f} | {r['launch_ms']:.2f} |")
+                  f"{r['alloc_ms']:.2f} | {r['inputs_ms']:.2f} | {r['launch_ms']:.2f} | {sel} |")
     print("\n| target | ratio | needed | |\n|---|---:|---:|---|")
     ok = True
     for name, ratio, need, at_least in checks:

@@ -125,8 +125,21 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
     }
     const size_t max_nodes = std::max(32 * layers.size() + 64, policy->score_graph_nodes(layers.size()));
-    evict_sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
-    evict_res.reset(new llm_graph_result((int64_t) max_nodes));
+    for (auto & g : evict_graphs) {
+        g.sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
+        g.res.reset(new llm_graph_result((int64_t) max_nodes));
+    }
+    // the end of each ubatch on the backends that compute asynchronously (events: GPUs; a CPU backend has none)
+    ubatch_end_events.clear();
+    for (ggml_backend_t b : backends) {
+        ggml_backend_dev_t dev = ggml_backend_get_device(b);
+        if (dev == nullptr || ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            continue;
+        }
+        if (ggml_backend_event_t ev = ggml_backend_event_new(dev)) {
+            ubatch_end_events.emplace_back(b, std::unique_ptr<ggml_backend_event, locret_event_free>(ev));
+        }
+    }
 
     // the worst cases: every retained unit of every sequence of a turn moves; a selection from a full cache. The moves
     // and the selection's read-back get their host memory here, pinned when the cache is on a device. A turn takes at
@@ -158,25 +171,45 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     }
     select_idx_cap = select_graph ? n_rows * cfg.budget : 0;
     select_idx = (int32_t *) select_idx_block.reserve(locret_host_buft_for(layers[0].k), select_idx_cap * sizeof(int32_t));
-    evict_res->reset();
-    ggml_cgraph * gf = locret_build_compact_graph(evict_res.get(), kv, v_trans, layers, moves);
-    bool ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+    // each kind reserved for its worst case, so that no eviction's graph outgrows its reservation: the compaction
+    // that re-rotates keys (compact positions, and kept positions at their limit), the one that only copies rows (kept
+    // positions), the selection from a full cache, the policy's largest scoring graph
+    auto reserve_slot = [&](locret_graph_kind kind, const std::function<ggml_cgraph *(llm_graph_result *)> & build) {
+        locret_graph_slot & g = evict_graphs[kind];
+        g.res->reset();
+        const bool ok = ggml_backend_sched_reserve(g.sched.get(), build(g.res.get()));
+        g.res->reset();
+        ggml_backend_sched_reset(g.sched.get());
+        return ok;
+    };
+    moves.rotate = true;
+    bool ok = reserve_slot(GRAPH_COMPACT_ROTATE, [&](llm_graph_result * res) {
+        return locret_build_compact_graph(res, kv, v_trans, layers, moves);
+    });
+    // (a model without RoPE never re-rotates: its compactions are all copies)
+    const bool copies = cfg.keep_positions || std::any_of(layers.begin(), layers.end(),
+            [](const locret_kv_layer & L) { return !L.rot.rope; });
+    if (ok && copies) {
+        moves.rotate = false;
+        ok = reserve_slot(GRAPH_COMPACT_COPY, [&](llm_graph_result * res) {
+            return locret_build_compact_graph(res, kv, v_trans, layers, moves);
+        });
+    }
     if (ok && select_graph && cfg.budget < cfg.capacity) {
-        evict_res->reset();
-        gf = evict_res->get_gf();
-        ggml_build_forward_expand(gf, locret_build_select(evict_res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
-        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+        ok = reserve_slot(GRAPH_SELECT, [&](llm_graph_result * res) {
+            ggml_cgraph * gf = res->get_gf();
+            ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
+            return gf;
+        });
     }
     if (ok && policy->score_graph_nodes(layers.size()) > 0) {
-        // the policy's largest scoring graph
-        evict_res->reset();
-        gf = evict_res->get_gf();
-        policy->build_worst_score_graph(policy_env(), evict_res->get_ctx(), gf);
-        ok = ggml_backend_sched_reserve(evict_sched.get(), gf);
+        ok = reserve_slot(GRAPH_SCORE, [&](llm_graph_result * res) {
+            ggml_cgraph * gf = res->get_gf();
+            policy->build_worst_score_graph(policy_env(), res->get_ctx(), gf);
+            return gf;
+        });
     }
     moves.clear();
-    evict_res->reset();
-    ggml_backend_sched_reset(evict_sched.get());
     if (!ok) {
         locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
         return false;
@@ -211,11 +244,12 @@ static void locret_parallel_for(size_t n, unsigned max_threads, F && f) {
 
 bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
     const int64_t p0 = ggml_time_us();
-    ggml_backend_sched_t sched = evict_sched.get();
+    locret_graph_slot & g = evict_graphs[GRAPH_SELECT];
+    ggml_backend_sched_t sched = g.sched.get();
     ggml_backend_sched_reset(sched);
-    evict_res->reset();
-    ggml_cgraph * gf = evict_res->get_gf();
-    ggml_tensor * top = locret_build_select(evict_res->get_ctx(), scores_all, strm, cfg.n_cells, cell0, n_cand, n_top);
+    g.res->reset();
+    ggml_cgraph * gf = g.res->get_gf();
+    ggml_tensor * top = locret_build_select(g.res->get_ctx(), scores_all, strm, cfg.n_cells, cell0, n_cand, n_top);
     ggml_build_forward_expand(gf, top);
     const int64_t p1 = ggml_time_us();
     if (!ggml_backend_sched_alloc_graph(sched, gf)) {
@@ -231,6 +265,7 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
     // them (ordered after the graph, as llama.cpp reads its logits) and waited for once
     GGML_ASSERT((size_t) ggml_nelements(top) <= select_idx_cap);
     ggml_backend_tensor_get_async(ggml_backend_sched_get_tensor_backend(sched, top), top, select_idx, 0, ggml_nbytes(top));
+    wait_ubatch_end();
     const int64_t t0_us = ggml_time_us();
     ggml_backend_sched_synchronize(sched);
     t.n_host_syncs += 1;
@@ -254,11 +289,12 @@ locret_policy_env llama_locret_memory::policy_env() {
 bool llama_locret_memory::run_score_graph(const char * policy_name, const std::string & what,
         const std::function<void(ggml_context *, ggml_cgraph *)> & build, const std::function<void()> & set_inputs) {
     const int64_t p0 = ggml_time_us();
-    ggml_backend_sched_t sched = evict_sched.get();
+    locret_graph_slot & g = evict_graphs[GRAPH_SCORE];
+    ggml_backend_sched_t sched = g.sched.get();
     ggml_backend_sched_reset(sched);
-    evict_res->reset();
-    ggml_cgraph * gf = evict_res->get_gf();
-    build(evict_res->get_ctx(), gf);
+    g.res->reset();
+    ggml_cgraph * gf = g.res->get_gf();
+    build(g.res->get_ctx(), gf);
     // queued, not waited for: it writes the score store, which the selection reads after it (the device's graph
     // queued behind it, or the host after the eviction's one wait)
     bool ok = ggml_backend_sched_alloc_graph(sched, gf);
@@ -368,10 +404,31 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     return ret;
 }
 
+void llama_locret_memory::mark_ubatch_end() {
+    for (auto & [backend, ev] : ubatch_end_events) {
+        ggml_backend_event_record(ev.get(), backend);
+    }
+    ubatch_end_marked = !ubatch_end_events.empty();
+}
+
+void llama_locret_memory::wait_ubatch_end() {
+    if (!ubatch_end_marked) {
+        return;
+    }
+    // the ubatch's own compute: timed apart, the eviction's timers leave it out
+    const int64_t t0_us = ggml_time_us();
+    for (auto & [backend, ev] : ubatch_end_events) {
+        ggml_backend_event_synchronize(ev.get());
+    }
+    ubatch_end_marked = false;
+    ubatch_wait_us += ggml_time_us() - t0_us;
+}
+
 void llama_locret_memory::wait_for_backend(llama_context * lctx) {
     if (evict_waited) {
         return;
     }
+    wait_ubatch_end();
     // (its time goes to the step that asked: the host's read of the scores, or the compaction)
     ggml_backend_sched_synchronize(lctx->get_sched());
     t.n_host_syncs += 1;
@@ -388,7 +445,7 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
     const int64_t t0_us = ggml_time_us();
     // the blocks on a device are queued on the backend that holds them, after the ubatch that wrote them, and waited
     // for together; that wait (or the context's, when every block is in host memory) also covers the ones read in place
-    ggml_backend_sched_t sched = evict_sched.get();
+    ggml_backend_sched_t sched = evict_sched();
     bool queued = false;
     size_t at = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -411,20 +468,24 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
         at += n;
         queued = true;
     }
+    const uint64_t ubatch_wait_before_us = ubatch_wait_us;
     if (queued) {
+        wait_ubatch_end();
         ggml_backend_sched_synchronize(sched); // the same backends as the context's
         t.n_host_syncs += 1;
         evict_waited = true;
     } else {
         wait_for_backend(lctx);
     }
-    t.readback_us += ggml_time_us() - t0_us;
+    t.readback_us += (ggml_time_us() - t0_us) - (ubatch_wait_us - ubatch_wait_before_us);
 }
 
 int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps) {
     const int64_t t_start_us = ggml_time_us();
     const uint64_t readback_before_us = t.readback_us;
     evict_waited = false;
+    ubatch_wait_us = 0;
+    mark_ubatch_end();
 
     // the selections, into the pending positions: nothing changes until the compaction has run
     struct pending_t { locret_evict_args args; locret_protect prot; bool reposition; };
@@ -576,7 +637,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     }
     const int64_t t_selected_us = ggml_time_us();
     // the device selection accounted for its own time; the host's (and the bookkeeping) is the rest
-    t.select_us += (uint64_t) (t_selected_us - t_start_us) - (t.readback_us - readback_before_us);
+    t.select_us += (uint64_t) (t_selected_us - t_start_us) - (t.readback_us - readback_before_us) - ubatch_wait_us;
+    const uint64_t ubatch_wait_selected_us = ubatch_wait_us;
 
     moves.rotate = false;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -588,7 +650,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         wait_for_backend(lctx);
     }
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
-        locret_compact(evict_sched.get(), evict_res.get(), kv, v_trans, layers, moves,
+        locret_compact(evict_graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY].sched.get(),
+                evict_graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY].res.get(), kv, v_trans, layers, moves,
                 take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
     t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
     if (status == LOCRET_COMPACT_NOT_RUN) {
@@ -654,7 +717,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
         return -1;
     }
-    t.compact_us += ggml_time_us() - t_selected_us;
+    t.compact_us += (ggml_time_us() - t_selected_us) - (ubatch_wait_us - ubatch_wait_selected_us);
     for (size_t i = 0; i < layers.size(); ++i) {
         t.n_rows_moved   += turn_moved[i];
         t.n_rows_rotated += turn_rotated[i];

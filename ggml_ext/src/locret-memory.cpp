@@ -299,9 +299,12 @@ bool llama_locret_memory::take_fault(locret_fault f) {
 
 size_t llama_locret_memory::evict_buffer_size() const {
     size_t n = 0;
-    if (evict_sched) {
-        for (int i = 0; i < ggml_backend_sched_get_n_backends(evict_sched.get()); ++i) {
-            n += ggml_backend_sched_get_buffer_size(evict_sched.get(), ggml_backend_sched_get_backend(evict_sched.get(), i));
+    for (const auto & g : evict_graphs) {
+        if (!g.sched) {
+            continue;
+        }
+        for (int i = 0; i < ggml_backend_sched_get_n_backends(g.sched.get()); ++i) {
+            n += ggml_backend_sched_get_buffer_size(g.sched.get(), ggml_backend_sched_get_backend(g.sched.get(), i));
         }
     }
     return n;
@@ -707,10 +710,10 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
     // the streams' cells are copied at the next update (llama.cpp's stream copy), the bookkeeping now
     inner->seq_cp(seq_id_src, seq_id_dst, -1, -1);
     streams[seq_id_dst] = src;
-    if (evict_sched) {
+    if (evict_sched() != nullptr) {
         // the last compaction moved the scores and is not waited for by the eviction itself (the host copies below
         // do not queue behind it)
-        ggml_backend_sched_synchronize(evict_sched.get());
+        ggml_backend_sched_synchronize(evict_sched());
     }
     copy_scores((uint32_t) seq_id_src, (uint32_t) seq_id_dst);
     for (ggml_tensor * q : queries_of_layer) {

@@ -280,9 +280,30 @@ private:
     // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
     bool select_graph = false;
 
-    // the eviction graphs' scheduler and graph
-    ggml_backend_sched_ptr             evict_sched;
-    std::unique_ptr<llm_graph_result>  evict_res;
+    // The eviction's graphs, each kind with a scheduler of its own. ggml's scheduler keeps the allocation of the last
+    // graph it was given: a graph of another shape (node count, or a tensor larger than reserved) is re-reserved, and
+    // with more than one backend (a GPU) ggml_backend_sched_alloc_graph first waits for every backend. On one shared
+    // scheduler the selection, scoring and compaction graphs alternated, so each allocation hid a host round trip
+    // (found on an H200: the selection's timer held the ubatch's whole compute). One scheduler per kind, reserved for
+    // its worst case, sees the same shape eviction after eviction and allocates without waiting.
+    enum locret_graph_kind { GRAPH_SCORE, GRAPH_SELECT, GRAPH_COMPACT_COPY, GRAPH_COMPACT_ROTATE, GRAPH_KINDS };
+    struct locret_graph_slot {
+        ggml_backend_sched_ptr            sched;
+        std::unique_ptr<llm_graph_result> res;
+    };
+    locret_graph_slot evict_graphs[GRAPH_KINDS];
+    // a scheduler on the context's backends, to wait for them (every slot's is)
+    ggml_backend_sched_t evict_sched() const { return evict_graphs[GRAPH_COMPACT_ROTATE].sched.get(); }
+    // On a backend that computes asynchronously (a GPU) the ubatch whose scores an eviction reads may still be running
+    // when the eviction starts: an event recorded then marks the ubatch's end, and the eviction's one wait is taken in
+    // two steps, to that event (the ubatch's compute: not the eviction's time) and then to the end of what the eviction
+    // queued. The device's queue is not drained in between: still one round trip, counted once.
+    struct locret_event_free { void operator()(ggml_backend_event_t e) const { ggml_backend_event_free(e); } };
+    std::vector<std::pair<ggml_backend_t, std::unique_ptr<ggml_backend_event, locret_event_free>>> ubatch_end_events;
+    bool ubatch_end_marked = false;
+    uint64_t ubatch_wait_us = 0; // this turn's wait for the ubatch's end
+    void mark_ubatch_end();   // records the events (none on a CPU-only context)
+    void wait_ubatch_end();   // waits for them, once per turn
 
     // per pending eviction: the positions after it, swapped in when it succeeds
     std::vector<std::vector<std::vector<int32_t>>> pos_next;

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 
 
-def test_bench_eviction_measures_each_positions_layout(model_path):
+def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch):
     import bench_eviction  # scripts/, on sys.path through conftest
 
     args = bench_eviction.parse(["--model", str(model_path), "--budget", "256", "--ubatch", "128", "--threads", "1",
@@ -39,6 +39,13 @@ def test_bench_eviction_measures_each_positions_layout(model_path):
     assert 30 * 3 <= prof["compaction_nodes"] <= 30 * 32  # SmolLM2's 30 layers: K, V and scores moved in each
     assert min(prof["build_ms"], prof["alloc_ms"], prof["inputs_ms"], prof["launch_ms"]) >= 0
     assert "profiled_compactions" not in rows["compact"]  # without profile, no LOCRET_PROFILE
+    assert "profiled_selections" not in prof  # the CPU selects on the host by default
+
+    # with the selection on the device (a GPU's default; forced here), one selection line per eviction is read
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", "graph")
+    prof = bench_eviction.bench(args, locret=True, prompt=768, gen=0, depth=0, positions="compact", profile=True)
+    assert prof["profiled_selections"] == prof["profiled_compactions"] == prof["compactions"] >= 3
+    assert prof["select_alloc_ms"] >= 0 and prof["select_wait_ms"] >= 0
 
 
 def test_backend_check_child_and_comparison(model_path, tmp_path):
