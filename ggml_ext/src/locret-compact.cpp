@@ -215,7 +215,6 @@ namespace {
 struct locret_compact_input : llm_graph_input_i {
     struct layer_input {
         bool          moves   = false;   // the layer has moves (read from the move tables, uploaded with them)
-        ggml_tensor * factors = nullptr; // F32 [n_rot/2], or NULL
         ggml_tensor * v_src   = nullptr; // I32 [n_moves*d_v] element indices of a transposed V, or NULL
         ggml_tensor * v_dst   = nullptr;
         std::vector<int32_t> v_src_data;
@@ -232,9 +231,6 @@ struct locret_compact_input : llm_graph_input_i {
             const layer_input & li = inp[i];
             if (!li.moves) {
                 continue;
-            }
-            if (li.factors != nullptr) {
-                ggml_backend_tensor_set(li.factors, layers[i].rot.freq_factors.data(), 0, ggml_nbytes(li.factors));
             }
             if (li.v_src != nullptr) {
                 ggml_backend_tensor_set(li.v_src, li.v_src_data.data(), 0, ggml_nbytes(li.v_src));
@@ -335,16 +331,12 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
             ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, src); // F32 [d_k, n_moves]
             if (k_rotates) {
                 ggml_tensor * delta = ggml_view_1d(ctx0, moves.t_delta, n_moves, m.at * sizeof(int32_t));
-                if (!L.rot.freq_factors.empty()) {
-                    li.factors = ggml_new_tensor_1d(ctx0, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());
-                    ggml_set_input(li.factors);
-                }
                 k_new = ggml_reshape_3d(ctx0, k_new, L.d_k, 1, n_moves);
                 if (inp->k_rot) {
                     k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot); // back to the RoPE basis (rot^2 == I)
                 }
                 // the stored keys were rotated for their old positions: rotating by the difference moves them
-                k_new = ggml_rope_ext(ctx0, k_new, delta, li.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
+                k_new = ggml_rope_ext(ctx0, k_new, delta, L.rot.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
                         L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor, L.rot.beta_fast, L.rot.beta_slow);
                 if (inp->k_rot) {
                     k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot);

@@ -33,6 +33,10 @@ struct locret_rerotation {
     float beta_fast   = 32.0f;
     float beta_slow   = 1.0f;
     std::vector<float> freq_factors; // [n_rot/2], or empty for none
+    // the same factors resident beside the layer's keys, set once when the memory is made (NULL when empty): a graph
+    // input would be placed on the CPU backend and copied into a GPU's part of every graph that rotates, and ggml's
+    // scheduler waits for that backend before each such copy
+    ggml_tensor * factors = nullptr;
 };
 
 // the re-rotation of model layer il's keys for a context with these parameters (reads the model's frequency factors)

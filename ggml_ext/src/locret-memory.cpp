@@ -169,6 +169,8 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
         layers.push_back(std::move(L));
     }
 
+    make_rope_factors();
+
     if (!cfg.layer_budget.empty() && cfg.layer_budget.size() != layers.size()) {
         throw std::runtime_error(format("the budget schedule was resolved for %zu layers, but the cache evicts %zu",
                 cfg.layer_budget.size(), layers.size()));
@@ -253,6 +255,35 @@ void llama_locret_memory::make_score_store(uint32_t n_seq) {
     select_graph = uniform && !ggml_backend_buffer_is_host(scores_buf.get());
     if (const char * e = getenv("LOCRET_DEBUG_SELECT")) {
         select_graph = uniform && strcmp(e, "graph") == 0 ? true : strcmp(e, "host") == 0 ? false : select_graph;
+    }
+}
+
+void llama_locret_memory::make_rope_factors() {
+    // one buffer per buffer type of the layers' keys (layers may sit on different devices)
+    std::map<ggml_backend_buffer_type_t, std::vector<size_t>> by_buft;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        if (!layers[i].rot.freq_factors.empty()) {
+            by_buft[ggml_backend_buffer_get_type(layers[i].k->buffer)].push_back(i);
+        }
+    }
+    for (const auto & [buft, idx] : by_buft) {
+        ggml_init_params ip = { ggml_tensor_overhead() * idx.size(), nullptr, /*.no_alloc =*/ true };
+        ggml_context_ptr ctx(ggml_init(ip));
+        for (size_t i : idx) {
+            locret_rerotation & r = layers[i].rot;
+            r.factors = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_F32, (int64_t) r.freq_factors.size());
+            ggml_format_name(r.factors, "locret_rope_factors-%u", layers[i].il);
+        }
+        ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), buft));
+        if (!buf) {
+            throw std::runtime_error("failed to allocate the Locret re-rotation factors");
+        }
+        for (size_t i : idx) {
+            const locret_rerotation & r = layers[i].rot;
+            ggml_backend_tensor_set(r.factors, r.freq_factors.data(), 0, ggml_nbytes(r.factors));
+        }
+        rope_factors_ctx.push_back(std::move(ctx));
+        rope_factors_buf.push_back(std::move(buf));
     }
 }
 
@@ -832,6 +863,9 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
     }
     if (queries_buf) {
         res[ggml_backend_buffer_get_type(queries_buf.get())] += ggml_backend_buffer_get_size(queries_buf.get());
+    }
+    for (const auto & b : rope_factors_buf) {
+        res[ggml_backend_buffer_get_type(b.get())] += ggml_backend_buffer_get_size(b.get());
     }
     return res;
 }

@@ -270,6 +270,11 @@ private:
     ggml_tensor             * scores_all = nullptr; // the 3-d tensor, or NULL when the layers differ
     std::vector<ggml_tensor *> scores_of_layer;
 
+    // each layer's re-rotation factors, resident where its keys are (locret_rerotation::factors)
+    std::vector<ggml_context_ptr>        rope_factors_ctx;
+    std::vector<ggml_backend_buffer_ptr> rope_factors_buf;
+    void make_rope_factors();
+
     ggml_context_ptr           queries_ctx;      // the query store (policies that read queries)
     ggml_backend_buffer_ptr    queries_buf;
     std::vector<ggml_tensor *> queries_of_layer;

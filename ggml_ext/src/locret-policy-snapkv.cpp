@@ -39,11 +39,10 @@ constexpr uint32_t W = LLAMA_LOCRET_SNAPKV_WINDOW;
 constexpr uint32_t Q = LLAMA_LOCRET_SNAPKV_QUESTION;
 constexpr uint32_t R = Q + W; // query store rows per stream: [0, Q) the pinned question's, [Q, R) the last part's
 
-// the question window's inputs: the re-rotation of its queries (one delta per query) and each layer's frequency
-// factors
+// the question window's input: the re-rotation of its queries (one delta per query; each layer's frequency factors
+// are resident, locret_rerotation::factors)
 struct snapkv_question_inputs {
     ggml_tensor * delta = nullptr;       // I32 [nw]
-    std::vector<ggml_tensor *> factors;  // per layer: F32 [n_rot/2], or NULL
 };
 
 // Build into gf, for every layer, the scores of cells [0, n) of stream strm from nw queries of its query store
@@ -55,7 +54,6 @@ void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env 
     if (question != nullptr) {
         question->delta = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, nw);
         ggml_set_input(question->delta);
-        question->factors.assign(env.layers.size(), nullptr);
     }
     for (size_t i = 0; i < env.layers.size(); ++i) {
         const locret_kv_layer & L = env.layers[i];
@@ -75,11 +73,7 @@ void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env 
         q = ggml_reshape_3d(ctx, ggml_cont(ctx, q), d, nq, nw);
         if (question != nullptr && L.rot.rope) {
             // rotated at the question's positions: rotating by the difference moves them after the cache
-            if (!L.rot.freq_factors.empty()) {
-                question->factors[i] = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, (int64_t) L.rot.freq_factors.size());
-                ggml_set_input(question->factors[i]);
-            }
-            q = ggml_rope_ext(ctx, q, question->delta, question->factors[i], L.rot.n_rot, L.rot.mode,
+            q = ggml_rope_ext(ctx, q, question->delta, L.rot.factors, L.rot.n_rot, L.rot.mode,
                     L.rot.n_ctx_orig, L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor,
                     L.rot.beta_fast, L.rot.beta_slow);
         }
@@ -174,12 +168,6 @@ struct locret_policy_snapkv : locret_policy {
                     if (question.delta->buffer != nullptr) {
                         const std::vector<int32_t> d(nq, delta);
                         ggml_backend_tensor_set(question.delta, d.data(), 0, ggml_nbytes(question.delta));
-                    }
-                    for (size_t i = 0; i < env.layers.size(); ++i) {
-                        if (question.factors[i] != nullptr && question.factors[i]->buffer != nullptr) {
-                            ggml_backend_tensor_set(question.factors[i], env.layers[i].rot.freq_factors.data(), 0,
-                                    ggml_nbytes(question.factors[i]));
-                        }
                     }
                 });
         }
