@@ -303,20 +303,26 @@ def test_compaction_moves_and_rerotates_keys(model_path, heads_file, prompt_toke
             assert (old != np.arange(B)).any()
 
 
-@pytest.mark.parametrize("select,pool", [("host", 0), ("graph", 0), ("graph", 9)])
-def test_no_graph_outgrows_the_buffers_reserved_at_creation(select, pool, model_path, heads_file, prompt_tokens,
-                                                            monkeypatch):
-    # the eviction graphs have their own scheduler, reserved for their worst case when the context is made: neither
-    # its buffers nor the context's may grow at an eviction (a growth would be an allocation inside the loop); with
-    # score pooling the reservation holds the pooling nodes too
+@pytest.mark.parametrize("select,pool,positions", [("host", 0, None), ("graph", 0, None), ("graph", 9, None),
+                                                   ("graph", 0, "keep:384")])
+def test_no_graph_outgrows_the_buffers_reserved_at_creation(select, pool, positions, model_path, heads_file,
+                                                            prompt_tokens, monkeypatch):
+    # the eviction graphs have schedulers of their own, one per kind, each reserved for its worst case when the
+    # context is made: neither their buffers nor the context's may grow at an eviction (a growth would be an
+    # allocation inside the loop); with score pooling the reservation holds the pooling nodes too; with kept positions
+    # both compactions run (copies, and re-rotations when positions pass 384)
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0, locret_pool=pool or None)
+    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0, locret_pool=pool or None,
+               locret_positions=positions)
     ctx_bytes, evict_bytes = eviction.compute_buffers(llm._ctx.ctx)
     assert ctx_bytes > 0 and evict_bytes > 0
     llm.eval(prompt_tokens[:700])
     for t in prompt_tokens[700:760]:
         llm.eval([t])
-    assert llm.locret_stats()["n_evictions"] >= 20
+    st = llm.locret_stats()
+    assert st["n_evictions"] >= 20
+    if positions:
+        assert 0 < st["n_rows_rotated"] and st["n_rows_moved"] > st["n_rows_rotated"]  # both kinds of compaction ran
     assert eviction.compute_buffers(llm._ctx.ctx) == (ctx_bytes, evict_bytes)
 
 
