@@ -182,18 +182,17 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         ggml_backend_sched_reset(g.sched.get());
         return ok;
     };
-    moves.rotate = true;
-    bool ok = reserve_slot(GRAPH_COMPACT_ROTATE, [&](llm_graph_result * res) {
+    const auto compact_graph = [&](llm_graph_result * res) {
         return locret_build_compact_graph(res, kv, v_trans, layers, moves);
-    });
+    };
+    moves.rotate = true;
+    bool ok = reserve_slot(GRAPH_COMPACT_ROTATE, compact_graph);
     // (a model without RoPE never re-rotates: its compactions are all copies)
     const bool copies = cfg.keep_positions || std::any_of(layers.begin(), layers.end(),
             [](const locret_kv_layer & L) { return !L.rot.rope; });
     if (ok && copies) {
         moves.rotate = false;
-        ok = reserve_slot(GRAPH_COMPACT_COPY, [&](llm_graph_result * res) {
-            return locret_build_compact_graph(res, kv, v_trans, layers, moves);
-        });
+        ok = reserve_slot(GRAPH_COMPACT_COPY, compact_graph);
     }
     if (ok && select_graph && cfg.budget < cfg.capacity) {
         ok = reserve_slot(GRAPH_SELECT, [&](llm_graph_result * res) {
@@ -649,9 +648,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         // inputs are written now, and the last compaction, never waited for, may still read them
         wait_for_backend(lctx);
     }
+    locret_graph_slot & compact_slot = evict_graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY];
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
-        locret_compact(evict_graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY].sched.get(),
-                evict_graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY].res.get(), kv, v_trans, layers, moves,
+        locret_compact(compact_slot.sched.get(), compact_slot.res.get(), kv, v_trans, layers, moves,
                 take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
     t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
     if (status == LOCRET_COMPACT_NOT_RUN) {
