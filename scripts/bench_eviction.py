@@ -105,6 +105,14 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"llama-bench failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    if args.save_stderr:
+        # every run's own log (LOCRET_PROFILE lines included), so that a GPU session's figures can be re-read later
+        # without another run: one file per run, named by what it measured
+        name = "-".join(str(x) for x in ("locret" if locret else "plain", policy if locret else None, positions,
+                                         f"p{prompt}", f"n{gen}", f"d{depth}", "profile" if profile else None)
+                        if x is not None).replace("/", "_").replace(":", "_")
+        Path(args.save_stderr).mkdir(parents=True, exist_ok=True)
+        (Path(args.save_stderr) / f"{name}.stderr").write_text(proc.stderr)
     rows = json.loads(proc.stdout)
     out = {"tps": rows[0]["avg_ts"], "seconds": time.time() - t0}
     # llama-bench's split of the eviction time inside the timed runs (ggml_ext: selection, compaction, read-back)
@@ -171,6 +179,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="one more prefill (the longest length up to 32768) with LOCRET_PROFILE=1 per --positions "
                          "value: the compaction graph's node count and the host's time per compaction to build, "
                          "allocate and launch it (its timings are not mixed into the table's)")
+    ap.add_argument("--save-stderr", metavar="DIR",
+                    help="write each llama-bench run's stderr (its Locret report, LOCRET_PROFILE lines) to DIR")
     ap.add_argument("--d-r", type=int, default=256,
                     help="hidden size of the random heads made without --heads (default 256: 5.5%% of SmolLM2's "
                          "per-token work, the paper's 2.5-8%% range; its d_R = 1024 is for 3.8B-8B models)")

@@ -175,7 +175,8 @@ if want bench; then
         echo
         "$PYTHON" scripts/bench_eviction.py --model "$SMOL_MODEL" --heads "$SMOL_HEADS" --gpu-layers -1 \
             --budget 2048 --ubatch 512 --lengths 8192,32768,131072 --plain-lengths 8192,32768 --decode-depth 131072 \
-            --positions keep,compact --profile-compaction 2> "$OUT_DIR/bench-smollm2.log" \
+            --positions keep,compact --profile-compaction --save-stderr "$OUT_DIR/runs-smollm2" \
+            2> "$OUT_DIR/bench-smollm2.log" \
             || echo "(bench_eviction exit $?: a target missed)"
     } >> "$REPORT"
     log "benchmarks: Llama-3.1-8B shape ($(elapsed))"
@@ -185,7 +186,8 @@ if want bench; then
         echo
         "$PYTHON" scripts/bench_eviction.py --model "$BIG_MODEL" --heads "$BIG_HEADS" --gpu-layers -1 \
             --budget 16384 --ubatch 1024 --lengths 131072 --plain-lengths 16384,131072 --plain-reference 16384 \
-            --decode-depth 32768 --positions keep,compact 2> "$OUT_DIR/bench-8b.log" \
+            --decode-depth 32768 --positions keep,compact --save-stderr "$OUT_DIR/runs-8b" \
+            2> "$OUT_DIR/bench-8b.log" \
             || echo "(bench_eviction exit $?: a target missed)"
     } >> "$REPORT"
     log "benchmarks done ($(elapsed))"

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 
 
-def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch):
+def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch, tmp_path):
     import bench_eviction  # scripts/, on sys.path through conftest
 
     args = bench_eviction.parse(["--model", str(model_path), "--budget", "256", "--ubatch", "128", "--threads", "1",
@@ -42,10 +42,15 @@ def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch):
     assert "profiled_selections" not in prof  # the CPU selects on the host by default
 
     # with the selection on the device (a GPU's default; forced here), one selection line per eviction is read
+    # (and --save-stderr keeps the run's own log, the lines the figures were read from)
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", "graph")
+    args.save_stderr = str(tmp_path / "runs")
     prof = bench_eviction.bench(args, locret=True, prompt=768, gen=0, depth=0, positions="compact", profile=True)
     assert prof["profiled_selections"] == prof["profiled_compactions"] == prof["compactions"] >= 3
     assert prof["select_alloc_ms"] >= 0 and prof["select_wait_ms"] >= 0
+    saved = list((tmp_path / "runs").iterdir())
+    assert [f.name for f in saved] == ["locret-heads-compact-p768-n0-d0-profile.stderr"]
+    assert saved[0].read_text().count("locret-profile: compaction build") == prof["profiled_compactions"]
 
 
 def test_backend_check_child_and_comparison(model_path, tmp_path):
