@@ -113,7 +113,7 @@ def main() -> int:
     import locret  # noqa: F401  (points llama_cpp at our library: first)
     import llama_cpp
     from locret import models, planner, tasks, tool_path
-    from locret.serve import free_port
+    from locret.serve import free_port, stop
     from locret.evaluation import decoding
     from locret.tasks import passkey
 
@@ -246,11 +246,7 @@ def main() -> int:
                 print(f"round {rnd}: {len(samples)} passkey requests, {held} answered with their key, RSS {rss:.0f} MiB "
                       f"(peak {rss_hwm:.0f})", flush=True)
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            stop(server)
 
     if counts["answered"] and counts["own_key"] < args.min_correct * counts["answered"]:
         failures.append(f"only {counts['own_key']} of {counts['answered']} answers hold their own key")

@@ -10,12 +10,10 @@ one run. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import http.client
 import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,44 +23,18 @@ MIB = 1 << 20
 KV_LINE = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\)")
 
 
-def rss_mib(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} for process {pid}")
-
-
-def healthy(port: int) -> bool:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
 def serve_once(cmd: list[str], port: int, log_path: Path, timeout_s: float) -> tuple[float, int, float, float]:
     """(KV MiB llama.cpp reports, its cells, VmRSS MiB, VmHWM MiB) of a server started with cmd, then stopped"""
+    from locret.serve import stop, wait_healthy
+    from server_faults import rss_mib
+
     with open(log_path, "w") as log:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + timeout_s
-            while not healthy(port):
-                if server.poll() is not None:
-                    raise RuntimeError(f"llama-server exited with {server.returncode} (log {log_path})")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"llama-server did not answer /health in {timeout_s:.0f} s (log {log_path})")
-                time.sleep(0.3)
+            wait_healthy(f"http://127.0.0.1:{port}", server, log_path, timeout_s)
             rss, hwm = rss_mib(server.pid, "VmRSS"), rss_mib(server.pid, "VmHWM")
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server)
     found = KV_LINE.findall(log_path.read_text(errors="replace"))
     if not found:
         raise RuntimeError(f"no 'llama_kv_cache: size' line in {log_path}")

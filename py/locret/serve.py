@@ -50,6 +50,18 @@ def wait_healthy(url: str, server, log_path, startup_s: float) -> None:
             raise RuntimeError(f"the server was not healthy in {startup_s:.0f} s: " + tail())
 
 
+def stop(server, timeout_s: float = 30) -> None:
+    """Stop a server process (a subprocess.Popen): SIGTERM, then SIGKILL if it has not exited in `timeout_s`."""
+    import subprocess
+
+    server.terminate()
+    try:
+        server.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def command(args: argparse.Namespace) -> list[str]:
     """The llama-server command line; PlanError / DeviceError / ModelError / LibraryError on bad input."""
     server = tool_path("llama-server")
