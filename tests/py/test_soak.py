@@ -38,9 +38,14 @@ def test_soak_stops_by_time_and_resumes_where_it_stopped(tmp_path):
     again = soak("--tokens", "20000", "--out", out)
     assert again.returncode == 2 and "--resume" in again.stderr and json.loads((out / "soak.json").read_text()) == saved
 
-    done = soak("--tokens", str(saved["tokens"] + 700), "--out", out, "--resume")
+    # two turns more: the resumed part (another process) has checkpoints of its own to compare its memory with
+    done = soak("--tokens", str(saved["tokens"] + 2500), "--out", out, "--resume")
     final = json.loads((out / "soak.json").read_text())
     assert final["tokens"] > saved["tokens"] and final["turn"] > saved["turn"]
+    resumed = final["checks"][len(saved["checks"]):]
+    assert {c["part"] for c in saved["checks"]} == {1} and len(resumed) >= 2 and {c["part"] for c in resumed} == {2}
+    # its memory is compared with its own first checkpoint, not with the first process's (which built the stand-in)
+    assert f"peak RSS at {resumed[-1]['tokens']:,} / at {resumed[0]['tokens']:,}:" in done.stdout, done.stdout
     # the stream went on from the saved position: the checkpoints before the stop are kept, new ones follow
     assert final["checks"][:len(saved["checks"])] == saved["checks"] and len(final["checks"]) > len(saved["checks"])
     assert final["non_finite"] == 0 and all(c["cells_used"] <= 256 + 64 for c in final["checks"])
