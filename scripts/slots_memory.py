@@ -82,7 +82,7 @@ def main() -> int:
             except (ValueError, RuntimeError) as e:
                 print(f"slots_memory: error: {e}", file=sys.stderr)
                 return 1
-            planned = sum(planner.kv_bytes_per_layer(plan.model, plan.settings)) / MIB
+            planned = planner.predict_kv_bytes(plan.model, plan.settings) / MIB
             port = free_port()
             cmd = [str(tool_path("llama-server")), "-m", model, "--locret-heads", heads,
                    "--locret-budget", str(args.budget), "-np", str(slots), "-c", str(args.n_ctx * slots),
