@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_eviction.py [--model M.gguf | --shape NAME] [--heads H.gguf] [--budget 2048]
         [--ubatch 512] [--lengths 2048,8192,32768,131072] [--plain-lengths 2048,8192,32768] [--decode-depth 131072]
+        [--decode-tokens N]
         [--gpu-layers -1] [--policies heads,lagkv,streaming] [--lag 128] [--positions keep,compact]
         [--profile-compaction]
 
@@ -15,7 +16,10 @@ selection, read-back, compaction) and the issue's targets as ratios measured in 
     length >= 0.9 x plain prefill at N;
   - selection + read-back + compaction <= 5 % of the prefill time at the longest length;
   - peak RSS at the longest length <= 1.05 x at 8K;
-  - Locret decode tok/s after a --decode-depth prompt >= 0.9 x plain decode after a 2.5K prompt;
+  - Locret decode tok/s after a --decode-depth prompt >= 0.9 x plain decode after a 2.5K prompt, both over
+    --decode-tokens generated tokens (default: the ubatch B, one eviction cycle: a generated token evicts once per
+    B tokens, so a shorter run holds an eviction or not by the phase the prompt left, and kept positions also
+    re-position at their limit; 64 tokens made one layout's figure hold an eviction and the other's none);
   - Locret prefill at the longest length against plain llama.cpp's prefill of one ubatch at the attention depth
     Locret works at (llama-bench -p B -d b+B: the per-ubatch cost the comparison really is; >= 0.9 on a GPU).
 Exits 1 when a target is missed (the targets are the first policy's, with the first --positions). --policies runs
@@ -167,6 +171,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--device", help="device profile (devices/): its settings, and its memory as a limit")
     ap.add_argument("--lengths", default="2048,8192,32768,131072")
     ap.add_argument("--decode-depth", type=int, default=131072)
+    ap.add_argument("--decode-tokens", type=int, default=None,
+                    help="generated tokens per decode figure (default: the ubatch, one eviction cycle)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--policies", default="heads",
                     help="eviction policies to measure, comma-separated (heads, lagkv, sage, streaming, random; default "
@@ -234,7 +240,8 @@ def main() -> int:
     if args.plain_reference and args.plain_reference not in plain_lengths:
         plain_lengths.append(args.plain_reference)
     ppp = {n: record(f"plain llama.cpp prefill {n}", locret=False, prompt=n, gen=0, depth=0) for n in plain_lengths}
-    plain_tg = record("plain llama.cpp decode after 2560", locret=False, prompt=0, gen=64, depth=2560)
+    plain_tg = record("plain llama.cpp decode after 2560", locret=False, prompt=0,
+                      gen=args.decode_tokens, depth=2560)
     at_depth = record(f"plain llama.cpp prefill {args.ubatch} at depth {args.budget + args.ubatch}", locret=False,
                       prompt=args.ubatch, gen=0, depth=args.budget + args.ubatch)
     positions = [p for p in (args.positions or "").split(",") if p] or [None]
@@ -251,14 +258,15 @@ def main() -> int:
         policy, pos = run
         pp = {n: record(f"{label(run)} b={args.budget} prefill {n}", locret=True, prompt=n, gen=0, depth=0,
                         policy=policy, positions=pos) for n in lengths}
-        tg = record(f"{label(run)} b={args.budget} decode after {args.decode_depth}", locret=True, prompt=0, gen=64,
-                    depth=args.decode_depth, policy=policy, positions=pos)
+        tg = record(f"{label(run)} b={args.budget} decode after {args.decode_depth}", locret=True, prompt=0,
+                    gen=args.decode_tokens, depth=args.decode_depth, policy=policy, positions=pos)
         per_policy[run] = (pp, tg)
     lpp, ltg = per_policy[runs[0]]
 
     on_gpu = args.gpu_layers != 0
     print(f"\n{Path(args.model).name}, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, "
-          f"{'GPU layers ' + str(args.gpu_layers) if on_gpu else 'CPU'}, llama-bench -r 1\n")
+          f"{'GPU layers ' + str(args.gpu_layers) if on_gpu else 'CPU'}, llama-bench -r 1, decode figures over "
+          f"{args.decode_tokens} generated tokens\n")
     print("| run | tok/s | peak RSS (MiB) | device memory (MiB) | per ubatch: compute / selection / read-back / "
           "compaction (ms) | eviction share | rows moved / kept | host syncs per compaction |"
           "\n|---|---:|---:|---:|---|---:|---:|---:|")
@@ -352,6 +360,10 @@ def apply_device(args: argparse.Namespace):
         args.kv_type, args.gpu_layers = s.kv_type, s.gpu_layers
     args.budget = 2048 if args.budget is None else args.budget
     args.ubatch = 512 if args.ubatch is None else args.ubatch
+    if getattr(args, "decode_tokens", None) is None:
+        args.decode_tokens = args.ubatch   # one eviction cycle of generation, whatever phase the prompt left
+    elif args.decode_tokens < 1:
+        raise SystemExit(f"bench_eviction: error: --decode-tokens must be at least 1 (got {args.decode_tokens})")
     args.gpu_layers = 0 if args.gpu_layers is None else args.gpu_layers
     for name in ("budget", "ubatch", "stabilizers", "kv_type", "gpu_layers"):
         value = getattr(args, name)

@@ -1,7 +1,7 @@
 """The GPU check's pieces, run here on the CPU (a GPU session runs them for real: scripts/gpu_check.sh).
 
 - bench_eviction.py --positions passes each layout to llama-bench and reads its row counts: kept positions move fewer
-  rows than compact positions and re-rotate none on the same prompt;
+  rows than compact positions and re-rotate none on the same prompt; its decode figures span one eviction cycle;
 - backend_check.py's child run saves the last logits and every (layer, KV head)'s kept positions, and its comparison
   counts shared units and logit differences exactly;
 - gpu_check.sh refuses unknown stages and arguments, and backend_check.py unknown checks, with exit 2 before doing
@@ -52,6 +52,23 @@ def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch, 
     assert [f.name for f in saved] == ["locret-heads-compact-p768-n0-d0-profile.stderr"]
     assert saved[0].read_text().count("locret-profile: compaction build") == prof["profiled_compactions"]
 
+
+
+def test_bench_eviction_decode_figures_span_one_eviction_cycle(model_path):
+    # a decode figure of fewer tokens than the ubatch holds a decode-time eviction or not by the phase the prompt
+    # left (on an H200, 64 tokens after 128K: one in kept positions, none in compact ones); the default, B tokens,
+    # holds one in every layout
+    import bench_eviction  # scripts/, on sys.path through conftest
+
+    args = bench_eviction.parse(["--model", str(model_path), "--budget", "256", "--ubatch", "64", "--threads", "1",
+                                 "--heads", str(REPO / "heads" / "smollm2-135m-instruct.gguf")])
+    bench_eviction.apply_device(args)
+    assert args.decode_tokens == args.ubatch == 64
+    for pos in ("keep", "compact"):
+        r = bench_eviction.bench(args, locret=True, prompt=0, gen=args.decode_tokens, depth=1024, positions=pos)
+        assert r["compactions"] >= 1 and r["rows_kept"] > 0, pos
+    with pytest.raises(SystemExit, match="--decode-tokens must be at least 1"):
+        bench_eviction.apply_device(bench_eviction.parse(["--model", str(model_path), "--decode-tokens", "0"]))
 
 def test_backend_check_child_and_comparison(model_path, tmp_path):
     import backend_check
