@@ -173,12 +173,13 @@ void locret_moves::upload() const {
         return;
     }
     for (const auto & m : layer) {
-        if (m.n == 0) {
+        const size_t n = n_stack > 0 ? n_stack : m.n; // stacked: the padding too
+        if (n == 0) {
             continue;
         }
-        ggml_backend_tensor_set(t_src,   m.src,   m.at * sizeof(int32_t), m.n * sizeof(int32_t));
-        ggml_backend_tensor_set(t_dst,   m.dst,   m.at * sizeof(int64_t), m.n * sizeof(int64_t));
-        ggml_backend_tensor_set(t_delta, m.delta, m.at * sizeof(int32_t), m.n * sizeof(int32_t));
+        ggml_backend_tensor_set(t_src,   m.src,   m.at * sizeof(int32_t), n * sizeof(int32_t));
+        ggml_backend_tensor_set(t_dst,   m.dst,   m.at * sizeof(int64_t), n * sizeof(int64_t));
+        ggml_backend_tensor_set(t_delta, m.delta, m.at * sizeof(int32_t), n * sizeof(int32_t));
     }
 }
 
@@ -190,6 +191,142 @@ void locret_moves::clear() {
     for (auto & l : layer) {
         l.n = 0;
     }
+    n_stack = 0;
+}
+
+// layer i's tensor ts[i] at ts[0] + i*stride in one buffer, each of one type and shape: an alias over all of them as
+// [ne0, n_rows, n_layer] rows of `row_bytes` (in `type`), or NULL
+static ggml_tensor * locret_stack_alias(ggml_context * ctx, const std::vector<ggml_tensor *> & ts, ggml_type type,
+        int64_t ne0, size_t row_bytes, int64_t n_rows) {
+    const ggml_tensor * t0 = ts.empty() ? nullptr : ts[0];
+    if (t0 == nullptr || t0->data == nullptr || t0->buffer == nullptr || !ggml_is_contiguous(t0) ||
+            (size_t) n_rows * row_bytes > ggml_nbytes(t0)) {
+        return nullptr;
+    }
+    size_t stride = ggml_nbytes(t0);
+    if (ts.size() > 1) {
+        if (ts[1] == nullptr || (const char *) ts[1]->data < (const char *) t0->data + ggml_nbytes(t0)) {
+            return nullptr; // overlapping or descending: not a stack
+        }
+        stride = (size_t) ((const char *) ts[1]->data - (const char *) t0->data);
+    }
+    for (size_t i = 0; i < ts.size(); ++i) {
+        const ggml_tensor * t = ts[i];
+        if (t == nullptr || t->buffer != t0->buffer || t->type != t0->type || !ggml_are_same_shape(t, t0) ||
+                !ggml_are_same_stride(t, t0) || (const char *) t->data != (const char *) t0->data + i * stride) {
+            return nullptr;
+        }
+    }
+    ggml_tensor * a = ggml_new_tensor_3d(ctx, type, ne0, n_rows, (int64_t) ts.size());
+    GGML_ASSERT(a->nb[1] == row_bytes);
+    a->nb[2]  = stride;
+    a->nb[3]  = stride * ts.size();
+    a->data   = t0->data;
+    a->buffer = t0->buffer;
+    return a;
+}
+
+void locret_moves::make_stack(const std::vector<locret_kv_layer> & layers, bool v_trans, int64_t kv_size,
+        int64_t n_stream) {
+    stack = {};
+    const char * env = getenv("LOCRET_DEBUG_COMPACT_PER_LAYER");
+    if (layers.empty() || (env != nullptr && atoi(env) != 0)) {
+        return;
+    }
+    const locret_kv_layer & L0 = layers[0];
+    // the tables must hold each layer's part at an even spacing too (the same room in every layer)
+    for (size_t i = 0; i < layers.size(); ++i) {
+        const locret_kv_layer & L = layers[i];
+        if (L.n_head_kv != L0.n_head_kv || L.d_k != L0.d_k || L.d_v != L0.d_v || (L.score != nullptr) != (L0.score != nullptr) ||
+                i >= layer.size() || layer[i].cap != layer[0].cap || layer[i].at != i * layer[0].cap) {
+            return;
+        }
+    }
+    const int64_t n_rows = (int64_t) L0.n_head_kv * kv_size * n_stream;
+    ggml_init_params ip = { 5 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    stack.ctx.reset(ggml_init(ip));
+    ggml_context * ctx = stack.ctx.get();
+    std::vector<ggml_tensor *> k(layers.size()), v(layers.size()), sc(layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+        k[i]  = layers[i].k;
+        v[i]  = layers[i].v;
+        sc[i] = layers[i].score;
+    }
+    const size_t k_row = ggml_row_size(L0.k->type, L0.d_k);
+    const size_t v_row = ggml_row_size(L0.v->type, L0.d_v);
+    const bool   words = getenv("LOCRET_DEBUG_CONVERT_ROWS") == nullptr; // as locret_rows_as_words
+    stack.k       = locret_stack_alias(ctx, k, L0.k->type, L0.d_k, k_row, n_rows);
+    stack.k_words = words && k_row % sizeof(float) == 0 ?
+        locret_stack_alias(ctx, k, GGML_TYPE_F32, (int64_t) (k_row / sizeof(float)), k_row, n_rows) : nullptr;
+    if (!v_trans) {
+        stack.v       = locret_stack_alias(ctx, v, L0.v->type, L0.d_v, v_row, n_rows);
+        stack.v_words = words && v_row % sizeof(float) == 0 ?
+            locret_stack_alias(ctx, v, GGML_TYPE_F32, (int64_t) (v_row / sizeof(float)), v_row, n_rows) : nullptr;
+    }
+    stack.has_score = L0.score != nullptr;
+    if (stack.has_score && L0.score->type == GGML_TYPE_F32) {
+        stack.score = locret_stack_alias(ctx, sc, GGML_TYPE_F32, 1, sizeof(float), n_rows);
+    }
+    // one set of RoPE parameters for every layer, in the exact form (no magnitude factor: a change of 0 is the
+    // identity), and keys that rotate through F32 without loss (a quantized K goes through the Hadamard matmul)
+    bool alike = L0.rot.rope && L0.rot.ext_factor == 0.0f && L0.rot.attn_factor == 1.0f &&
+                 (L0.k->type == GGML_TYPE_F32 || L0.k->type == GGML_TYPE_F16 || L0.k->type == GGML_TYPE_BF16);
+    for (const auto & L : layers) {
+        const locret_rerotation & a = L.rot;
+        const locret_rerotation & b = L0.rot;
+        alike = alike && a.rope == b.rope && a.n_rot == b.n_rot && a.mode == b.mode && a.n_ctx_orig == b.n_ctx_orig &&
+                a.freq_base == b.freq_base && a.freq_scale == b.freq_scale && a.ext_factor == b.ext_factor &&
+                a.attn_factor == b.attn_factor && a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow &&
+                a.freq_factors == b.freq_factors;
+    }
+    stack.rotates = alike;
+    stack.n_rows  = n_rows;
+    if (stack.k != nullptr) {
+        ggml_set_name(stack.k, "locret_k_layers");
+    }
+}
+
+void locret_moves::prepare(const std::vector<locret_kv_layer> & layers) {
+    n_stack = 0;
+    const locret_layer_stack & S = stack;
+    const bool k_ok = rotate ? S.k != nullptr && S.rotates : S.k_words != nullptr || S.k != nullptr;
+    const bool v_ok = S.v_words != nullptr || S.v != nullptr;
+    if (!k_ok || !v_ok || S.has_score != (S.score != nullptr) || layer.size() != layers.size()) {
+        return;
+    }
+    size_t n = 0;
+    for (const auto & m : layer) {
+        n = std::max(n, m.n);
+    }
+    if (n == 0) {
+        return;
+    }
+    for (auto & m : layer) {
+        if (m.n == n) {
+            continue;
+        }
+        // a row no move of this layer writes: copied onto itself it stays as it is (the reads come before the writes:
+        // get_rows and set_rows are two ops)
+        int64_t lo = INT64_MAX;
+        int64_t hi = -1;
+        for (size_t j = 0; j < m.n; ++j) {
+            lo = std::min(lo, m.dst[j]);
+            hi = std::max(hi, m.dst[j]);
+        }
+        int64_t row = m.n == 0 ? 0 : hi + 1 < S.n_rows ? hi + 1 : lo > 0 ? lo - 1 : -1;
+        if (row < 0) {
+            std::vector<uint8_t> written((size_t) S.n_rows, 0);
+            for (size_t j = 0; j < m.n; ++j) {
+                written[(size_t) m.dst[j]] = 1;
+            }
+            row = (int64_t) (std::find(written.begin(), written.end(), 0) - written.begin());
+            GGML_ASSERT(row < S.n_rows); // a layer moves fewer rows than it has
+        }
+        std::fill(m.src + m.n, m.src + n, (int32_t) row);
+        std::fill(m.dst + m.n, m.dst + n, row);
+        std::fill(m.delta + m.n, m.delta + n, 0);
+    }
+    n_stack = n;
 }
 
 bool locret_moves::empty() const {
@@ -293,6 +430,41 @@ static ggml_tensor * locret_rows_as_words(ggml_context * ctx, ggml_tensor * cach
     return w;
 }
 
+// The stacked form (moves.prepare chose it): every layer's part of the tables is n_stack entries at an even spacing, so
+// each is one [n_stack, n_layer] index view, and each kind of storage one get_rows and one set_rows over all layers.
+// Shapes: n = n_stack, L = n_layer.
+static void locret_build_compact_stacked(ggml_context * ctx0, ggml_cgraph * gf, const std::vector<locret_kv_layer> & layers,
+        const locret_moves & moves) {
+    const locret_layer_stack & S = moves.stack;
+    const int64_t n   = (int64_t) moves.n_stack;
+    const int64_t L   = (int64_t) layers.size();
+    const size_t  cap = moves.layer[0].cap;
+    ggml_tensor * src = ggml_view_2d(ctx0, moves.t_src, n, L, cap * sizeof(int32_t), 0); // I32 [n, L]
+    ggml_tensor * dst = ggml_view_2d(ctx0, moves.t_dst, n, L, cap * sizeof(int64_t), 0); // I64 [n, L]
+    const auto copy = [&](ggml_tensor * rows) {                                           // rows [w, n_rows, L]
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, rows, ggml_get_rows(ctx0, rows, src), dst));
+    };
+    if (moves.rotate) {
+        const locret_kv_layer   & L0  = layers[0];
+        const locret_rerotation & rot = L0.rot;
+        ggml_tensor * k_new = ggml_get_rows(ctx0, S.k, src);                              // F32 [d_k, n, L]
+        // RoPE reads one position per row from a contiguous vector
+        ggml_tensor * delta = ggml_cont(ctx0, ggml_view_2d(ctx0, moves.t_delta, n, L, cap * sizeof(int32_t), 0));
+        k_new = ggml_reshape_3d(ctx0, k_new, L0.d_k, 1, n * L);                          // [d_k, 1, n*L]
+        k_new = ggml_rope_ext(ctx0, k_new, ggml_reshape_1d(ctx0, delta, n * L), rot.factors, rot.n_rot, rot.mode,
+                rot.n_ctx_orig, rot.freq_base, rot.freq_scale, rot.ext_factor, rot.attn_factor, rot.beta_fast, rot.beta_slow);
+        // a reshape (not rope, view, set_rows: CUDA fuses that pattern for one layer's 2D rows only)
+        k_new = ggml_reshape_3d(ctx0, k_new, L0.d_k, n, L);                              // [d_k, n, L]
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, S.k, k_new, dst));
+    } else {
+        copy(S.k_words != nullptr ? S.k_words : S.k);
+    }
+    if (S.score != nullptr) {
+        copy(S.score);
+    }
+    copy(S.v_words != nullptr ? S.v_words : S.v);
+}
+
 } // namespace
 
 ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
@@ -303,6 +475,11 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
     const int64_t n_stream = kv->get_n_stream();
 
     auto inp = std::make_unique<locret_compact_input>(moves, layers, kv);
+    if (moves.n_stack > 0) {
+        locret_build_compact_stacked(ctx0, gf, layers, moves);
+        res->add_input(std::move(inp));
+        return gf;
+    }
     inp->inp.resize(layers.size());
     // the Hadamard rotation of a quantized K cache, only when keys are re-rotated (an input the graph leaves unused
     // would have no memory to be set into)
@@ -379,13 +556,14 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
 }
 
 bool locret_profile() {
-    static const bool on = getenv("LOCRET_PROFILE") != nullptr;
-    return on;
+    // read at every eviction (a few calls each): a process can turn it on and off, as the tests do
+    return getenv("LOCRET_PROFILE") != nullptr;
 }
 
 locret_compact_status locret_compact(ggml_backend_sched_t sched, llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
-        const std::vector<locret_kv_layer> & layers, const locret_moves & moves, bool fail_alloc, bool fail_compute) {
+        const std::vector<locret_kv_layer> & layers, locret_moves & moves, bool fail_alloc, bool fail_compute) {
     const int64_t b0 = ggml_time_us();
+    moves.prepare(layers);
     ggml_backend_sched_reset(sched);
     res->reset();
     ggml_cgraph * gf = locret_build_compact_graph(res, kv, v_trans, layers, moves);
@@ -405,8 +583,7 @@ locret_compact_status locret_compact(ggml_backend_sched_t sched, llm_graph_resul
     // for the backend before it writes the move tables again (locret-memory.h, evict_waited)
     const ggml_status status = ggml_backend_sched_graph_compute_async(sched, gf);
     if (locret_profile()) {
-        // the graph has a few nodes per layer that moves rows (llama.cpp allocates each layer's K and V as a tensor
-        // of its own, and a ggml view cannot span two tensors): build and allocation show what that costs
+        // stacked, a few nodes in all; else a few per layer that moves rows: build and allocation show what that costs
         fprintf(stderr, "locret-profile: compaction build %.2f alloc %.2f inputs %.2f compute %.2f ms (nodes %d, splits %d)\n",
                 (b1 - b0) / 1e3, (p0 - b1) / 1e3, (p1 - p0) / 1e3, (ggml_time_us() - p1) / 1e3, ggml_graph_n_nodes(gf),
                 ggml_backend_sched_get_n_splits(sched));

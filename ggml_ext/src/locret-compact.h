@@ -1,5 +1,6 @@
 // Compaction: after a selection, retained units move to cells 0..n-1 of their (layer, KV head) and their keys are
-// re-rotated by the change of their position. Only rows that move are read or written.
+// re-rotated by the change of their position. Only rows that move are read or written (stacked layers also copy a
+// padding row onto itself in the layers that move fewer rows than the most).
 #pragma once
 
 #include "ggml.h"
@@ -74,6 +75,25 @@ private:
 // the pinned host buffer type for copies to and from the device that holds `t`, or NULL when `t` is in host memory
 ggml_backend_buffer_type_t locret_host_buft_for(const ggml_tensor * t);
 
+// Every layer's storage of one kind (K, V or scores) seen as one tensor, layer i at index i of dimension 2: possible
+// when llama.cpp allocated the layers evenly spaced in one buffer, each of one shape and type (the usual case: the cache
+// creates each layer's K and V one after the other in one context). The compaction graph then moves the rows of all
+// layers with one get_rows and one set_rows per kind instead of one pair per layer, so its node count does not grow with
+// the layers (on a GPU each node is a kernel launch: 16 nodes a layer made SmolLM2's 480). Aliases of the cache's own
+// memory, nothing allocated; NULL where the layers are not evenly spaced (the graph is built layer by layer then).
+// LOCRET_DEBUG_COMPACT_PER_LAYER=1 leaves them NULL (tests compare both forms).
+struct locret_layer_stack {
+    ggml_tensor * k       = nullptr; // [d_k, n_rows, n_layer] in the cache's type
+    ggml_tensor * k_words = nullptr; // the same rows as 4-byte words [row bytes / 4, n_rows, n_layer], or NULL
+    ggml_tensor * v       = nullptr; // [d_v, n_rows, n_layer]; NULL for a transposed V
+    ggml_tensor * v_words = nullptr;
+    ggml_tensor * score   = nullptr; // F32 [1, n_rows, n_layer]
+    bool    has_score = false;       // the layers keep scores (then `score` must be set to stack)
+    bool    rotates   = false;       // every layer re-rotates with the same parameters, exactly for a change of 0
+    int64_t n_rows    = 0;           // (stream, cell, KV head) rows per layer
+    ggml_context_ptr ctx;
+};
+
 // the rows one eviction moves: for every layer, a (cell, KV head) row of every stream is identified by
 // (stream*kv_size + cell)*n_head_kv + head. Each layer has room for the most moves it can have (every retained unit
 // of every sequence), so nothing is allocated at an eviction. The arrays of all layers are also three tensors that
@@ -92,6 +112,10 @@ struct locret_moves {
     };
     std::vector<layer_moves> layer; // per layer (index into the layer list)
     bool rotate = true;             // some move re-rotates its key (kept positions mostly copy: no RoPE in the graph)
+    // with the layers stacked: entries per layer in the tables, each layer's moves and then copies of a row onto
+    // itself that no move writes (a change of 0 positions), so that every layer moves as many rows; 0 = per layer
+    size_t n_stack = 0;
+    locret_layer_stack stack;
 
     ggml_tensor * t_src   = nullptr; // I32 [sum of cap]
     ggml_tensor * t_dst   = nullptr; // I64 [sum of cap]
@@ -101,6 +125,11 @@ struct locret_moves {
     void allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft);
     // copies the moves of every layer into the tensors (nothing to copy when the arrays are the tensors)
     void upload() const;
+    // the aliases over the layers' storage (locret_layer_stack), once the layers and the tables are known
+    void make_stack(const std::vector<locret_kv_layer> & layers, bool v_trans, int64_t kv_size, int64_t n_stream);
+    // the graph's form for the moves now in the tables: stacked when the aliases and the tables allow it (then the
+    // padding is written and n_stack set), else per layer (n_stack 0)
+    void prepare(const std::vector<locret_kv_layer> & layers);
     void clear(); // no moves; the room stays
     bool empty() const;
     size_t count() const;
@@ -123,13 +152,14 @@ enum locret_compact_status {
 // inputs and graph), to find where eviction time goes on a device
 bool locret_profile();
 
-// The graph that applies `moves` to the K/V storage of `kv` and to the layers' scores (layer by layer: gather the
-// moving rows, re-rotate the keys, write them to their new rows), built into `res`.
+// The graph that applies `moves` to the K/V storage of `kv` and to the layers' scores (gather the moving rows,
+// re-rotate the keys, write them to their new rows), built into `res`.
+// moves.prepare() chose the form: with n_stack > 0 one op per kind over the stacked layers, else layer by layer.
 ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
                                          const std::vector<locret_kv_layer> & layers, const locret_moves & moves);
 
 // Build and compute that graph on `sched` (the memory's own scheduler). `fail_alloc` / `fail_compute` make the
 // corresponding step report a failure without running (fault injection for tests).
 locret_compact_status locret_compact(ggml_backend_sched_t sched, llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
-                                     const std::vector<locret_kv_layer> & layers, const locret_moves & moves,
+                                     const std::vector<locret_kv_layer> & layers, locret_moves & moves,
                                      bool fail_alloc, bool fail_compute);

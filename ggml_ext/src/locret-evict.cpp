@@ -158,6 +158,7 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     }
     try {
         moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer));
+        moves.make_stack(layers, v_trans, kv->get_size(), kv->get_n_stream());
     } catch (const std::exception & e) {
         locret_set_error(e.what());
         return false;
@@ -183,6 +184,7 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         return ok;
     };
     const auto compact_graph = [&](llm_graph_result * res) {
+        moves.prepare(layers); // the form the evictions will use (every layer at its room: no padding)
         return locret_build_compact_graph(res, kv, v_trans, layers, moves);
     };
     moves.rotate = true;

@@ -33,10 +33,11 @@ def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch, 
     with pytest.raises(SystemExit, match="llama-bench failed"):
         bench_eviction.bench(args, locret=True, prompt=256, gen=0, depth=0, positions="sideways")
 
-    # the compaction graphs' profile: one line per compaction, a few nodes per layer
+    # the compaction graphs' profile: one line per compaction; the layers stacked, a few nodes in all (SmolLM2's 30
+    # layers took 16 each before: test_compaction_stack.py compares both forms)
     prof = bench_eviction.bench(args, locret=True, prompt=768, gen=0, depth=0, positions="compact", profile=True)
     assert prof["profiled_compactions"] == prof["compactions"] >= 3
-    assert 30 * 3 <= prof["compaction_nodes"] <= 30 * 32  # SmolLM2's 30 layers: K, V and scores moved in each
+    assert 4 <= prof["compaction_nodes"] <= 16  # K (gathered, re-rotated, written), V and scores: one op each
     assert min(prof["build_ms"], prof["alloc_ms"], prof["inputs_ms"], prof["launch_ms"]) >= 0
     assert "profiled_compactions" not in rows["compact"]  # without profile, no LOCRET_PROFILE
     assert "profiled_selections" not in prof  # the CPU selects on the host by default
