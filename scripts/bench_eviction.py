@@ -27,8 +27,10 @@ the same figures for each eviction policy (and --positions compact,keep: each wa
 side (lagkv with --lag; sage, random and streaming need no heads; sage caches each whole prompt, so its lengths must
 reach the budget plus the ubatch); every policy's prefill and decode are also reported against plain llama.cpp.
 Without --heads it makes random heads (speed does not depend on their values). --profile-compaction adds a table of
-the compaction graph (its nodes, and the host's time to build, allocate and launch it per compaction), from one
-more prefill per run with LOCRET_PROFILE=1: on a GPU, where each node is a launch, what one node per layer costs.
+the compaction graph (its nodes, and the host's time to build, allocate and launch it per compaction), from two
+more prefills per run with LOCRET_PROFILE=1, the graph stacked over the layers (the default) and built layer by layer
+(LOCRET_DEBUG_COMPACT_PER_LAYER=1), with the ratio of their prefill speeds: on a GPU, where each node is a launch,
+what one node per layer costs.
 --shape NAME benchmarks a random-weight model with the exact shapes of a model the paper ran (py/locret/shapes.py:
 llama3.1-8b, phi3-mini-128k, and scaled-down variants for a CPU), with its d_R = 1024 random heads.
 
@@ -80,9 +82,10 @@ def compaction_profile(stderr: str) -> dict:
 
 
 def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int, policy: str = "heads",
-          positions: str | None = None, profile: bool = False) -> dict:
+          positions: str | None = None, profile: bool = False, per_layer: bool = False) -> dict:
     """One llama-bench run; `profile`: with LOCRET_PROFILE=1, and the compaction graphs' figures
-    (compaction_profile) in the result."""
+    (compaction_profile) in the result; `per_layer`: the compaction built layer by layer
+    (LOCRET_DEBUG_COMPACT_PER_LAYER=1), not over the stacked layers."""
     from locret import tool_path
 
     cmd = [str(tool_path("llama-bench")), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
@@ -105,7 +108,8 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         if positions:
             cmd += ["--locret-positions", positions]
     t0 = time.time()
-    env = dict(os.environ, LOCRET_PROFILE="1") if profile else None
+    env = dict(os.environ, **({"LOCRET_PROFILE": "1"} if profile else {}),
+               **({"LOCRET_DEBUG_COMPACT_PER_LAYER": "1"} if per_layer else {})) if profile or per_layer else None
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"llama-bench failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
@@ -113,7 +117,8 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         # every run's own log (LOCRET_PROFILE lines included), so that a GPU session's figures can be re-read later
         # without another run: one file per run, named by what it measured
         name = "-".join(str(x) for x in ("locret" if locret else "plain", policy if locret else None, positions,
-                                         f"p{prompt}", f"n{gen}", f"d{depth}", "profile" if profile else None)
+                                         f"p{prompt}", f"n{gen}", f"d{depth}", "profile" if profile else None,
+                                         "per-layer" if per_layer else None)
                         if x is not None).replace("/", "_").replace(":", "_")
         Path(args.save_stderr).mkdir(parents=True, exist_ok=True)
         (Path(args.save_stderr) / f"{name}.stderr").write_text(proc.stderr)
@@ -182,9 +187,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                     help="--locret-positions values to measure, comma-separated (compact, keep, keep:N; default: the "
                          "engine's default only); every policy runs with each")
     ap.add_argument("--profile-compaction", action="store_true",
-                    help="one more prefill (the longest length up to 32768) with LOCRET_PROFILE=1 per --positions "
-                         "value: the compaction graph's node count and the host's time per compaction to build, "
-                         "allocate and launch it (its timings are not mixed into the table's)")
+                    help="two more prefills (the longest length up to 32768) with LOCRET_PROFILE=1 per --positions "
+                         "value, the compaction graph stacked over the layers (the default) and built layer by layer: "
+                         "its node count, the host's time per compaction to build, allocate and launch it, and the "
+                         "prefill speed of each (its timings are not mixed into the table's)")
     ap.add_argument("--save-stderr", metavar="DIR",
                     help="write each llama-bench run's stderr (its Locret report, LOCRET_PROFILE lines) to DIR")
     ap.add_argument("--d-r", type=int, default=256,
@@ -314,17 +320,27 @@ def main() -> int:
         n_prof = max([n for n in lengths if n <= 32768] or [min(lengths)])
         print(f"\nCompaction graphs of a prefill of {n_prof} (LOCRET_PROFILE=1, a run apart; per compaction, the "
               f"host's time; on a GPU the compute is queued: its figure is the launches)\n")
-        print("| run | compactions | nodes | build (ms) | allocation (ms) | inputs (ms) | compute / launch (ms) "
-              "| device selection: allocation / compute and wait (ms) |\n|---|---:|---:|---:|---:|---:|---:|---|")
+        print("| run | compaction graph | prefill tok/s | compactions | nodes | build (ms) | allocation (ms) | inputs "
+              "(ms) | compute / launch (ms) | device selection: allocation / compute and wait (ms) |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for run in runs:
-            r = bench(args, locret=True, prompt=n_prof, gen=0, depth=0, policy=run[0], positions=run[1], profile=True)
-            if not r.get("profiled_compactions"):
-                print(f"| {label(run)} | 0 | - | - | - | - | - | - |")
-                continue
-            sel = (f"{r['select_alloc_ms']:.2f} / {r['select_wait_ms']:.2f}" if r.get("profiled_selections")
-                   else "- (host selection)")
-            print(f"| {label(run)} | {r['profiled_compactions']} | {r['compaction_nodes']} | {r['build_ms']:.2f} | "
-                  f"{r['alloc_ms']:.2f} | {r['inputs_ms']:.2f} | {r['launch_ms']:.2f} | {sel} |")
+            # the default graph (the layers stacked where the cache allows) and the one built layer by layer, side by
+            # side: what the stacking saves on this backend
+            forms = {}
+            for form, per_layer in (("default", False), ("per layer", True)):
+                r = bench(args, locret=True, prompt=n_prof, gen=0, depth=0, policy=run[0], positions=run[1],
+                          profile=True, per_layer=per_layer)
+                forms[form] = r
+                if not r.get("profiled_compactions"):
+                    print(f"| {label(run)} | {form} | {r['tps']:.1f} | 0 | - | - | - | - | - | - |")
+                    continue
+                sel = (f"{r['select_alloc_ms']:.2f} / {r['select_wait_ms']:.2f}" if r.get("profiled_selections")
+                       else "- (host selection)")
+                print(f"| {label(run)} | {form} | {r['tps']:.1f} | {r['profiled_compactions']} | "
+                      f"{r['compaction_nodes']} | {r['build_ms']:.2f} | {r['alloc_ms']:.2f} | {r['inputs_ms']:.2f} | "
+                      f"{r['launch_ms']:.2f} | {sel} |")
+            checks.append((f"{label(run)} prefill {n_prof}, default compaction graph / per-layer graph (profiled)",
+                           forms["default"]["tps"] / forms["per layer"]["tps"], None, True))
     print("\n| target | ratio | needed | |\n|---|---:|---:|---|")
     ok = True
     for name, ratio, need, at_least in checks:

@@ -17,7 +17,8 @@
 #            8K/32K/128K, decode after 128K) and the Llama-3.1-8B shape (Q4_0, d_R 1024 random heads: b 16384,
 #            ub 1024, prefill 128K against plain 16K, plain 128K and plain at the same attention depth), with
 #            --positions keep,compact side by side; for SmolLM2 also the compaction graph's nodes and the host's
-#            time to launch them per compaction (--profile-compaction: one more 32K prefill per layout).
+#            time to launch them per compaction (--profile-compaction: two more 32K prefills per layout, the
+#            compaction stacked over the layers and built layer by layer).
 #   The stages run in that order; each is idempotent (build skips what is built, the shape models are cached), so a
 #   machine that gives 10 minutes a command runs `--stage build,check` then `--stage bench` (on an H200: build 186 s,
 #   check 30 s, bench 120 s). The stand-ins' scores are nearly flat, so rounding between backends reorders near-ties:

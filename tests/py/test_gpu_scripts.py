@@ -38,6 +38,10 @@ def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch, 
     prof = bench_eviction.bench(args, locret=True, prompt=768, gen=0, depth=0, positions="compact", profile=True)
     assert prof["profiled_compactions"] == prof["compactions"] >= 3
     assert 4 <= prof["compaction_nodes"] <= 16  # K (gathered, re-rotated, written), V and scores: one op each
+    # the graph built layer by layer, which the profile table sets beside it: the same compactions, nodes per layer
+    per_layer = bench_eviction.bench(args, locret=True, prompt=768, gen=0, depth=0, positions="compact", profile=True,
+                                     per_layer=True)
+    assert per_layer["compactions"] == prof["compactions"] and per_layer["compaction_nodes"] >= 30 * 3
     assert min(prof["build_ms"], prof["alloc_ms"], prof["inputs_ms"], prof["launch_ms"]) >= 0
     assert "profiled_compactions" not in rows["compact"]  # without profile, no LOCRET_PROFILE
     assert "profiled_selections" not in prof  # the CPU selects on the host by default
