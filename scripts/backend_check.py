@@ -13,7 +13,10 @@ configuration, then reads the last token's logits and every (layer, KV head)'s k
     similarity of at least 0.999, and kept sets agreeing on at least --min-kept-share of the units (default 0.98 for a
     real model: the scores are computed by two backends, near-ties may fall either way; 0 for a random-weight
     stand-in, whose nearly flat scores make most units near-ties: the share is then reported only);
-  each with --locret-positions keep and compact where it changes the compaction (F16 rows).
+  each with --locret-positions keep and compact where it changes the compaction (F16 rows);
+  - the compaction stacked over the layers (the default) against the one built layer by layer
+    (LOCRET_DEBUG_COMPACT_PER_LAYER), both with --gpu-layers: kept sets identical and logits equal within 1e-3 (the
+    same rows moved by other ops), with positions keep and compact and a q8_0 cache.
 Prints a markdown table and exits 1 when a check fails. With --gpu-layers 0 (a CPU build) both sides run on the CPU:
 a dry run of the script. Needs the patched build (LOCRET_BUILD_DIR) and llama-cpp-python's Python package.
 """
@@ -42,6 +45,8 @@ def child(cfg: dict, out: Path) -> None:
     """One configuration: run the sequence, save logits and kept sets."""
     if cfg.get("select"):
         os.environ["LOCRET_DEBUG_SELECT"] = cfg["select"]
+    if cfg.get("per_layer"):
+        os.environ["LOCRET_DEBUG_COMPACT_PER_LAYER"] = "1"
     import locret
     import llama_cpp
     from locret import eviction
@@ -92,9 +97,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--tokens", type=int, default=6000)
     ap.add_argument("--budget", type=int, default=1024)
     ap.add_argument("--ubatch", type=int, default=512)
-    ap.add_argument("--checks", default="selection,cache",
+    ap.add_argument("--checks", default="selection,cache,compaction",
                     help="which comparisons: selection (device against host), cache (V types and flash attention, "
-                         "GPU against CPU); default both")
+                         "GPU against CPU), compaction (stacked against per layer, on the GPU); default all")
     ap.add_argument("--min-kept-share", type=float, default=0.98,
                     help="GPU against CPU: the least share of kept units both hold (default 0.98; 0 for a stand-in)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -111,11 +116,11 @@ def main(argv: list[str]) -> int:
 
     def cfg(name, **kw):
         return {**base, "name": name, "positions": "compact", "v": "f16", "fa": True, "ngl": args.gpu_layers,
-                "select": None, **kw}
+                "select": None, "per_layer": False, **kw}
 
     wanted = set(args.checks.split(","))
-    if not wanted or wanted - {"selection", "cache"}:
-        ap.error(f"--checks takes selection and cache, comma-separated; got {args.checks!r}")
+    if not wanted or wanted - {"selection", "cache", "compaction"}:
+        ap.error(f"--checks takes selection, cache and compaction, comma-separated; got {args.checks!r}")
     checks = []  # (label, config a, config b, kind)
     for pos in (("keep", "compact") if "selection" in wanted else ()):
         checks.append((f"device selection = host selection, positions {pos}",
@@ -132,6 +137,10 @@ def main(argv: list[str]) -> int:
                 checks.append((f"V {v}, flash attention {'on' if fa else 'off'}, positions {pos}: GPU against CPU",
                                cfg(f"gpu-{name}", v=v, fa=fa, positions=pos),
                                cfg(f"cpu-{name}", v=v, fa=fa, positions=pos, ngl=0), "close"))
+    for pos, kv in ((("keep", "f16"), ("compact", "f16"), ("keep", "q8_0")) if "compaction" in wanted else ()):
+        checks.append((f"compaction stacked = per layer, V {kv}, positions {pos}",
+                       cfg(f"stacked-{pos}-{kv}", positions=pos, v=kv),
+                       cfg(f"per-layer-{pos}-{kv}", positions=pos, v=kv, per_layer=True), "same"))
     try:
         from tqdm import tqdm
     except ImportError:

@@ -11,6 +11,7 @@
 #                                               there: unpack the tree if missing, build llama-bench (and
 #                                               libllama) in build-gpu/, then
 #     check: scripts/backend_check.py: selection on the device against the host (the same kept units and logits),
+#            the compaction stacked over the layers against the per-layer one on the device (the same again),
 #            and F16 / q8_0 / F32 V caches with and without flash attention against the CPU backend (kept units and
 #            logits), with positions keep and compact where it matters;
 #     bench: scripts/bench_eviction.py on the SmolLM2-135M shape (Q4_1, the shipped heads: b 2048, ub 512, prefill

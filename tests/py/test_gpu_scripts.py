@@ -98,6 +98,9 @@ def test_backend_check_child_and_comparison(model_path, tmp_path):
     c[first] = np.array(sorted(set(range(256)) - set(a[first].tolist())))[: len(a[first])]
     total = sum(len(k) for k in kept)
     assert backend_check.compare(a, c)[0] == pytest.approx((total - len(a[first])) / total)
+    # the per-layer compaction in a child: the same kept units and logits as the stacked one (one backend)
+    per_layer = backend_check.run({**cfg, "name": "per-layer", "per_layer": True}, tmp_path)
+    assert backend_check.compare(a, per_layer) == (1.0, pytest.approx(1.0), 0.0)
     bad = backend_check.run({**cfg, "name": "bad", "model": str(tmp_path / "missing.gguf")}, tmp_path)
     assert isinstance(bad, str) and bad.startswith("failed")
 
@@ -115,4 +118,4 @@ def test_backend_check_refuses_unknown_checks(capsys):
 
     with pytest.raises(SystemExit) as e:
         backend_check.main(["--model", "m.gguf", "--heads", "h.gguf", "--checks", "selection,speed"])
-    assert e.value.code == 2 and "--checks takes selection and cache" in capsys.readouterr().err
+    assert e.value.code == 2 and "--checks takes selection, cache and compaction" in capsys.readouterr().err
