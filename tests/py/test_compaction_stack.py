@@ -56,9 +56,13 @@ def run_once(model_path, heads_file, prompt_tokens, monkeypatch, capfd, *, per_l
     dict(locret_positions="keep"),                                     # copies as words
     dict(locret_positions="compact", locret_budget_schedule="pyramid"),  # layers keep different counts: padding
     dict(locret_positions="keep", type_k=GGML_TYPE_Q8_0, type_v=GGML_TYPE_Q8_0),  # quantized rows copied as words
-], ids=["compact", "keep", "compact-pyramid", "keep-q8_0"])
+    # the move tables filled apart and uploaded per eviction, as for a cache on a device: the padding goes up too
+    dict(locret_positions="compact", locret_budget_schedule="pyramid", staged=True),
+], ids=["compact", "keep", "compact-pyramid", "keep-q8_0", "compact-pyramid-staged"])
 def test_stacked_compaction_keeps_the_cache_of_the_per_layer_one(model_path, heads_file, prompt_tokens, monkeypatch,
                                                                   capfd, kw):
+    kw = dict(kw)
+    monkeypatch.setenv("LOCRET_DEBUG_STAGED_MOVES", "1" if kw.pop("staged", False) else "0")
     kw.setdefault("type_k", GGML_TYPE_F16)
     kw.setdefault("type_v", GGML_TYPE_F16)
     st_s, stacked, logits_s, nodes_s, n_layer = run_once(model_path, heads_file, prompt_tokens, monkeypatch, capfd,
