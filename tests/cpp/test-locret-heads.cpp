@@ -24,12 +24,7 @@
 #include <string>
 #include <vector>
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...) do { \
-        if (!(cond)) { std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-                       std::fprintf(stderr, __VA_ARGS__); std::fprintf(stderr, "\n"); g_failures++; } \
-    } while (0)
+#include "test-checks.h"
 
 // heads with random F32 weights for a model with the given attention shape
 static void write_heads(const std::string & path, const llama_model * model, uint32_t n_layer_in_file) {

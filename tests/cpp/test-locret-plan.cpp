@@ -12,18 +12,7 @@
 #include <string>
 #include <vector>
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...) do { \
-        if (!(cond)) { std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-                       std::fprintf(stderr, __VA_ARGS__); std::fprintf(stderr, "\n"); g_failures++; } \
-    } while (0)
-
-#define CHECK_EQ(a, b) do { \
-        const long long va_ = (long long) (a), vb_ = (long long) (b); \
-        if (va_ != vb_) { std::fprintf(stderr, "FAIL %s:%d: %s == %s: %lld != %lld\n", __FILE__, __LINE__, #a, #b, \
-                                       va_, vb_); g_failures++; } \
-    } while (0)
+#include "test-checks.h"
 
 static locret_plan_params params_locret() {
     locret_plan_params p;

@@ -20,12 +20,7 @@
 #include <string>
 #include <vector>
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...) do { \
-        if (!(cond)) { std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-                       std::fprintf(stderr, __VA_ARGS__); std::fprintf(stderr, "\n"); g_failures++; } \
-    } while (0)
+#include "test-checks.h"
 
 enum score_kind {
     SCORES_RANDOM,   // continuous: ties are unlikely

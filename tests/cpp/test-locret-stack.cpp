@@ -15,18 +15,7 @@
 #include <cstdio>
 #include <vector>
 
-static int g_failures = 0;
-
-#define CHECK(cond, ...) do { \
-        if (!(cond)) { std::fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-                       std::fprintf(stderr, __VA_ARGS__); std::fprintf(stderr, "\n"); g_failures++; } \
-    } while (0)
-
-#define CHECK_EQ(a, b) do { \
-        const long long va_ = (long long) (a), vb_ = (long long) (b); \
-        if (va_ != vb_) { std::fprintf(stderr, "FAIL %s:%d: %s == %s: %lld != %lld\n", __FILE__, __LINE__, #a, #b, \
-                                       va_, vb_); g_failures++; } \
-    } while (0)
+#include "test-checks.h"
 
 static const int64_t D       = 64;  // head size
 static const int64_t N_HEAD  = 3;   // KV heads
