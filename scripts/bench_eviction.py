@@ -108,8 +108,12 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         if positions:
             cmd += ["--locret-positions", positions]
     t0 = time.time()
-    env = dict(os.environ, **({"LOCRET_PROFILE": "1"} if profile else {}),
-               **({"LOCRET_DEBUG_COMPACT_PER_LAYER": "1"} if per_layer else {})) if profile or per_layer else None
+    extra = {}
+    if profile:
+        extra["LOCRET_PROFILE"] = "1"
+    if per_layer:
+        extra["LOCRET_DEBUG_COMPACT_PER_LAYER"] = "1"
+    env = dict(os.environ, **extra) if extra else None
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"llama-bench failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")

@@ -194,6 +194,15 @@ void locret_moves::clear() {
     n_stack = 0;
 }
 
+// A row of `row_bytes` is copied as 4-byte words (no round trip through F32) when it is a whole number of words;
+// LOCRET_DEBUG_CONVERT_ROWS=1 converts every row through F32 instead (tests compare both). 0: through F32.
+static int64_t locret_words_per_row(size_t row_bytes) {
+    if (row_bytes % sizeof(float) != 0 || getenv("LOCRET_DEBUG_CONVERT_ROWS") != nullptr) {
+        return 0;
+    }
+    return (int64_t) (row_bytes / sizeof(float));
+}
+
 // layer i's tensor ts[i] at ts[0] + i*stride in one buffer, each of one type and shape: an alias over all of them as
 // [ne0, n_rows, n_layer] rows of `row_bytes` (in `type`), or NULL
 static ggml_tensor * locret_stack_alias(ggml_context * ctx, const std::vector<ggml_tensor *> & ts, ggml_type type,
@@ -254,17 +263,15 @@ void locret_moves::make_stack(const std::vector<locret_kv_layer> & layers, bool 
     }
     const size_t k_row = ggml_row_size(L0.k->type, L0.d_k);
     const size_t v_row = ggml_row_size(L0.v->type, L0.d_v);
-    const bool   words = getenv("LOCRET_DEBUG_CONVERT_ROWS") == nullptr; // as locret_rows_as_words
+    const int64_t k_words = locret_words_per_row(k_row);
+    const int64_t v_words = locret_words_per_row(v_row);
     stack.k       = locret_stack_alias(ctx, k, L0.k->type, L0.d_k, k_row, n_rows);
-    stack.k_words = words && k_row % sizeof(float) == 0 ?
-        locret_stack_alias(ctx, k, GGML_TYPE_F32, (int64_t) (k_row / sizeof(float)), k_row, n_rows) : nullptr;
+    stack.k_words = k_words > 0 ? locret_stack_alias(ctx, k, GGML_TYPE_F32, k_words, k_row, n_rows) : nullptr;
     if (!v_trans) {
         stack.v       = locret_stack_alias(ctx, v, L0.v->type, L0.d_v, v_row, n_rows);
-        stack.v_words = words && v_row % sizeof(float) == 0 ?
-            locret_stack_alias(ctx, v, GGML_TYPE_F32, (int64_t) (v_row / sizeof(float)), v_row, n_rows) : nullptr;
+        stack.v_words = v_words > 0 ? locret_stack_alias(ctx, v, GGML_TYPE_F32, v_words, v_row, n_rows) : nullptr;
     }
-    stack.has_score = L0.score != nullptr;
-    if (stack.has_score && L0.score->type == GGML_TYPE_F32) {
+    if (L0.score != nullptr && L0.score->type == GGML_TYPE_F32) {
         stack.score = locret_stack_alias(ctx, sc, GGML_TYPE_F32, 1, sizeof(float), n_rows);
     }
     // one set of RoPE parameters for every layer, in the exact form (no magnitude factor: a change of 0 is the
@@ -291,7 +298,9 @@ void locret_moves::prepare(const std::vector<locret_kv_layer> & layers) {
     const locret_layer_stack & S = stack;
     const bool k_ok = rotate ? S.k != nullptr && S.rotates : S.k_words != nullptr || S.k != nullptr;
     const bool v_ok = S.v_words != nullptr || S.v != nullptr;
-    if (!k_ok || !v_ok || S.has_score != (S.score != nullptr) || layer.size() != layers.size()) {
+    // scores kept but not stacked: the per-layer graph moves them
+    const bool s_ok = layers.empty() || (layers[0].score != nullptr) == (S.score != nullptr);
+    if (!k_ok || !v_ok || !s_ok || layer.size() != layers.size()) {
         return;
     }
     size_t n = 0;
@@ -413,15 +422,16 @@ void locret_v_trans_elements(const idx_t * rows, size_t n_rows, uint32_t n_head_
 // shape are set by hand; F32 get_rows and set_rows only load and store the words, on every backend. NULL when a row is
 // not a whole number of words (the caller converts through F32 then).
 static ggml_tensor * locret_rows_as_words(ggml_context * ctx, ggml_tensor * cache, int64_t row_elems, int64_t n_rows) {
-    const size_t row_bytes = ggml_row_size(cache->type, row_elems);
-    if (row_bytes % sizeof(float) != 0 || getenv("LOCRET_DEBUG_CONVERT_ROWS") != nullptr) {
+    const size_t  row_bytes = ggml_row_size(cache->type, row_elems);
+    const int64_t n_words   = locret_words_per_row(row_bytes);
+    if (n_words == 0) {
         return nullptr;
     }
     // a view of the whole cache, then reinterpreted: same data, same byte extent
     ggml_tensor * w = ggml_view_1d(ctx, cache, ggml_nelements(cache), 0);
     GGML_ASSERT((size_t) n_rows * row_bytes <= ggml_nbytes(cache));
     w->type  = GGML_TYPE_F32;
-    w->ne[0] = (int64_t) (row_bytes / sizeof(float));
+    w->ne[0] = n_words;
     w->ne[1] = n_rows;
     w->ne[2] = w->ne[3] = 1;
     w->nb[0] = sizeof(float);

@@ -88,7 +88,6 @@ struct locret_layer_stack {
     ggml_tensor * v       = nullptr; // [d_v, n_rows, n_layer]; NULL for a transposed V
     ggml_tensor * v_words = nullptr;
     ggml_tensor * score   = nullptr; // F32 [1, n_rows, n_layer]
-    bool    has_score = false;       // the layers keep scores (then `score` must be set to stack)
     bool    rotates   = false;       // every layer re-rotates with the same parameters, exactly for a change of 0
     int64_t n_rows    = 0;           // (stream, cell, KV head) rows per layer
     ggml_context_ptr ctx;

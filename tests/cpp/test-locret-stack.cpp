@@ -83,7 +83,7 @@ static void test_even_layers_stack() {
     CHECK_EQ(S.k_words->ne[0], D * 2 / 4); // an F16 row of 64 is 32 words
     CHECK_EQ(S.k_words->type, GGML_TYPE_F32);
     CHECK(S.rotates, "one set of RoPE parameters and F16 keys");
-    CHECK(S.score == nullptr && !S.has_score, "no scores kept");
+    CHECK(S.score == nullptr, "no scores kept");
     // the alias's last row is layer 3's last row
     CHECK((const char *) S.k->data + 3 * S.k->nb[2] + (N_ROWS - 1) * S.k->nb[1] ==
           (const char *) c.layers[3].k->data + (N_ROWS - 1) * D * 2, "layer 3 at index 3");

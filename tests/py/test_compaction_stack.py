@@ -14,7 +14,8 @@ import re
 import numpy as np
 import pytest
 
-from locret import eviction
+from locret import eviction  # (points llama_cpp at our library first)
+import llama_cpp
 from test_eviction import GGML_TYPE_F16, GGML_TYPE_Q8_0, UB, decode, last_logits, make, prompt_tokens  # noqa: F401
 
 N_PROMPT = 480
@@ -35,8 +36,6 @@ def run_once(model_path, heads_file, prompt_tokens, monkeypatch, capfd, *, per_l
         logits.append(last_logits(llm))
     st = llm.locret_stats()
     model = llm._model.model
-    import llama_cpp
-
     n_layer = llama_cpp.llama_model_n_layer(model)
     n_head_kv = llama_cpp.llama_model_n_head_kv(model)
     width = n_head_kv * (llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model))
