@@ -5,7 +5,7 @@
         [--ubatch 512] [--lengths 2048,8192,32768,131072] [--plain-lengths 2048,8192,32768] [--decode-depth 131072]
         [--decode-tokens N]
         [--gpu-layers -1] [--policies heads,lagkv,streaming] [--lag 128] [--positions keep,compact]
-        [--profile-compaction]
+        [--profile-compaction] [--decode-split]
 
 Prints a markdown table of every figure (tok/s; peak host RSS; on a GPU the device memory in use with the context
 alive, which llama-bench reads from the device; and for Locret runs the time split per ubatch: model compute,
@@ -31,6 +31,9 @@ the compaction graph (its nodes, and the host's time to build, allocate and laun
 more prefills per run with LOCRET_PROFILE=1, the graph stacked over the layers (the default) and built layer by layer
 (LOCRET_DEBUG_COMPACT_PER_LAYER=1), with the ratio of their prefill speeds: on a GPU, where each node is a launch,
 what one node per layer costs.
+--decode-split adds one decode figure with the heads' graph but no eviction (after 2560 tokens, in a cache large
+enough to never evict) and splits a generated token's time into plain llama.cpp's, the heads' graph's and the
+eviction's (selection, compaction, the cache's bookkeeping), each in ms per token: where a decode gap comes from.
 --shape NAME benchmarks a random-weight model with the exact shapes of a model the paper ran (py/locret/shapes.py:
 llama3.1-8b, phi3-mini-128k, and scaled-down variants for a CPU), with its d_R = 1024 random heads.
 
@@ -82,10 +85,11 @@ def compaction_profile(stderr: str) -> dict:
 
 
 def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int, policy: str = "heads",
-          positions: str | None = None, profile: bool = False, per_layer: bool = False) -> dict:
+          positions: str | None = None, profile: bool = False, per_layer: bool = False,
+          budget: int | None = None) -> dict:
     """One llama-bench run; `profile`: with LOCRET_PROFILE=1, and the compaction graphs' figures
     (compaction_profile) in the result; `per_layer`: the compaction built layer by layer
-    (LOCRET_DEBUG_COMPACT_PER_LAYER=1), not over the stacked layers."""
+    (LOCRET_DEBUG_COMPACT_PER_LAYER=1), not over the stacked layers; `budget`: instead of --budget."""
     from locret import tool_path
 
     cmd = [str(tool_path("llama-bench")), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
@@ -97,7 +101,7 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         cmd += ["-ngl", str(99999 if args.gpu_layers < 0 else args.gpu_layers)]
     if locret:
         policy, _, schedule = policy.partition(":")
-        cmd += ["--locret-budget", str(args.budget)]
+        cmd += ["--locret-budget", str(args.budget if budget is None else budget)]
         cmd += ["--locret-heads", str(args.heads)] if policy == "heads" else ["--locret-policy", policy]
         if schedule:
             cmd += ["--locret-budget-schedule", schedule]
@@ -195,6 +199,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "value, the compaction graph stacked over the layers (the default) and built layer by layer: "
                          "its node count, the host's time per compaction to build, allocate and launch it, and the "
                          "prefill speed of each (its timings are not mixed into the table's)")
+    ap.add_argument("--decode-split", action="store_true",
+                    help="one more decode figure, the heads' graph without eviction (a budget above the depth), and "
+                         "a generated token's time split into plain llama.cpp's, the heads' graph's and the eviction's")
     ap.add_argument("--save-stderr", metavar="DIR",
                     help="write each llama-bench run's stderr (its Locret report, LOCRET_PROFILE lines) to DIR")
     ap.add_argument("--d-r", type=int, default=256,
@@ -272,6 +279,14 @@ def main() -> int:
                     gen=args.decode_tokens, depth=args.decode_depth, policy=policy, positions=pos)
         per_policy[run] = (pp, tg)
     lpp, ltg = per_policy[runs[0]]
+    no_evict = None
+    if args.decode_split:
+        # the same 2560 tokens of depth as plain's decode figure, in a cache that holds them and every generated token
+        # (b above depth + generated, so no eviction ever runs): what the heads' graph alone adds to a token
+        policy, pos = runs[0]
+        no_evict = record(f"{label(runs[0])} decode after 2560, no eviction (b = {no_evict_budget(args)})",
+                          locret=True, prompt=0, gen=args.decode_tokens, depth=2560, policy=policy, positions=pos,
+                          budget=no_evict_budget(args))
 
     on_gpu = args.gpu_layers != 0
     print(f"\n{Path(args.model).name}, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, "
@@ -320,6 +335,17 @@ def main() -> int:
         checks.append((f"{label(run)} eviction / prefill time at {hi}", share_run, None, False))
         checks.append((f"{label(run)} decode after {args.decode_depth} / plain decode after 2560",
                        tg["tps"] / plain_tg["tps"], None, True))
+    if no_evict is not None:
+        if no_evict.get("compactions", -1) != 0:
+            raise SystemExit(f"bench_eviction: the no-eviction decode figure evicted or its count was not read "
+                             f"({no_evict.get('compactions', 'no count')} compactions): its split would be wrong")
+        ms = {name: 1000.0 / r["tps"] for name, r in (("plain", plain_tg), ("graph", no_evict), ("locret", ltg))}
+        print(f"\nA generated token's time ({label(runs[0])}, {args.decode_tokens} tokens each): plain llama.cpp after "
+              f"2560 {ms['plain']:.3f} ms; the heads' graph adds {ms['graph'] - ms['plain']:.3f} ms (the same depth, "
+              f"no eviction); eviction after {args.decode_depth}, and attending to {args.budget + args.ubatch} cells "
+              f"instead of 2560, add {ms['locret'] - ms['graph']:.3f} ms; Locret {ms['locret']:.3f} ms")
+        checks.append((f"{label(runs[0])} decode after 2560 without eviction / plain decode after 2560",
+                       no_evict["tps"] / plain_tg["tps"], None, True))
     if args.profile_compaction:
         n_prof = max([n for n in lengths if n <= 32768] or [min(lengths)])
         print(f"\nCompaction graphs of a prefill of {n_prof} (LOCRET_PROFILE=1, a run apart; per compaction, the "
@@ -359,6 +385,12 @@ def main() -> int:
         if over:
             return 3
     return 0 if ok else 1
+
+
+def no_evict_budget(args: argparse.Namespace) -> int:
+    """A budget whose cache holds 2560 tokens of depth and every generated token without an eviction: the cache has
+    b + B cells and evicts when a ubatch would not fit."""
+    return 2560 + args.decode_tokens + args.ubatch
 
 
 def apply_device(args: argparse.Namespace):

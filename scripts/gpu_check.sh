@@ -19,7 +19,9 @@
 #            ub 1024, prefill 128K against plain 16K, plain 128K and plain at the same attention depth), with
 #            --positions keep,compact side by side; for SmolLM2 also the compaction graph's nodes and the host's
 #            time to launch them per compaction (--profile-compaction: two more 32K prefills per layout, the
-#            compaction stacked over the layers and built layer by layer).
+#            compaction stacked over the layers and built layer by layer); for both shapes a generated token's time
+#            split into plain llama.cpp's, the heads' graph's and the eviction's (--decode-split: one more decode
+#            figure, the heads' graph in a cache that never evicts).
 #   The stages run in that order; each is idempotent (build skips what is built, the shape models are cached), so a
 #   machine that gives 10 minutes a command runs `--stage build,check` then `--stage bench` (on an H200: build 186 s,
 #   check 30 s, bench 120 s). The stand-ins' scores are nearly flat, so rounding between backends reorders near-ties:
@@ -177,7 +179,7 @@ if want bench; then
         echo
         "$PYTHON" scripts/bench_eviction.py --model "$SMOL_MODEL" --heads "$SMOL_HEADS" --gpu-layers -1 \
             --budget 2048 --ubatch 512 --lengths 8192,32768,131072 --plain-lengths 8192,32768 --decode-depth 131072 \
-            --positions keep,compact --profile-compaction --save-stderr "$OUT_DIR/runs-smollm2" \
+            --positions keep,compact --profile-compaction --decode-split --save-stderr "$OUT_DIR/runs-smollm2" \
             2> "$OUT_DIR/bench-smollm2.log" \
             || echo "(bench_eviction exit $?: a target missed)"
     } >> "$REPORT"
@@ -188,7 +190,7 @@ if want bench; then
         echo
         "$PYTHON" scripts/bench_eviction.py --model "$BIG_MODEL" --heads "$BIG_HEADS" --gpu-layers -1 \
             --budget 16384 --ubatch 1024 --lengths 131072 --plain-lengths 16384,131072 --plain-reference 16384 \
-            --decode-depth 32768 --positions keep,compact --save-stderr "$OUT_DIR/runs-8b" \
+            --decode-depth 32768 --positions keep,compact --decode-split --save-stderr "$OUT_DIR/runs-8b" \
             2> "$OUT_DIR/bench-8b.log" \
             || echo "(bench_eviction exit $?: a target missed)"
     } >> "$REPORT"

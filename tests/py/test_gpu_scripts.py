@@ -2,6 +2,7 @@
 
 - bench_eviction.py --positions passes each layout to llama-bench and reads its row counts: kept positions move fewer
   rows than compact positions and re-rotate none on the same prompt; its decode figures span one eviction cycle;
+  --decode-split's figure with the heads' graph evicts nothing, and the split it prints adds up to Locret's token;
 - backend_check.py's child run saves the last logits and every (layer, KV head)'s kept positions, and its comparison
   counts shared units and logit differences exactly;
 - gpu_check.sh refuses unknown stages and arguments, and backend_check.py unknown checks, with exit 2 before doing
@@ -74,6 +75,32 @@ def test_bench_eviction_decode_figures_span_one_eviction_cycle(model_path):
         assert r["compactions"] >= 1 and r["rows_kept"] > 0, pos
     with pytest.raises(SystemExit, match="--decode-tokens must be at least 1"):
         bench_eviction.apply_device(bench_eviction.parse(["--model", str(model_path), "--decode-tokens", "0"]))
+
+def test_bench_eviction_decode_split(model_path, monkeypatch, capsys):
+    # the split of a generated token's time: plain llama.cpp's, the heads' graph's (a figure that must not evict, or
+    # the split is wrong), and the eviction's; its three parts add up to the Locret token's time
+    import re
+
+    import bench_eviction  # scripts/, on sys.path through conftest
+
+    argv = ["--model", str(model_path), "--budget", "256", "--ubatch", "64", "--threads", "1", "--lengths", "512",
+            "--plain-lengths", "512", "--decode-depth", "1024", "--decode-split",
+            "--heads", str(REPO / "heads" / "smollm2-135m-instruct.gguf")]
+    args = bench_eviction.parse(argv)
+    bench_eviction.apply_device(args)
+    budget = bench_eviction.no_evict_budget(args)
+    # main() refuses a no-eviction figure that evicted or whose count it could not read (a decode figure that evicts
+    # is counted: test_bench_eviction_decode_figures_span_one_eviction_cycle)
+    monkeypatch.setattr(sys, "argv", ["bench_eviction.py", *argv])
+    bench_eviction.main()  # exit status: the CPU misses the GPU targets; the figures are what is checked
+    out = capsys.readouterr().out
+    m = re.search(r"plain llama.cpp after 2560 ([\d.]+) ms; the heads' graph adds (-?[\d.]+) ms .* add (-?[\d.]+) ms; "
+                  r"Locret ([\d.]+) ms", out)
+    assert m, out[-2000:]
+    plain, graph, evict, total = (float(x) for x in m.groups())
+    assert plain > 0 and total == pytest.approx(plain + graph + evict, abs=0.002)
+    assert f"decode after 2560, no eviction (b = {budget})" in out
+
 
 def test_backend_check_child_and_comparison(model_path, tmp_path):
     import backend_check
