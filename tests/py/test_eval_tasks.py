@@ -12,7 +12,8 @@ import pytest
 
 from locret import benchmarks, metrics, tasks
 from locret.benchmarks import DatasetError, infinitebench, leval, longbench
-from locret.tasks import common_words, filler, long_qa, niah, niah_code, niah_quote, passkey_task, variable_tracking
+from locret.tasks import (common_words, filler, long_qa, niah, niah_code, niah_name, niah_quote, passkey_task,
+                          variable_tracking)
 
 
 def word_tokenizer():
@@ -36,8 +37,8 @@ def filler_before(sample, piece_index: int) -> int:
 # ------------------------------------------------------------------ common interface
 
 def test_registry_and_interface():
-    assert set(tasks.TASKS) == {"passkey", "niah", "niah_single", "niah_code", "niah_quote", "variable_tracking",
-                                "common_words", "long_qa"}
+    assert set(tasks.TASKS) == {"passkey", "niah", "niah_single", "niah_code", "niah_quote", "niah_name",
+                                "variable_tracking", "common_words", "long_qa"}
     for name in tasks.TASKS:
         task = tasks.get(name)
         assert task.NAME == name and callable(task.generate) and callable(task.score)
@@ -55,8 +56,8 @@ def _needles_to_find(sample):
     return [(a, 1) for a in sample.answers[:1] if sample.task == "long_qa"] or [(a, 1) for a in sample.answers]
 
 
-@pytest.mark.parametrize("name", ["passkey", "niah", "niah_single", "niah_code", "niah_quote", "variable_tracking",
-                                  "long_qa"])
+@pytest.mark.parametrize("name", ["passkey", "niah", "niah_single", "niah_code", "niah_quote", "niah_name",
+                                  "variable_tracking", "long_qa"])
 @pytest.mark.parametrize("depth", [0.0, 0.1, 0.5, 0.77, 1.0])
 def test_answer_sits_once_at_the_asked_depth(name, depth):
     task = tasks.get(name)
@@ -209,12 +210,17 @@ def test_task_scores():
         pytest.approx(1 / 2)
     assert niah_quote.score("seven seven seven", ["seven seven cobalt"]) == pytest.approx(2 / 3)  # counted once each
     assert niah_quote.score(f'"{motto.capitalize()}."', [motto]) == 1.0 and niah_quote.score("no idea", [motto]) == 0.0
+    # niah_name: the share of the name's two words said as whole words, case ignored
+    assert niah_name.score("The keeper of amber-heron is MARISOL QUENBY.", ["Marisol Quenby"]) == 1.0
+    assert niah_name.score("Marisol Hartsell", ["Marisol Quenby"]) == 0.5
+    assert niah_name.score("Marisols Quenbyx", ["Marisol Quenby"]) == 0.0
+    assert niah_name.score("", ["Marisol Quenby"]) == 0.0
 
 
 def test_needle_forms():
     """niah_code's codes follow their pattern and differ across samples; niah_quote's mottos are seven words of
-    their lists; both ask for the key their needle names."""
-    codes, mottos = set(), set()
+    their lists; niah_name's names a first and a last name of its lists; all ask for the key their needle names."""
+    codes, mottos, names = set(), set(), set()
     for i in range(40):
         c = niah_code.generate(1, i, tokenize=TOK, n_tokens=400, depth=0.5)
         code, key = c.answers[0], c.metadata["keys"][0]
@@ -224,9 +230,15 @@ def test_needle_forms():
         words = q.answers[0].split()
         assert len(words) == 7 and set(words) - {"the"} <= set(niah_quote.MOTTO_WORDS)
         assert f'"{q.answers[0]}"' in q.context and q.metadata["keys"][0] in q.question
+        n = niah_name.generate(1, i, tokenize=TOK, n_tokens=400, depth=0.5)
+        first, last = n.answers[0].split()
+        assert first in niah_name.FIRST_NAMES and last in niah_name.LAST_NAMES
+        assert niah_name.needle_text(n.metadata["keys"][0], n.answers[0]) in n.context
+        assert n.metadata["keys"][0] in n.question
         codes.add(code)
         mottos.add(q.answers[0])
-    assert len(codes) == 40 and len(mottos) >= 38
+        names.add(n.answers[0])
+    assert len(codes) == 40 and len(mottos) >= 38 and len(names) >= 30
 
 
 # ------------------------------------------------------------------ metrics, by hand
@@ -517,6 +529,7 @@ def test_summarize_takes_one_benchmark(tmp_path):
     ("niah_single", "The archive number for {key} mentioned in the text is {answer}."),
     ("niah_code", "The access code for {key} mentioned in the text is {answer}."),
     ("niah_quote", 'The motto of {key} mentioned in the text is "{answer}".'),
+    ("niah_name", "The keeper of {key} mentioned in the text is {answer}."),
 ])
 def test_the_answer_budget_holds_an_answer_that_restates_the_question(name, restated, model_path):
     # the default model answers by restating the question first; an answer cut before its end scores 0 however right

@@ -12,12 +12,13 @@ from itertools import islice
 import pytest
 
 from locret import tasks
-from locret.tasks import filler, haystack, haystacks, long_qa, niah, niah_quote, passkey_task
+from locret.tasks import filler, haystack, haystacks, long_qa, niah, niah_name, niah_quote, passkey_task
 from test_eval_tasks import CHAT, word_tokenizer
 
 TOK = word_tokenizer()
 GENERATED = [f for f in haystacks.FAMILIES if f != "prose"]
-NEEDLE_TASKS = ("niah", "niah_single", "niah_code", "niah_quote", "passkey", "variable_tracking", "long_qa")
+NEEDLE_TASKS = ("niah", "niah_single", "niah_code", "niah_quote", "niah_name", "passkey", "variable_tracking",
+                "long_qa")
 
 
 def first_units(family: str, n: int, seed: int = 0, **kw) -> list[str]:
@@ -49,7 +50,7 @@ def answer_strings(sample) -> list[tuple[str, int]]:
 # ------------------------------------------------------------------ needles in every family
 
 @pytest.mark.parametrize("family", haystacks.FAMILIES)
-@pytest.mark.parametrize("name", ["niah", "niah_single", "niah_code", "niah_quote", "passkey"])
+@pytest.mark.parametrize("name", ["niah", "niah_single", "niah_code", "niah_quote", "niah_name", "passkey"])
 @pytest.mark.parametrize("n_tokens", [2048, 8192])
 def test_needle_once_at_the_asked_depth(name, family, n_tokens):
     task = tasks.get(name)
@@ -119,7 +120,8 @@ def _check_clean(text: str) -> None:
     assert not re.findall(r"\b[A-Z]{5}\b", text)                 # variable_tracking's names
     words = set(re.findall(r"[a-z]+", text.lower()))
     assert not words & TASK_WORDS
-    assert not words & set(niah.ADJECTIVES + niah.NOUNS + long_qa.ANIMALS + niah_quote.MOTTO_WORDS)
+    assert not words & set(niah.ADJECTIVES + niah.NOUNS + long_qa.ANIMALS + niah_quote.MOTTO_WORDS
+                           + tuple(w.lower() for w in niah_name.NAME_WORDS))
     lower = text.lower()
     assert not [p for p in TASK_PHRASES if p in lower and p != "set "] and "Set " not in text
     assert not [p for p in long_qa.PROFESSIONS if p in lower]     # even inside a word: "cooper" in "cooperate"

@@ -38,8 +38,8 @@ the head trainer learns from. The needle tasks (all but common_words) take ``hay
 
 Tasks: passkey (passkey.py: the original module with its own runner passkey_eval.py; passkey_task.py
 puts it in this interface), niah (several keys and values), niah_single (one key, one number, no
-distractors: the needle task the default model can do in its window), niah_code and niah_quote (the same
-with another needle form: a code of capitals and digits, a sentence to quote), variable_tracking (chains of assignments),
+distractors: the needle task the default model can do in its window), niah_code, niah_quote and niah_name (the
+same with another needle form: a code of capitals and digits, a sentence to quote, a person's name), variable_tracking (chains of assignments),
 common_words (most frequent words), long_qa (facts about invented people, F1-scored).
 """
 from __future__ import annotations
@@ -53,6 +53,7 @@ TASKS = {
     "niah_single": "niah_single",
     "niah_code": "niah_code",
     "niah_quote": "niah_quote",
+    "niah_name": "niah_name",
     "variable_tracking": "variable_tracking",
     "common_words": "common_words",
     "long_qa": "long_qa",

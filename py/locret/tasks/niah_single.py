@@ -29,8 +29,8 @@ def question_text(key: str) -> str:
 def one_needle(*, task: str, seed: int, index: int, rng, tokenize: Tokenize, n_tokens: int, depth: float,
                chat_format: ChatFormat | None, haystack: str, intro: str, question: str, needle: str, key: str,
                answer: str) -> Sample:
-    """A sample with one answer needle at `depth` and nothing like it in the filler: what niah_single, niah_code and
-    niah_quote share (each draws its key and answer from `rng` first; the filler continues the same stream)."""
+    """A sample with one answer needle at `depth` and nothing like it in the filler: what niah_single, niah_code,
+    niah_quote and niah_name share (each draws its key and answer from `rng` first; the filler continues the same stream)."""
     return assemble(task=task, seed=seed, index=index, tokenize=tokenize, chat_format=chat_format,
                     n_tokens=n_tokens, intro=intro, question=question,
                     filler=haystacks.units(haystack, rng), needles=[Needle(needle, depth, "answer")],
