@@ -247,7 +247,7 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
      "unknown haystack family poetry; valid: prose, code, legal, logs, recipes, weather, manual, minutes"),
     (["--tasks", "common_words", "--lengths", "600", "--budgets", "256", "--haystacks", "code"], "has no haystack"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret,locret-q", "--haystacks",
-      "recipes,code", "--held-out"], "code is not held out for locret-q: its heads were trained on code, legal, logs, "
+      "recipes,code", "--held-out"], "code is not held out for locret: its heads were trained on code, legal, logs, "
                                     "prose, pydoc"),
     (["--benchmark", "longbench", "--dataset", "conftest.py", "--budgets", "256", "--methods", "locret",
       "--held-out"], "--held-out is about the generated tasks' haystack families"),
@@ -508,8 +508,8 @@ def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
 
 
 def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path, model_path):
-    # the shipped heads' logs: the plain heads read only the Python reference, the Locret-Q heads started from them
-    # and added the four first families; the four newer ones are held out from both
+    # the shipped heads' logs: the plain heads and the Locret-Q heads (which started from plain heads) read the Python
+    # reference and the four first families; the four newer ones are held out from both
     from locret.evaluation.heldout import check_held_out, training
 
     out = tmp_path / "held"
@@ -519,7 +519,7 @@ def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path,
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     settings = json.loads((out / "summary.json").read_text())["settings"]
     assert settings["held_out"] == {"families": ["recipes", "minutes"], "heads_trained_on": {
-        "locret": ["pydoc"], "locret-q": ["code", "legal", "logs", "prose", "pydoc"]}}
+        "locret": ["code", "legal", "logs", "prose", "pydoc"], "locret-q": ["code", "legal", "logs", "prose", "pydoc"]}}
     rows = {r["source"] for r in json.loads((out / "summary.json").read_text())["summary"]}
     assert rows == {"passkey@recipes", "passkey@minutes"}
 
