@@ -37,6 +37,11 @@ INTRO = ("Archive numbers for several names are hidden in the long text below. R
          "at the end you will be asked for all the numbers that belong to a given name.")
 
 
+def make_key(rng) -> str:
+    """A key name such as "amber-heron": one adjective, then one noun (the single-needle tasks draw it first)."""
+    return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+
+
 def needle_text(key: str, value: str) -> str:
     return f"One of the archive numbers for {key} is {value}."
 

@@ -48,7 +48,7 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
     """One sample of at most `n_tokens` prompt tokens: one key's code at `depth` in a haystack of the family
     `haystack` (one of haystacks.FAMILIES)."""
     rng = rng_for(NAME, seed, index)
-    key = f"{rng.choice(niah.ADJECTIVES)}-{rng.choice(niah.NOUNS)}"
+    key = niah.make_key(rng)
     code = make_code(rng)
     return niah_single.one_needle(task=NAME, seed=seed, index=index, rng=rng, tokenize=tokenize, n_tokens=n_tokens,
                                   depth=depth, chat_format=chat_format, haystack=haystack, intro=INTRO,

@@ -42,8 +42,8 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
     """One sample of at most `n_tokens` prompt tokens: one key's number at `depth` in a haystack of the
     family `haystack` (one of haystacks.FAMILIES)."""
     rng = rng_for(NAME, seed, index)
-    adjective, noun = rng.choice(niah.ADJECTIVES), rng.choice(niah.NOUNS)
-    key, value = f"{adjective}-{noun}", str(rng.randrange(1_000_000, 10_000_000))
+    key = niah.make_key(rng)
+    value = str(rng.randrange(1_000_000, 10_000_000))
     return one_needle(task=NAME, seed=seed, index=index, rng=rng, tokenize=tokenize, n_tokens=n_tokens, depth=depth,
                       chat_format=chat_format, haystack=haystack, intro=INTRO, question=question_text(key),
                       needle=niah.needle_text(key, value), key=key, answer=value)
