@@ -42,6 +42,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--stabilizers", type=int,
                     help="stabilizers n_s for every evicting method (default: the heads file's recommendation); "
                          "set it to compare trained and random heads with the same n_s")
+    ap.add_argument("--pool", type=int, default=0,
+                    help="score pooling window (odd) of the heads methods, as locret eval's --pool (default 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-minutes", type=float, help="stop starting trials after this long; report what ran")
     ap.add_argument("--check-prefix-reuse", action="store_true",
@@ -76,7 +78,7 @@ def main(argv: list[str]) -> int:
                                          if "random-heads" in methods else None)
     setup = passkey_eval.Setup(model_path=model_path, heads=heads or None, random_heads=random_heads,
                                n_ubatch=args.ubatch, threads=args.threads, stabilizers=args.stabilizers,
-                               kv_type=args.kv_type)
+                               kv_type=args.kv_type, pool=args.pool)
     n_ctx_train = _n_ctx_train(model_path)
 
     if args.check_prefix_reuse:
@@ -95,6 +97,10 @@ def main(argv: list[str]) -> int:
                     plan.append((method, length, None, n))
             else:
                 plan += [(method, length, b, n) for b in budgets]
+    try:
+        passkey_eval.check_settings(setup, [(m, length, b) for m, length, b, _ in plan])
+    except ValueError as e:  # evaluation.EvalError: the rule book's refusal
+        ap.error(str(e))
     deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
     # every finished trial is appended here at once; running the same command again skips them
     journal = args.output.with_suffix(".trials.jsonl")
@@ -118,7 +124,7 @@ def main(argv: list[str]) -> int:
                                          for m, b, length in wanted)]
     rows = passkey_eval.summarize(results)
     settings = {"model": Path(model_path).name, "heads": Path(heads).name if heads else None,
-                "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch, "stabilizers": args.stabilizers, "kv_type": args.kv_type,
+                "lengths": lengths, "trials": trials, "budgets": budgets, "methods": methods, "ubatch": args.ubatch, "stabilizers": args.stabilizers, "kv_type": args.kv_type, "pool": args.pool,
                 "seed": args.seed, "n_ctx_train": n_ctx_train, "command": "scripts/eval_passkey.py " + " ".join(argv)}
     passkey_eval.write_results(args.output, results, rows, settings)
     print(passkey_eval.markdown_table(rows))

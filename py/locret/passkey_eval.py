@@ -61,14 +61,32 @@ class Setup:
     threads: int = 2
     stabilizers: int | None = None  # n_s for every evicting method alike; None: the heads file's (or engine's) default
     kv_type: str | None = None      # K and V cache type ("f16", "q8_0", "q4_0", ...); None: llama.cpp's f16
+    pool: int = 0                   # score pooling window of the heads methods (0: none, as locret eval without --pool)
+
+
+def _spec(setup: Setup, method: str, budget: int | None, n_ctx: int) -> worker.RunSpec:
+    heads = setup.heads if method == "locret" else setup.random_heads if method == "random-heads" else None
+    return worker.RunSpec(model_path=setup.model_path, method=method, budget=budget, heads=heads,
+                          stabilizers=setup.stabilizers, local=None, n_ctx=n_ctx, ubatch=setup.n_ubatch,
+                          threads=setup.threads, kv_type=setup.kv_type, pool=setup.pool or None,
+                          labels={"run": f"{method} b={budget}"})
+
+
+def _n_ctx(method: str, length: int) -> int:
+    return length + 1024 if method == "full" else max(length + 1024, 4096)
+
+
+def check_settings(setup: Setup, runs: list[tuple[str, int, int | None]]) -> None:
+    """Every (method, length, budget) run's settings, checked by the library's rule book before any trial starts:
+    raises evaluation.EvalError with the refusal (a pooling window that is even or wider than the ubatch, ...)."""
+    from .evaluation.runner import check_runs
+
+    check_runs([(_spec(setup, method, budget, _n_ctx(method, length)), []) for method, length, budget in runs])
 
 
 def _make_llm(setup: Setup, method: str, budget: int | None, n_ctx: int):
     """The same context `locret eval` makes for a method (flash attention for every method alike)."""
-    heads = setup.heads if method == "locret" else setup.random_heads if method == "random-heads" else None
-    return worker.make_llm(worker.RunSpec(model_path=setup.model_path, method=method, budget=budget, heads=heads,
-                                          stabilizers=setup.stabilizers, local=None, n_ctx=n_ctx,
-                                          ubatch=setup.n_ubatch, threads=setup.threads, kv_type=setup.kv_type))
+    return worker.make_llm(_spec(setup, method, budget, n_ctx))
 
 
 def _feed_prefix(llm, tokens: list[int]) -> None:
@@ -86,7 +104,7 @@ def run_length(setup: Setup, method: str, length: int, budget: int | None, trial
 
     `done`: (method, budget, key, needle_at) of trials already recorded, skipped; `on_trial(trial)` is
     called as each trial ends (the script appends it to a JSONL file, so an interrupted run resumes)."""
-    n_ctx = length + 1024 if method == "full" else max(length + 1024, 4096)
+    n_ctx = _n_ctx(method, length)
     llm = _make_llm(setup, method, budget, n_ctx)
     try:
         tokenize = decoding.tokenizer(llm)

@@ -1,6 +1,8 @@
 """The passkey task (py/locret/tasks/passkey.py) and its evaluation runner (py/locret/passkey_eval.py)."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -96,3 +98,28 @@ def test_key_tokens_are_found_in_both_statements_of_the_key(model_path):
     offsets = passkey.key_token_offsets(needle, llm.detokenize)
     spelled = "".join(llm.detokenize([needle[k]]).decode().strip() for k in offsets)
     assert spelled == "4821348213"
+
+
+def test_the_passkey_runs_pool_only_when_asked(model_path):
+    """scripts/eval_passkey.py --pool: the window reaches the context of the heads methods; without it nothing pools,
+    even with heads that recommend a window (the shipped ones recommend 15), so that a figure names its pooling."""
+    from locret import models, passkey_eval
+
+    heads = str(models.shipped_heads("smollm2-135m"))
+    for pool, expected in ((0, 0), (5, 5)):
+        setup = passkey_eval.Setup(model_path=str(model_path), heads=heads, random_heads=None, n_ubatch=128,
+                                   pool=pool)
+        llm = passkey_eval._make_llm(setup, "locret", budget=256, n_ctx=1024)
+        try:
+            assert llm.locret_stats()["pool"] == expected
+        finally:
+            llm.close()
+
+
+def test_the_passkey_script_refuses_a_window_the_rule_book_refuses():
+    """Before any trial: an even window is the library's refusal, with its reason and exit status 2."""
+    from conftest import REPO, run
+
+    proc = run([sys.executable, REPO / "scripts" / "eval_passkey.py", "--lengths", "1000", "--trials", "1",
+                "--methods", "locret", "--budgets", "256", "--pool", "4", "-o", "/dev/null"], timeout=120)
+    assert proc.returncode == 2 and "pooling window must be odd" in proc.stderr, proc.stderr[-2000:]
