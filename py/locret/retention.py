@@ -274,7 +274,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ubatch", type=int, default=512)
     p.add_argument("--stabilizers", type=int)
     p.add_argument("--local", type=int)
-    p.add_argument("--pool", type=int, help="score pooling window (default: none)")
+    p.add_argument("--pool", type=int, help="score pooling window, 0: none (default: the heads' recommended window "
+                   "for a text; none for --task, as in locret eval)")
     p.add_argument("--layers", help="layers to show runs for, comma-separated (default: all)")
     p.add_argument("--runs", type=int, default=5, help="longest retained runs shown per (layer, KV head)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)

@@ -173,7 +173,7 @@ def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, pool, 
     # a Locret-Q query pinned at the start; pool: score pooling (the recorder gives the heads' own scores, the model
     # pools them)
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path, heads_file, locret_pool=pool or None)
+    llm = make(model_path, heads_file, locret_pool=pool)
     heads_api.record_scores(llm)
     if n_pin:
         llm.locret_pin_query(n_pin)
@@ -312,7 +312,7 @@ def test_no_graph_outgrows_the_buffers_reserved_at_creation(select, pool, positi
     # allocation inside the loop); with score pooling the reservation holds the pooling nodes too; with kept positions
     # both compactions run (copies, and re-rotations when positions pass 384)
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0, locret_pool=pool or None,
+    llm = make(model_path, heads_file, n_batch=256, locret_stabilizers=0, locret_pool=pool,
                locret_positions=positions)
     ctx_bytes, evict_bytes = eviction.compute_buffers(llm._ctx.ctx)
     assert ctx_bytes > 0 and evict_bytes > 0
@@ -531,7 +531,7 @@ def test_score_pooling_keeps_neighbours_and_reaches_the_tools(model_path, heads_
 
     counts = {}
     for pool in (0, 9):
-        llm = make(model_path, heads_file, locret_pool=pool or None)
+        llm = make(model_path, heads_file, locret_pool=pool)
         llm.eval(prompt_tokens[:600])
         assert llm.locret_stats()["n_evictions"] >= 10
         counts[pool] = adjacent_pairs(llm)

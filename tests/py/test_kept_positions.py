@@ -128,7 +128,7 @@ def session(prompt_tokens):
 def test_retained_sets_and_positions_match_the_model_after_every_chunk(select, n_pin, pool, limit, model_path,
                                                                       heads_file, prompt_tokens, monkeypatch):
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path, heads_file, locret_pool=pool or None,
+    llm = make(model_path, heads_file, locret_pool=pool,
                locret_positions="keep" if limit is None else f"keep:{limit}")
     heads_api.record_scores(llm)
     if n_pin:
