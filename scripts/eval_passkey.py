@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO / "py"))
 from tqdm import tqdm  # noqa: E402
 
 from locret import models, passkey_eval  # noqa: E402
+from locret.evaluation import runner  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -65,6 +66,8 @@ def main(argv: list[str]) -> int:
     unknown = [m for m in methods if m not in passkey_eval.METHODS]
     if unknown:
         ap.error(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(passkey_eval.METHODS)}")
+    if (problem := runner.pool_problem(args.pool, methods)) is not None:
+        ap.error(problem)
     if any(x <= 0 for x in lengths + trials + budgets):
         ap.error("lengths, trials and budgets must be positive")
     if args.stabilizers is not None and not 0 <= args.stabilizers < min(budgets):

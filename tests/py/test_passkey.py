@@ -120,6 +120,10 @@ def test_the_passkey_script_refuses_a_window_the_rule_book_refuses():
     """Before any trial: an even window is the library's refusal, with its reason and exit status 2."""
     from conftest import REPO, run
 
-    proc = run([sys.executable, REPO / "scripts" / "eval_passkey.py", "--lengths", "1000", "--trials", "1",
-                "--methods", "locret", "--budgets", "256", "--pool", "4", "-o", "/dev/null"], timeout=120)
+    base = [sys.executable, REPO / "scripts" / "eval_passkey.py", "--lengths", "1000", "--trials", "1", "--budgets",
+            "256", "-o", "/dev/null"]
+    proc = run(base + ["--methods", "locret", "--pool", "4"], timeout=120)
     assert proc.returncode == 2 and "pooling window must be odd" in proc.stderr, proc.stderr[-2000:]
+    # and, as locret eval, a window with no method that has heads to pool
+    proc = run(base + ["--methods", "streaming", "--pool", "5"], timeout=120)
+    assert proc.returncode == 2 and "--pool smooths the retaining heads' scores" in proc.stderr, proc.stderr[-2000:]

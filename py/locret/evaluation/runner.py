@@ -134,8 +134,8 @@ def validate(cfg: EvalConfig) -> None:
     # book when the runs are planned (check_runs); these are the runner's own rules about which options go together
     if cfg.lag is not None and "lagkv" not in cfg.methods:
         raise EvalError(f"--lag is LagKV's partition (at least 2 units): give the method lagkv (got {cfg.lag})")
-    if cfg.pool and not any(m in HEADS_METHODS for m in bases):
-        raise EvalError(f"--pool smooths the retaining heads' scores: give one of {', '.join(HEADS_METHODS)}")
+    if (problem := pool_problem(cfg.pool, bases)) is not None:
+        raise EvalError(problem)
     for method in QUERY_METHODS:
         if method in bases and not cfg.tasks:
             raise EvalError(f"{method} places each generated task's question at the start of its prompt (the task's "
@@ -148,6 +148,13 @@ def validate(cfg: EvalConfig) -> None:
     for d in cfg.datasets:
         if not Path(d).is_file():
             raise EvalError(f"dataset file {d} does not exist")
+
+
+def pool_problem(pool: int | None, methods) -> str | None:
+    """Why --pool cannot go with these (base) methods, or None: only the retaining heads' scores are pooled."""
+    if pool and not any(m in HEADS_METHODS for m in methods):
+        return f"--pool smooths the retaining heads' scores: give one of {', '.join(HEADS_METHODS)}"
+    return None
 
 
 def _heads_for(cfg: EvalConfig, model_path: Path, facts: planner.ModelFacts) -> tuple[dict, str | None]:
