@@ -139,10 +139,10 @@ def test_settings_loaded_from_the_heads_are_the_files_recommended_ones(model_pat
     rec = recommended(QUERY_HEADS)
     assert rec["pool"] == 15 and rec["query_auto"] == 1
     assert recommended(heads_file)["pool"] == 0 and recommended(heads_file)["query_auto"] == 0
-    # the shipped plain heads pool like the Locret-Q heads (measured on held-out families, docs/results.md "Pooling
-    # over held-out families") but pin no question: they were not trained with one at the start
+    # the shipped plain heads recommend neither: pooling traded codes for numbers on held-out text (docs/results.md
+    # "The plain heads and pooling"), and they were not trained with a question at the start
     plain = recommended(REPO / "heads" / "smollm2-135m-instruct.gguf")
-    assert plain["pool"] == 15 and plain["query_auto"] == 0
+    assert plain["pool"] == 0 and plain["query_auto"] == 0
     kw = dict(n_ctx=4096, n_batch=64, n_ubatch=64, locret_budget=256, verbose=False)
     llm = Llama(model_path=str(model_path), locret_heads=str(QUERY_HEADS), **kw)
     assert llm.locret_stats()["pool"] == rec["pool"] and llm.locret_query == "auto"
