@@ -102,10 +102,16 @@ def test_key_tokens_are_found_in_both_statements_of_the_key(model_path):
 
 def test_the_passkey_runs_pool_only_when_asked(model_path):
     """scripts/eval_passkey.py --pool: the window reaches the context of the heads methods; without it nothing pools,
-    even with heads that recommend a window (the shipped ones recommend 15), so that a figure names its pooling."""
-    from locret import models, passkey_eval
+    even with heads that recommend a window (the shipped Locret-Q heads recommend 15), so that a figure names its
+    pooling."""
+    import ctypes
 
-    heads = str(models.shipped_heads("smollm2-135m"))
+    from locret import eviction, models, passkey_eval
+
+    heads = str(models.shipped_heads("smollm2-135m", query=True))
+    rec = eviction._Settings()
+    assert eviction._api().llama_locret_file_recommended(heads.encode(), ctypes.byref(rec)) >= 0
+    assert rec.pool == 15  # else the first case below could not fail
     for pool, expected in ((0, 0), (5, 5)):
         setup = passkey_eval.Setup(model_path=str(model_path), heads=heads, random_heads=None, n_ubatch=128,
                                    pool=pool)
