@@ -383,7 +383,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     std::vector<locret_step> & evicting = evict_steps;
     evicting.clear();
     for (const locret_step & st : plan.steps) {
-        if (st.n_keep < streams[st.strm].n_used || st.reposition) {
+        if (st.evict || st.reposition) {
             evicting.push_back(st);
         }
     }
@@ -489,7 +489,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     mark_ubatch_end();
 
     // the selections, into the pending positions: nothing changes until the compaction has run
-    struct pending_t { locret_evict_args args; locret_protect prot; bool reposition; };
+    struct pending_t { locret_evict_args args; locret_protect prot; bool reposition; bool evicts; };
     const locret_policy_env env = policy_env();
     // a budget schedule: per pending eviction, the units each layer keeps (its live_end after the eviction)
     live_next.resize(std::max(live_next.size(), n_steps));
@@ -506,8 +506,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     for (size_t k_step = 0; k_step < n_steps; ++k_step) {
         const locret_step & st = steps[k_step];
         const locret_stream & s = streams[st.strm];
-        // kept positions: a part that would pass the position limit compacts positions, evicting or not
-        const bool evicts = st.n_keep < s.n_used;
+        // kept positions: a part that would pass the position limit compacts positions, evicting or not; with a
+        // budget schedule the smaller layers may evict while the largest keeps every unit (st.n_keep == s.n_used)
+        const bool evicts = st.evict;
         if (!evicts && !st.reposition) {
             continue;
         }
@@ -624,7 +625,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             turn_moved[i]   += mv.moved;
             turn_rotated[i] += mv.rotated;
         });
-        pending.push_back({ args, prot, st.reposition });
+        pending.push_back({ args, prot, st.reposition, evicts });
         for (size_t i = 0; i < layers.size(); ++i) {
             turn_kept += (uint64_t) layers[i].n_head_kv * live[i];
         }
@@ -694,9 +695,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         s.uniform_from     = pd.n_keep;
         policy->compacted(cfg, pd, pending[p].prot, s.policy_state);
         s.undo.valid       = false;
-        s.n_evictions     += pd.n_keep < n_used; // compacting kept positions alone evicts nothing
+        s.n_evictions     += pending[p].evicts; // compacting kept positions alone evicts nothing
         s.n_units_evicted += n_evicted;
-        t.n_evictions     += pd.n_keep < n_used;
+        t.n_evictions     += pending[p].evicts;
         t.n_units_evicted += n_evicted;
         shifted = shifted || (kv_swa != nullptr && s.rope_next != rope_before);
         if (!shift_window(lctx, pd.strm, (llama_pos) s.rope_next - (llama_pos) rope_before)) {

@@ -379,6 +379,13 @@ locret_plan_stream llama_locret_memory::plan_stream(size_t s) const {
     p.rope_next   = streams[s].rope_next;
     p.offset      = streams[s].logical_next - (llama_pos) streams[s].rope_next;
     p.sage_fresh  = policy->selection_due(streams[s].policy_state);
+    // a budget schedule: the layer nearest its own budget decides when the stream evicts (locret_plan_stream::lead)
+    int64_t lead = 0;
+    for (size_t i = 0; i < cfg.layer_budget.size(); ++i) {
+        const int64_t masked = (int64_t) streams[s].dead_end - streams[s].live_end[i];
+        lead = std::max(lead, (int64_t) cfg.budget - cfg.layer_budget[i] - masked);
+    }
+    p.lead        = (uint32_t) lead;
     return p;
 }
 

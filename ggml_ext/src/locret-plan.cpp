@@ -80,24 +80,48 @@ uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, boo
     return n_used;
 }
 
+bool locret_plan_due(const locret_plan_params & p, const locret_plan_stream & s, uint32_t n_tokens, bool output,
+                     uint32_t * n_keep, uint32_t * n_stab) {
+    // the rule is the one of the layer nearest its budget, which holds `fullest` units against the largest budget
+    // (the uniform case: every layer holds n_used); at an eviction every layer keeps at most its own budget, so the
+    // largest, which is never masked, keeps min(b_max, n_used)
+    const uint32_t fullest = s.n_used + s.lead;
+    const uint32_t k = locret_plan_eviction(p, fullest, s.prev_output, s.sage_fresh, n_tokens, output, n_stab);
+    *n_stab = std::min(*n_stab, s.n_used);
+    if (k >= fullest) {
+        *n_keep = s.n_used;
+        return false;
+    }
+    *n_keep = std::min(k, s.n_used);
+    return true;
+}
+
+uint32_t locret_plan_lead_after(const locret_plan_params & p, uint32_t n_used, uint32_t lead, uint32_t n_keep) {
+    // the most a layer holds over its budget, n_used + lead - b_max, drops to min(0, that): every layer over its budget
+    // keeps its budget, the others all they hold
+    const int64_t over = (int64_t) n_used + lead - p.budget;
+    return (uint32_t) (std::min<int64_t>(0, over) + p.budget - n_keep);
+}
+
 uint32_t locret_plan_room(const locret_plan_params & p, const locret_plan_stream & s) {
     if (p.selects_once) {
         return 1;
     }
     // what a single generated token meets: an eviction (to n_keep units) and, with kept positions, a repositioning
     uint32_t n_stab = 0;
-    uint32_t n_keep = locret_plan_eviction(p, s.n_used, s.prev_output, s.sage_fresh, 1, true, &n_stab);
+    uint32_t n_keep = 0;
+    const bool due = locret_plan_due(p, s, 1, true, &n_keep, &n_stab);
     const bool reposition = p.keep_positions && s.rope_next + 1 > p.position_limit;
     if (reposition) {
         n_keep = std::min(n_keep, p.budget);
     }
     // a longer part meets the same eviction (the rule for a generation part depends on its size only through
-    // n_used + n_tokens > capacity, true for one token already); after it, or without one, the part must stay within
-    // the capacity, where the token-by-token run evicts next
-    const bool     evicts = n_keep < s.n_used || reposition;
-    const uint32_t used   = evicts ? n_keep : s.n_used;
-    const uint32_t limit  = std::min(p.capacity, p.n_cells);
-    uint32_t room = limit > used ? limit - used : 0;
+    // fullest + n_tokens > capacity, true for one token already); after it, or without one, the part must stay within
+    // the capacity of the layer nearest its budget, where the token-by-token run evicts next, and within the cells
+    const uint32_t used  = n_keep; // == s.n_used without an eviction
+    const uint32_t lead  = due || reposition ? locret_plan_lead_after(p, s.n_used, s.lead, n_keep) : s.lead;
+    uint32_t room = p.capacity > used + lead ? p.capacity - used - lead : 0;
+    room = std::min(room, p.n_cells > used ? p.n_cells - used : 0);
     if (p.keep_positions) {
         const uint32_t rope = reposition ? n_keep : s.rope_next;
         room = std::min(room, p.position_limit > rope ? p.position_limit - rope : 0);
@@ -142,13 +166,17 @@ locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_
 
         locret_step st;
         st.strm          = s;
-        st.n_keep        = locret_plan_eviction(p, sim.n_used, sim.prev_output, sim.sage_fresh, n, output, &st.n_stab);
+        const bool due   = locret_plan_due(p, sim, n, output, &st.n_keep, &st.n_stab);
         // kept positions: a part that would pass the position limit goes after an eviction that also compacts
         // positions; it keeps at most the budget, so that every kept cell is one a position below the budget's (the
-        // cache's own cell positions stay below the next part's)
+        // cache's own cell positions stay below the next part's), and every layer at most its own
         st.reposition    = p.keep_positions && sim.rope_next + n > p.position_limit;
         if (st.reposition) {
             st.n_keep = std::min(st.n_keep, p.budget);
+        }
+        st.evict = due || (st.reposition && sim.n_used + sim.lead > p.budget);
+        if (st.evict || st.reposition) {
+            sim.lead = locret_plan_lead_after(p, sim.n_used, sim.lead, st.n_keep);
         }
         st.first_cell    = st.n_keep;
         st.n_tokens      = n;

@@ -25,6 +25,8 @@ struct locret_step {
     uint32_t  first_rope    = 0;    // the RoPE position of its first token (== first_cell with compact positions)
     bool      reposition    = false; // kept positions: the eviction before it compacts positions too (the part would
                                      // pass the limit); it may then keep every unit (n_keep == n_used)
+    bool      evict         = false; // the eviction before it drops units in some layer: with a budget schedule the
+                                     // smaller layers may evict while the largest keeps all (n_keep == n_used)
 };
 
 struct locret_ubatch_plan {
@@ -56,6 +58,10 @@ struct locret_plan_stream {
     llama_pos offset      = 0;     // logical_next - rope_next at the batch's start: a token's position in the window
                                    // cache's frame is its logical one minus this (constant over a batch)
     bool      sage_fresh  = false; // SAGE-KV: a prompt ended and its one selection has not run yet
+    // a budget schedule: how far the layer nearest its own budget is ahead of the largest layer, max over layers of
+    // (b_max - b_l) - (its masked cells); 0 without a schedule. That layer holds n_used + lead - b_max units over its
+    // budget (negative: under it), and Algorithm 1's rules apply to it: the memory evicts when any layer would.
+    uint32_t  lead        = 0;
 };
 
 // one ubatch as llama.cpp's splitter made it: a sequence's tokens are consecutive
@@ -102,10 +108,19 @@ uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining,
 
 // Algorithm 1's rule for a part of n_tokens placed after a stream of n_used units whose last part asked for an output
 // (prev_output): the units kept per (layer, KV head) by the eviction before it (== n_used: none), and in *n_stab how
-// many of them are stabilizers
+// many of them are stabilizers. With a budget schedule it is the rule of the layer nearest its budget: n_used is then
+// n_used + lead (locret_plan_due).
 uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool sage_fresh,
                               uint32_t n_tokens, bool output, uint32_t * n_stab);
 
+// The eviction due before a part of n_tokens after stream s (the rule of the layer nearest its own budget): whether
+// one is due (any layer then keeps min(its budget, what it holds)), the units per (layer, KV head) of the largest layer
+// after it (*n_keep; s.n_used when none is due) and the stabilizers (*n_stab). Without the position limit.
+bool locret_plan_due(const locret_plan_params & p, const locret_plan_stream & s, uint32_t n_tokens, bool output,
+                     uint32_t * n_keep, uint32_t * n_stab);
+// the lead (locret_plan_stream::lead) after an eviction that left n_keep units of a stream of n_used with that lead:
+// every layer over its budget is then at it
+uint32_t locret_plan_lead_after(const locret_plan_params & p, uint32_t n_used, uint32_t lead, uint32_t n_keep);
 // Speculative decoding: the most tokens a generation part (every token asking for an output: the sampled token and
 // its draft) may hold so that the cache ends up as a token-by-token run leaves it once the rejected tokens are removed
 // (llama_memory_seq_rm of the part's tail). No eviction or repositioning may fall inside the part: it comes before the

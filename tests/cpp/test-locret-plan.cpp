@@ -603,14 +603,14 @@ static bool part_matches_tokens(const locret_plan_params & p, const locret_plan_
         locret_step t;
         const uint32_t before = one.n_used;
         plan_generation(p, one, 1, &t);
-        if (j == 0 && (t.n_keep != st.n_keep || t.reposition != st.reposition)) {
+        if (j == 0 && (t.n_keep != st.n_keep || t.reposition != st.reposition || t.evict != st.evict)) {
             return false;
         }
-        if (j > 0 && (t.n_keep != before || t.reposition)) {
+        if (j > 0 && (t.n_keep != before || t.reposition || t.evict)) {
             return false; // the token-by-token run evicts inside the part
         }
     }
-    return one.n_used == part.n_used && one.rope_next == part.rope_next;
+    return one.n_used == part.n_used && one.rope_next == part.rope_next && one.lead == part.lead;
 }
 
 static void test_room() {
@@ -629,12 +629,31 @@ static void test_room() {
     // SAGE-KV: one token at a time
     CHECK_EQ(locret_plan_room(params_sage(), stream_at(100, true, 400)), 1);
 
-    for (int keep = 0; keep < 2; ++keep) {
+    // a budget schedule whose layer nearest its budget leads the largest by 36 (it holds 60 + 36 - 96 = 0 over its
+    // budget): 128 - 60 - 36 = 32 tokens before it would pass its budget + B
+    locret_plan_stream led = stream_at(60, true, 400);
+    led.lead = 36;
+    CHECK_EQ(locret_plan_room(p, led), 32);
+    // 20 tokens later 12 remain; at 92 units it is full (92 + 36 = 128): a token evicts it to its budget (lead after:
+    // min(0, 32) + 96 - 92 = 4), then 128 - 92 - 4 = 32
+    led = stream_at(80, true, 400);
+    led.lead = 36;
+    CHECK_EQ(locret_plan_room(p, led), 12);
+    led = stream_at(92, true, 400);
+    led.lead = 36;
+    CHECK_EQ(locret_plan_room(p, led), 32);
+
+    for (int keep = 0; keep < 4; ++keep) {
         p = params_locret();
-        p.keep_positions = keep != 0;
-        p.position_limit = keep ? 300 : 0;
-        // every state a long generation passes through (from 96 units at RoPE 96)
-        locret_plan_stream s = keep ? stream_kept(96, true, 1000, 96) : stream_at(96, true, 1000);
+        p.keep_positions = keep % 2 != 0;
+        p.position_limit = keep % 2 ? 300 : 0;
+        // every state a long generation passes through (from 96 units at RoPE 96; the last two: a schedule's layer
+        // 40 below the largest budget, from a short prompt of 50 units that evicted it to 56)
+        locret_plan_stream s = keep % 2 ? stream_kept(96, true, 1000, 96) : stream_at(96, true, 1000);
+        if (keep >= 2) {
+            s = keep % 2 ? stream_kept(50, true, 1000, 50) : stream_at(50, true, 1000);
+            s.lead = 40;
+        }
         int n_checked = 0;
         for (int step = 0; step < 600; ++step) {
             const uint32_t room = locret_plan_room(p, s);
@@ -652,6 +671,73 @@ static void test_room() {
     }
 }
 
+// a budget schedule: the layer nearest its own budget decides when a stream evicts (locret_plan_stream::lead = how far
+// it leads the largest layer), every layer then keeps at most its own budget and the largest min(b_max, n_used)
+static void test_schedule() {
+    const locret_plan_params p = params_locret(); // b_max = 96, B = 32, n_s = 16, n_loc = 8
+    std::vector<llama_pos> frame;
+    uint32_t n_keep = 0;
+    uint32_t n_stab = 0;
+
+    // the smallest layer keeps 56 (lead 96 - 56 = 40 before any eviction). After a prefill chunk of 64 units it holds
+    // 64 > 56: due, while the largest keeps all 64; 16 stabilizers
+    locret_plan_stream s = stream_at(64, false, 64);
+    s.lead = 40;
+    CHECK(locret_plan_due(p, s, 32, false, &n_keep, &n_stab), "due at 64 + 40 > 96");
+    CHECK_EQ(n_keep, 64);
+    CHECK_EQ(n_stab, 16);
+    // after it the smallest layer holds 56 of the 64 cells (8 masked): lead 96 - 56 - 8 = 32 = min(0, 8) + 96 - 64
+    CHECK_EQ(locret_plan_lead_after(p, 64, 40, 64), 32);
+    // at 56 units it is at its budget, not over it: nothing is due
+    s = stream_at(56, false, 56);
+    s.lead = 40;
+    CHECK(!locret_plan_due(p, s, 32, false, &n_keep, &n_stab), "not due at 56 + 40 = 96");
+    CHECK_EQ(n_keep, 56);
+    // past the largest budget too: the largest keeps 96, every layer its own budget (lead 0 after: all at budget)
+    s = stream_at(110, false, 110);
+    s.lead = 12;
+    CHECK(locret_plan_due(p, s, 32, false, &n_keep, &n_stab), "due at 110");
+    CHECK_EQ(n_keep, 96);
+    CHECK_EQ(locret_plan_lead_after(p, 110, 12, 96), 0);
+    // generation: with lead 36 the layer nearest its budget holds n_used + 36 - 96 units over it, and evicts when a
+    // part would take it past its budget + B: 60 + 36 + 32 = 128 fits, 61 + 36 + 32 does not
+    s = stream_at(60, true, 400);
+    s.lead = 36;
+    CHECK(!locret_plan_due(p, s, 32, true, &n_keep, &n_stab), "32 tokens fit");
+    s.n_used = 61;
+    CHECK(locret_plan_due(p, s, 32, true, &n_keep, &n_stab), "the 97th unit with 32 more passes 128");
+    CHECK_EQ(n_keep, 61);
+    CHECK_EQ(n_stab, 0);
+
+    // whole plans: a 168-token prompt from empty with the smallest layer 40 below the largest budget. Chunks of 32:
+    // at 64 units (64 + 40 > 96) the first eviction, before the third chunk, keeps all 64 cells (the largest layer)
+    // and the smaller layers their budgets; from then on every chunk evicts, the cells growing to 96
+    std::vector<locret_plan_stream> streams = { stream_at(0, true, 0) };
+    streams[0].lead = 40;
+    ubatch_in ub;
+    ub.add(0, 0, 32, false);
+    locret_ubatch_plan plan = plan_ok(p, ub, streams, frame);
+    CHECK(!plan.steps[0].evict, "nothing held yet");
+    const uint32_t keep_expect[]  = { 32, 64, 96, 96 }; // before chunks 2..5 (32, 64, 96 and 128 units held)
+    const bool     evict_expect[] = { false, true, true, true };
+    const uint32_t lead_expect[]  = { 40, 32, 0, 0 };   // after each planned chunk's eviction
+    for (int k = 0; k < 4; ++k) {
+        ubatch_in next;
+        next.add(0, 32 * (k + 1), 32, false);
+        plan = plan_ok(p, next, streams, frame);
+        CHECK_EQ(plan.steps[0].n_keep, keep_expect[k]);
+        CHECK_EQ(plan.steps[0].evict, evict_expect[k]);
+        CHECK_EQ(plan.steps[0].first_cell, keep_expect[k]);
+        CHECK_EQ(streams[0].lead, lead_expect[k]);
+    }
+    // the uniform case is unchanged by the lead's rule: lead 0 evicts at 96 + 32 only
+    std::vector<locret_plan_stream> uni = { stream_at(96, false, 96) };
+    ubatch_in more;
+    more.add(0, 96, 32, false);
+    plan = plan_ok(p, more, uni, frame);
+    CHECK(!plan.steps[0].evict && plan.steps[0].n_keep == 96, "96 units are within b = 96");
+}
+
 int main() {
     test_take();
     test_scan();
@@ -663,6 +749,7 @@ int main() {
     test_sage();
     test_kept_positions();
     test_room();
+    test_schedule();
 
     if (g_failures > 0) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);

@@ -45,10 +45,9 @@ class KeptPositions(Algorithm1):
         """What layer il, KV head h holds, in cell order: logical positions (field 0) or RoPE positions (2)."""
         return [u[field] for u in self.units[il][h] if u is not None]
 
-    def evict_kept(self, n_keep, n_stab, reposition):
+    def evict_kept(self, n_keep, n_stab, reposition, evicts):
         n_used = len(self.units[0][0])
         n_stab = min(n_stab, n_used - self.chunk_from)
-        evicts = n_keep < n_used
         for il, layer in enumerate(self.units):
             for h, cells in enumerate(layer):
                 held = [c for c in range(n_used) if cells[c] is not None]
@@ -90,16 +89,18 @@ class KeptPositions(Algorithm1):
     def place(self, positions, scores_of, is_output):
         scores_of = self.pooled(positions, scores_of)
         n_used, n = len(self.units[0][0]), len(positions)
-        n_keep, n_stab = n_used, 0
-        if not self.prev_output and n_used > self.b:
-            n_keep, n_stab = self.b, 0 if is_output else min(self.n_s, n_used)
-        elif n_used + n > self.capacity:
-            n_keep = min(self.b, n_used)
+        # each layer's rule (test_schedule.ScheduledAlgorithm1): the fullest layer over its own budget decides
+        over = max(sum(c is not None for c in layer[0]) - b for layer, b in zip(self.units, self.layer_b))
+        n_keep, n_stab, due = n_used, 0, False
+        if not self.prev_output and over > 0:
+            n_keep, n_stab, due = min(self.b, n_used), 0 if is_output else min(self.n_s, n_used), True
+        elif over + n > self.ub:
+            n_keep, due = min(self.b, n_used), True
         reposition = self.rope_next + n > self.limit
         if reposition:
             n_keep = min(n_keep, self.b)
-        if n_keep < n_used or reposition:
-            self.evict_kept(n_keep, n_stab, reposition)
+        if due or reposition:
+            self.evict_kept(n_keep, n_stab, reposition, due or over > 0)
         for il, layer in enumerate(self.units):
             for h, cells in enumerate(layer):
                 cells.extend([int(p), float(scores_of[p][il, h]), self.rope_next + j] for j, p in enumerate(positions))
