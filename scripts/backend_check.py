@@ -7,7 +7,8 @@ Feeds one random token sequence (seed 0, several evictions) through locret.Llama
 configuration, then reads the last token's logits and every (layer, KV head)'s kept positions (locret.eviction
 .retained) and compares:
   - selection on the device against selection on the host (LOCRET_DEBUG_SELECT), both with --gpu-layers: the kept
-    sets must be identical and the logits equal within 1e-3 (the same scores, one selection rule);
+    sets must be identical and the logits equal within 1e-3 (the same scores, one selection rule); also with the
+    pyramid budget schedule (each layer its own count, around its masked cells);
   - for V caches F16, q8_0 and F32, with and without flash attention (a quantized V needs it: llama.cpp refuses the
     other), with --gpu-layers against the CPU (no layers offloaded) with the same settings: logits with a cosine
     similarity of at least 0.999, and kept sets agreeing on at least --min-kept-share of the units (default 0.98 for a
@@ -52,7 +53,7 @@ def child(cfg: dict, out: Path) -> None:
     from locret import eviction
 
     llm = locret.Llama(cfg["model"], locret_heads=cfg["heads"], locret_budget=cfg["budget"],
-                       locret_positions=cfg["positions"], n_ctx=cfg["tokens"] + 64, n_batch=cfg["ubatch"],
+                       locret_positions=cfg["positions"], locret_budget_schedule=cfg.get("schedule"), n_ctx=cfg["tokens"] + 64, n_batch=cfg["ubatch"],
                        n_ubatch=cfg["ubatch"], n_gpu_layers=cfg["ngl"], type_v=getattr(llama_cpp, f"GGML_TYPE_{cfg['v'].upper()}"),
                        flash_attn=cfg["fa"], verbose=bool(os.environ.get("LOCRET_BACKEND_CHECK_VERBOSE")))
     n_vocab = llm.n_vocab()
@@ -126,6 +127,10 @@ def main(argv: list[str]) -> int:
         checks.append((f"device selection = host selection, positions {pos}",
                        cfg(f"dev-{pos}", positions=pos, select="graph"), cfg(f"host-{pos}", positions=pos,
                                                                               select="host"), "same"))
+    if "selection" in wanted:
+        checks.append(("device selection = host selection, pyramid schedule, positions compact",
+                       cfg("dev-pyramid", schedule="pyramid", select="graph"),
+                       cfg("host-pyramid", schedule="pyramid", select="host"), "same"))
     for v in (("f16", "q8_0", "f32") if "cache" in wanted else ()):
         for fa in (True, False):
             if v == "q8_0" and not fa:

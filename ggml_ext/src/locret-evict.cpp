@@ -199,7 +199,16 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     if (ok && select_graph && cfg.budget < cfg.capacity) {
         ok = reserve_slot(GRAPH_SELECT, [&](llm_graph_result * res) {
             ggml_cgraph * gf = res->get_gf();
-            ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
+            if (!has_schedule()) {
+                ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
+                return gf;
+            }
+            // a schedule: every layer choosing its budget from a full cache, its candidates in two runs
+            const uint32_t n0 = cfg.capacity / 2;
+            for (size_t i = 0; i < layers.size(); ++i) {
+                ggml_build_forward_expand(gf, locret_build_select_runs(res->get_ctx(), scores_of_layer[i], 0,
+                        cfg.n_cells, 0, n0, n0, cfg.capacity - n0, std::min(layer_budget(i), cfg.capacity - 1)));
+            }
             return gf;
         });
     }
@@ -243,15 +252,20 @@ static void locret_parallel_for(size_t n, unsigned max_threads, F && f) {
     }
 }
 
-bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
+bool llama_locret_memory::run_selection(
+        const std::function<void(ggml_context *, std::vector<std::pair<ggml_tensor *, size_t>> &)> & build) {
     const int64_t p0 = ggml_time_us();
     locret_graph_slot & g = evict_graphs[GRAPH_SELECT];
     ggml_backend_sched_t sched = g.sched.get();
     ggml_backend_sched_reset(sched);
     g.res->reset();
     ggml_cgraph * gf = g.res->get_gf();
-    ggml_tensor * top = locret_build_select(g.res->get_ctx(), scores_all, strm, cfg.n_cells, cell0, n_cand, n_top);
-    ggml_build_forward_expand(gf, top);
+    std::vector<std::pair<ggml_tensor *, size_t>> outs; // each output and where its result goes in select_idx
+    build(g.res->get_ctx(), outs);
+    for (const auto & [top, off] : outs) {
+        GGML_ASSERT(off + (size_t) ggml_nelements(top) <= select_idx_cap);
+        ggml_build_forward_expand(gf, top);
+    }
     const int64_t p1 = ggml_time_us();
     if (!ggml_backend_sched_alloc_graph(sched, gf)) {
         LLAMA_LOG_ERROR("%s: Locret: the selection graph failed\n", __func__);
@@ -264,8 +278,10 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
     }
     // the one read-back of an eviction: the kept cells of every (layer, KV head), queued on the backend that computed
     // them (ordered after the graph, as llama.cpp reads its logits) and waited for once
-    GGML_ASSERT((size_t) ggml_nelements(top) <= select_idx_cap);
-    ggml_backend_tensor_get_async(ggml_backend_sched_get_tensor_backend(sched, top), top, select_idx, 0, ggml_nbytes(top));
+    for (const auto & [top, off] : outs) {
+        ggml_backend_tensor_get_async(ggml_backend_sched_get_tensor_backend(sched, top), top, select_idx + off, 0,
+                ggml_nbytes(top));
+    }
     wait_ubatch_end();
     const int64_t t0_us = ggml_time_us();
     ggml_backend_sched_synchronize(sched);
@@ -273,10 +289,17 @@ bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32
     evict_waited = true; // every backend of the context has run what was queued before
     t.readback_us += ggml_time_us() - t0_us;
     if (locret_profile()) {
-        fprintf(stderr, "locret-profile: select build %.2f alloc %.2f compute and read-back %.2f ms (splits %d)\n",
-                (p1 - p0) / 1e3, (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3, ggml_backend_sched_get_n_splits(sched));
+        fprintf(stderr, "locret-profile: select (%zu outputs) build %.2f alloc %.2f compute and read-back %.2f ms (splits %d)\n",
+                outs.size(), (p1 - p0) / 1e3, (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3,
+                ggml_backend_sched_get_n_splits(sched));
     }
     return true;
+}
+
+bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
+    return run_selection([&](ggml_context * ctx, std::vector<std::pair<ggml_tensor *, size_t>> & outs) {
+        outs.emplace_back(locret_build_select(ctx, scores_all, strm, cfg.n_cells, cell0, n_cand, n_top), 0);
+    });
 }
 
 locret_policy_env llama_locret_memory::policy_env() {
@@ -341,33 +364,92 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
 
 void llama_locret_memory::select_layer_masked(size_t i, size_t row0, uint32_t n_used, uint32_t m0, uint32_t m1,
         uint32_t n_live, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block, const locret_stream & s,
-        uint32_t * keep) const {
+        uint32_t * keep, const int32_t * top) const {
     // Algorithm 1 over the cells the layer reads, [0, m0) and [m1, n_used), as if they were consecutive: the pinned
     // ones first, its last n_stab, the best of the rest
     const uint32_t n_head_kv = layers[i].n_head_kv;
     const uint32_t gap       = m1 - m0;
     const uint32_t n_held    = n_used - gap;
     const uint32_t stab      = std::min(n_stab, n_held - n_pin);
-    std::vector<float>    row(n_used);
-    std::vector<float>    held(n_held);
-    std::vector<uint32_t> kept;
+    const uint32_t n_top     = n_live - n_pin - stab;
+    // no choice by score: every unit stays, or only the pinned ones and the stabilizers
+    const bool     no_choice = n_top == 0 || n_live == n_held;
+    std::vector<float>    row(n_used, 0.0f);
+    std::vector<float>    held(n_held, 0.0f);
+    std::vector<uint32_t> kept(n_live);
+    std::vector<uint8_t>  mark;
     for (uint32_t h = 0; h < n_head_kv; ++h) {
-        if (block != nullptr) {
-            for (uint32_t c = 0; c < n_used; ++c) {
-                row[c] = block[(size_t) c * n_head_kv + h];
-            }
+        if (top != nullptr) {
+            locret_keep_from_top(top + (size_t) h * n_top, n_top, n_held, n_pin, stab, kept.data(), mark);
         } else {
-            policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+            if (no_choice) {
+                // the scores do not matter (the host's selection keeps the same units whatever they are)
+            } else if (block != nullptr) {
+                for (uint32_t c = 0; c < n_used; ++c) {
+                    row[c] = block[(size_t) c * n_head_kv + h];
+                }
+            } else {
+                policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+            }
+            for (uint32_t j = 0; j < n_held; ++j) {
+                held[j] = row[j < m0 ? j : j + gap];
+            }
+            locret_select(held.data(), n_held, n_live, n_pin, stab, kept);
         }
-        for (uint32_t j = 0; j < n_held; ++j) {
-            held[j] = row[j < m0 ? j : j + gap];
-        }
-        locret_select(held.data(), n_held, n_live, n_pin, stab, kept);
         uint32_t * out = keep + (row0 + h) * n_keep;
         for (uint32_t k = 0; k < n_live; ++k) {
             out[k] = kept[k] < m0 ? kept[k] : kept[k] + gap;
         }
     }
+}
+
+llama_locret_memory::layer_cut llama_locret_memory::cut_layer(size_t i, const locret_stream & s, uint32_t n_keep,
+        uint32_t n_pin, uint32_t n_stab) const {
+    layer_cut c;
+    const uint32_t m0  = std::min(s.live_end[i], s.dead_end);
+    const uint32_t gap = s.dead_end - m0;
+    c.n_held = s.n_used - gap;
+    c.n_live = std::min({ n_keep, layer_budget(i), c.n_held });
+    c.stab   = std::min(n_stab, c.n_held - n_pin);
+    c.n_cand = c.n_held - n_pin - c.stab;
+    c.n_top  = c.n_live - n_pin - c.stab;
+    c.n_head_kv = layers[i].n_head_kv;
+    // the candidates, held [n_pin, n_pin + n_cand), in cells: those below m0 stay, the others sit gap cells further
+    const uint32_t end = n_pin + c.n_cand;
+    const uint32_t cut = gap == 0 ? end : std::max(n_pin, std::min(m0, end));
+    c.c0 = n_pin;
+    c.n0 = cut - n_pin;
+    c.c1 = cut + gap;
+    c.n1 = end - cut;
+    if (c.n0 == 0) {
+        c.c0 = c.c1;
+        c.n0 = c.n1;
+        c.n1 = 0;
+    }
+    return c;
+}
+
+bool llama_locret_memory::select_layers_on_device(uint32_t strm, std::vector<layer_cut> & cuts) {
+    size_t off = 0;
+    for (layer_cut & c : cuts) {
+        c.off = SIZE_MAX;
+        if (c.on_device()) {
+            c.off = off;
+            off += (size_t) c.n_top * c.n_head_kv;
+        }
+    }
+    if (off == 0) {
+        return true; // no layer chooses by score: nothing to select, nothing read back
+    }
+    return run_selection([&](ggml_context * ctx, std::vector<std::pair<ggml_tensor *, size_t>> & outs) {
+        for (size_t i = 0; i < layers.size(); ++i) {
+            const layer_cut & c = cuts[i];
+            if (c.off != SIZE_MAX) {
+                outs.emplace_back(locret_build_select_runs(ctx, scores_of_layer[i], strm, cfg.n_cells, c.c0, c.n0,
+                        c.c1, c.n1, c.n_top), c.off);
+            }
+        }
+    });
 }
 
 int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
@@ -536,13 +618,27 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
         // nothing chosen by score (SAGE-KV after its selection): no score is read
         const bool ends_only = n_top == 0 || !evicts;
-        const bool on_device = evicts && has_score_store() && select_graph && n_top > 0 && n_top < n_cand;
-        if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
+        // a budget schedule selects per layer (its own count, around its masked cells): on the device for the layers
+        // that choose by score, the others keep all they hold or only their ends, which needs no score
+        const bool sched = has_schedule();
+        bool on_device = evicts && has_score_store() && select_graph && (sched || (n_top > 0 && n_top < n_cand));
+        bool need_scores = !ends_only && has_score_store();
+        if (on_device && sched) {
+            evict_cuts.resize(layers.size());
+            for (size_t i = 0; i < layers.size(); ++i) {
+                evict_cuts[i] = cut_layer(i, s, st.n_keep, n_pin, n_stab);
+            }
+            if (!select_layers_on_device(st.strm, evict_cuts)) {
+                locret_set_error("the Locret selection graph could not run; the cache is unchanged");
+                return -1;
+            }
+        } else if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
             locret_set_error("the Locret selection graph could not run; the cache is unchanged");
             return -1;
         }
+        need_scores = need_scores && !on_device;
         std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
-        if (!on_device && !ends_only && has_score_store()) {
+        if (need_scores) {
             read_scores(lctx, st.strm, n_used, blocks);
         }
 
@@ -583,12 +679,14 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
                     }
                     GGML_ASSERT(k == n_live);
                 }
-            } else if (masked == 0 && n_live == st.n_keep) {
+            } else if (masked == 0 && n_live == st.n_keep && !(on_device && sched)) {
                 select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
                         evict_keep.data());
             } else {
+                const int32_t * top = on_device && sched && evict_cuts[i].off != SIZE_MAX ?
+                        select_idx + evict_cuts[i].off : nullptr;
                 select_layer_masked(i, row0[i], n_used, s.live_end[i], s.dead_end, n_live, st.n_keep, n_pin, n_stab,
-                        blocks[i], s, evict_keep.data());
+                        blocks[i], s, evict_keep.data(), top);
             }
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());

@@ -189,8 +189,6 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
     }
     if (policy->stores_scores()) {
         make_score_store(n_seq);
-        // a schedule keeps a different count per layer and skips each layer's masked cells: the host selects
-        select_graph = select_graph && cfg.layer_budget.empty();
     }
     n_query_rows     = policy->query_rows(cfg);
     n_query_pin_rows = policy->query_pin_rows(cfg);

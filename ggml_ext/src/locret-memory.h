@@ -327,6 +327,27 @@ private:
     void wait_for_backend(llama_context * lctx);
     // the device's selection for stream `strm` into select_idx: I32 [n_top] per (layer, KV head), unordered
     bool select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top);
+    // runs the selection graph `build` makes (its outputs, each with where its result goes in select_idx) and reads
+    // every output back with the eviction's one wait; false if it could not run
+    bool run_selection(const std::function<void(ggml_context *, std::vector<std::pair<ggml_tensor *, size_t>> &)> & build);
+    // a budget schedule's cut of one layer at an eviction: Algorithm 1 over the cells the layer reads ([0, m0) and
+    // [m1, n_used), m0 = its live end, m1 = the dead end), as if consecutive ("held" order)
+    struct layer_cut {
+        uint32_t n_held = 0; // units the layer holds
+        uint32_t n_live = 0; // ... and keeps
+        uint32_t stab   = 0; // of which its last ones kept as stabilizers
+        uint32_t n_cand = 0; // candidates: held [n_pin, n_held - stab)
+        uint32_t n_top  = 0; // ... of which kept by score
+        uint32_t n_head_kv = 0;
+        uint32_t c0 = 0, n0 = 0, c1 = 0, n1 = 0; // the candidates as runs of cells: [c0, c0 + n0), then [c1, c1 + n1)
+        size_t   off = SIZE_MAX; // where its device selection is in select_idx (SIZE_MAX: chosen on the host)
+        bool on_device() const { return n_top > 0 && n_top < n_cand; }
+    };
+    layer_cut cut_layer(size_t i, const locret_stream & s, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab) const;
+    // a budget schedule's device selection of stream strm: one graph for every layer whose cut selects there (its
+    // result at select_idx + cut.off, [n_head_kv][n_top]), read back with one wait; false if it could not run
+    bool select_layers_on_device(uint32_t strm, std::vector<layer_cut> & cuts);
+    std::vector<layer_cut> evict_cuts; // scratch of an eviction
     // stream strm's scores of every layer for a host selection, [n_used][n_head_kv] per layer, into blocks: read in
     // place from host memory, else copied from the device with one wait for all layers
     void read_scores(llama_context * lctx, uint32_t strm, uint32_t n_used, std::vector<const float *> & blocks);
@@ -336,9 +357,10 @@ private:
                       bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const;
     // a budget schedule's selection for layer i: n_live of the cells it reads, [0, m0) and [m1, n_used) (its masked cells
     // left out), into keep[(row0 + h)*n_keep] in cell order; the stabilizers are its last n_stab cells read
+    // the device's selection when `top` is not NULL (the layer's rows, [n_head_kv][n_live - n_pin - stab])
     void select_layer_masked(size_t i, size_t row0, uint32_t n_used, uint32_t m0, uint32_t m1, uint32_t n_live,
                              uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block,
-                             const locret_stream & s, uint32_t * keep) const;
+                             const locret_stream & s, uint32_t * keep, const int32_t * top = nullptr) const;
     std::vector<std::vector<uint32_t>> live_next; // per pending eviction: each layer's units after it
     std::vector<uint64_t> turn_moved;    // per layer: rows the turn's compaction moves to another cell
     std::vector<uint64_t> turn_rotated;  // per layer: keys it re-rotates

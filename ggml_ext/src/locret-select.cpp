@@ -36,18 +36,11 @@ void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32
     }
 }
 
-ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
-        uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
-    GGML_ASSERT(n_top > 0 && n_top < n_cand && n_cand < (1u << 24));
-    const int64_t n_head_kv = scores->ne[0];
-    const int64_t n_layers  = scores->ne[2];
-    const int64_t n_rows    = n_head_kv * n_layers;
-
-    // s: [n_cand, n_rows], one row of candidate scores per (layer, KV head)
-    ggml_tensor * s = ggml_view_3d(ctx, scores, n_head_kv, n_cand, n_layers, scores->nb[1], scores->nb[2],
-            ((size_t) strm * n_cells + cell0) * scores->nb[1]);
-    s = ggml_cont(ctx, ggml_permute(ctx, s, 1, 0, 2, 3));
-    s = ggml_reshape_2d(ctx, s, n_cand, n_rows);
+// the n_top largest of each row of s (F32 [n_cand, n_rows]), ties to the earlier column: I32 [n_top, n_rows]
+static ggml_tensor * locret_build_top(ggml_context * ctx, ggml_tensor * s, uint32_t n_top) {
+    const int64_t n_cand = s->ne[0];
+    const int64_t n_rows = s->ne[1];
+    GGML_ASSERT(n_top > 0 && n_top < n_cand && n_cand < (1 << 24));
 
     // t: [1, n_rows], each row's n_top-th largest score
     ggml_tensor * order = ggml_argsort(ctx, s, GGML_SORT_ORDER_DESC); // I32 [n_cand, n_rows]
@@ -64,8 +57,41 @@ ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint
     ggml_tensor * key   = ggml_add(ctx, ggml_scale(ctx, above, 33554432.0f), ggml_mul(ctx, equal, later));
 
     ggml_tensor * top = ggml_top_k(ctx, key, n_top); // I32 [n_top, n_rows]
-    ggml_set_name(top, "locret_keep");
     ggml_set_output(top);
+    return top;
+}
+
+ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
+        uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
+    const int64_t n_head_kv = scores->ne[0];
+    const int64_t n_layers  = scores->ne[2];
+    const int64_t n_rows    = n_head_kv * n_layers;
+
+    // s: [n_cand, n_rows], one row of candidate scores per (layer, KV head)
+    ggml_tensor * s = ggml_view_3d(ctx, scores, n_head_kv, n_cand, n_layers, scores->nb[1], scores->nb[2],
+            ((size_t) strm * n_cells + cell0) * scores->nb[1]);
+    s = ggml_cont(ctx, ggml_permute(ctx, s, 1, 0, 2, 3));
+    s = ggml_reshape_2d(ctx, s, n_cand, n_rows);
+
+    ggml_tensor * top = locret_build_top(ctx, s, n_top);
+    ggml_set_name(top, "locret_keep");
+    return top;
+}
+
+ggml_tensor * locret_build_select_runs(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
+        uint32_t c0, uint32_t n0, uint32_t c1, uint32_t n1, uint32_t n_top) {
+    const int64_t n_head_kv = scores->ne[0];
+    GGML_ASSERT(n0 > 0);
+    // s: [n_head_kv, n0 + n1], the two runs side by side (each a contiguous block of rows of the store)
+    const size_t base = (size_t) strm * n_cells;
+    ggml_tensor * s = ggml_view_2d(ctx, scores, n_head_kv, n0, scores->nb[1], (base + c0) * scores->nb[1]);
+    if (n1 > 0) {
+        s = ggml_concat(ctx, s, ggml_view_2d(ctx, scores, n_head_kv, n1, scores->nb[1], (base + c1) * scores->nb[1]), 1);
+    }
+    s = ggml_cont(ctx, ggml_transpose(ctx, s)); // [n0 + n1, n_head_kv]
+
+    ggml_tensor * top = locret_build_top(ctx, s, n_top);
+    ggml_set_name(top, "locret_keep_layer");
     return top;
 }
 

@@ -25,6 +25,14 @@ void locret_select(const float * score, uint32_t n_used, uint32_t n_keep, uint32
 ggml_tensor * locret_build_select(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
                                   uint32_t cell0, uint32_t n_cand, uint32_t n_top);
 
+// A budget schedule's device selection for one layer, whose rows keep different counts and skip the cells the layer
+// masks: the n_top best of the candidates cells [c0, c0 + n0) then [c1, c1 + n1) (n1 may be 0) of stream `strm` in
+// `scores` (one layer's store, F32 [n_head_kv, n_cells*n_streams]), ties to the earlier cell. Returns I32
+// [n_top, n_head_kv], each row's candidates counted from the first of the first run across both runs (the second
+// run's first cell is n0), in no particular order. The same key as locret_build_select.
+ggml_tensor * locret_build_select_runs(ggml_context * ctx, ggml_tensor * scores, uint32_t strm, uint32_t n_cells,
+                                       uint32_t c0, uint32_t n0, uint32_t c1, uint32_t n1, uint32_t n_top);
+
 // One row of the device's result (chosen with cell0 = n_pin) in cell order, after the n_pin pinned cells and before
 // the n_stab stabilizers [n_used - n_stab, n_used): keep[n_pin + n_top + n_stab]. O(n_used), with a mark per candidate
 // cell in `kept` (scratch).

@@ -128,6 +128,12 @@ def test_backend_check_child_and_comparison(model_path, tmp_path):
     # the per-layer compaction in a child: the same kept units and logits as the stacked one (one backend)
     per_layer = backend_check.run({**cfg, "name": "per-layer", "per_layer": True}, tmp_path)
     assert backend_check.compare(a, per_layer) == (1.0, pytest.approx(1.0), 0.0)
+    # the pyramid schedule's selection on the device's graph and on the host (both on this CPU): the same, and the
+    # schedule reached the child (layer 0 keeps more than the budget, the last layer less)
+    dev = backend_check.run({**cfg, "name": "dev-pyramid", "schedule": "pyramid", "select": "graph"}, tmp_path)
+    host = backend_check.run({**cfg, "name": "host-pyramid", "schedule": "pyramid", "select": "host"}, tmp_path)
+    assert backend_check.compare(dev, host) == (1.0, pytest.approx(1.0), 0.0)
+    assert len(dev["kept_0_0"]) > len(a["kept_0_0"]) > len(dev["kept_29_0"])
     bad = backend_check.run({**cfg, "name": "bad", "model": str(tmp_path / "missing.gguf")}, tmp_path)
     assert isinstance(bad, str) and bad.startswith("failed")
 

@@ -113,6 +113,22 @@ def shape(llm):
     return llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_head_kv(model)
 
 
+def decode_and_compare(llm, ref, tokens, n_past, output_last):
+    """Decode one call, place it in the model with the heads' recorded scores, and check every (layer, KV head)'s
+    kept units and key positions against the model. Returns the new n_past."""
+    n_past = decode(llm, tokens, n_past, output_last)
+    scores, positions = heads_api.recorded_scores(llm)
+    scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
+    ref.place_call(n_past - len(tokens), len(tokens), output_last, scores_of)
+    n_layer, n_head_kv = shape(llm)
+    for il in range(n_layer):
+        for h in range(n_head_kv):
+            where = f"layer {il} head {h} after position {n_past}"
+            assert llm.locret_retained(il, h).tolist() == ref.held(il, h), where
+            assert eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == ref.held(il, h, 2), where
+    return n_past
+
+
 def session(prompt_tokens):
     """A prompt in ubatch-sized batches (the last asks for logits), generation one token at a time, a second prompt:
     the multi-turn case. A repeated stretch makes layer 0 score many units alike, so that cuts fall inside ties."""
@@ -140,15 +156,7 @@ def test_retained_sets_and_positions_match_the_model_after_every_chunk(select, n
 
     n_past = 0
     for tokens, output_last in session(prompt_tokens):
-        n_past = decode(llm, tokens, n_past, output_last)
-        scores, positions = heads_api.recorded_scores(llm)
-        scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
-        ref.place_call(n_past - len(tokens), len(tokens), output_last, scores_of)
-        for il in range(n_layer):
-            for h in range(n_head_kv):
-                where = f"layer {il} head {h} after position {n_past}"
-                assert llm.locret_retained(il, h).tolist() == ref.held(il, h), where
-                assert eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == ref.held(il, h, 2), where
+        n_past = decode_and_compare(llm, ref, tokens, n_past, output_last)
         st = llm.locret_stats()
         assert st["n_cells_used"] <= B + UB and st["pos_rope_next"] == ref.rope_next
         assert ref.rope_next <= ref.limit

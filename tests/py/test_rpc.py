@@ -27,7 +27,7 @@ SHIPPED_HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
 @pytest.mark.parametrize("select", ["default", "host"])
 def test_rpc_runs_evict_as_the_local_cpu_run_does(select, tmp_path):
     # default: the selection runs on the servers (where the score store is); host: the client reads every layer's
-    # scores from the servers, queued together and waited for once (the path budget schedules take on a device)
+    # scores from the servers, queued together and waited for once
     out = tmp_path / "rpc.json"
     env = dict(os.environ, **({"LOCRET_DEBUG_SELECT": "host"} if select == "host" else {}))
     proc = run([sys.executable, REPO / "scripts" / "rpc_check.py", "--tokens", "420", "--generate", "8",

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
-from locret import eviction
+from locret import eviction, heads as heads_api
 from locret.heads import HeadsError
 from locret.llama import Llama
 
 from conftest import run, tool
 from test_eviction import Algorithm1, decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
-from test_kept_positions import KeptPositions
+from test_kept_positions import KeptPositions, decode_and_compare
 from test_policies import random_table, shape
 
 B, UB, NS, NLOC = 96, 32, 16, 8
@@ -87,6 +87,26 @@ class ScheduledAlgorithm1(Algorithm1):
         self.prev_output = is_output
 
 
+def calls_of(prompt, generated, second):
+    """A prompt in ubatches (the last asks for logits), generation one token at a time, a second prompt."""
+    calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
+    calls += [([t], True) for t in generated]
+    return calls + [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
+
+
+def place_and_compare(llm, ref, tokens, n_past, output_last, scores_of):
+    """Place the call just decoded (ending at n_past) in the model and check every (layer, KV head)'s kept units."""
+    first, offset = n_past - len(tokens), 0
+    for size in ref.split(len(tokens), output_last):
+        ref.place(list(range(first + offset, first + offset + size)), scores_of,
+                  output_last and offset + size == len(tokens))
+        offset += size
+    for il, layer in enumerate(ref.units):
+        for h, units in enumerate(layer):
+            assert llm.locret_retained(il, h).tolist() == [u[0] for u in units], \
+                f"layer {il} head {h} after position {n_past}"
+
+
 def make(model_path, schedule, policy="random", **kw):
     args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_budget=B, locret_stabilizers=NS, locret_local=NLOC,
                 locret_policy=policy, locret_budget_schedule=schedule, verbose=False, seed=1, n_threads=1,
@@ -129,10 +149,8 @@ def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp
 
     # a prompt in ubatches, generation one token at a time, a second prompt: prefill and decode evictions
     prompt = prompt_tokens[:n_prompt]
-    calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
-    calls += [([t], True) for t in prompt_tokens[600:760]]
     second = prompt_tokens[800:800 + (80 if n_prompt > max(layer_b) else 400)]
-    calls += [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
+    calls = calls_of(prompt, prompt_tokens[600:760], second)
     n_positions = len(prompt) + 160 + len(second)
     table = random_table(n_layer, n_head_kv, n_positions)
 
@@ -140,15 +158,7 @@ def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp
     for tokens, output_last in calls:
         evictions_before, rows_before = ref.n_evictions, ref.rows
         n_past = decode(llm, tokens, n_past, output_last)
-        first, offset = n_past - len(tokens), 0
-        for size in ref.split(len(tokens), output_last):
-            ref.place(list(range(first + offset, first + offset + size)), table,
-                      output_last and offset + size == len(tokens))
-            offset += size
-        for il in range(n_layer):
-            for h in range(n_head_kv):
-                assert llm.locret_retained(il, h).tolist() == [u[0] for u in ref.units[il][h]], \
-                    f"layer {il} head {h} after position {n_past}"
+        place_and_compare(llm, ref, tokens, n_past, output_last, table)
         assert llm.locret_stats()["n_cells_used"] == ref.rows
         partial += ref.n_evictions > evictions_before and ref.rows >= rows_before
         if ref.n_evictions > evictions_before and ref.post_counts[0] == layer_b[0]:
@@ -166,6 +176,58 @@ def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp
         assert partial >= 3
 
 
+@pytest.mark.parametrize("select", ["graph", "host"])
+@pytest.mark.parametrize("n_prompt", [110, 400])
+def test_heads_kept_sets_follow_the_schedule_selected_on_the_device_or_the_host(select, n_prompt, model_path,
+        heads_file, prompt_tokens, tmp_path, monkeypatch):
+    # the trained heads' scores (recorded as the engine computes them), selected by the device's graph (each layer its
+    # own count, around its masked cells) or by the host: both must keep what the numpy model keeps, after every call.
+    # A repeated stretch makes layer 0 score many units alike, so that cuts fall inside ties.
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    n_layer, n_head_kv = shape(make(model_path, None))
+    layer_b = varied(n_layer, B)
+    llm = make(model_path, schedule_file(tmp_path, layer_b), policy=None, locret_heads=heads_file, locret_pool=0)
+    heads_api.record_scores(llm)
+    ref = ScheduledAlgorithm1(n_layer, n_head_kv, layer_b, UB, NS, NLOC)
+    prompt = (prompt_tokens[:60] + prompt_tokens[100:112] * 5 + prompt_tokens[60:400])[:n_prompt]
+    second = prompt_tokens[800:800 + (224 if n_prompt > max(layer_b) else 400)]
+    n_past = 0
+    for tokens, output_last in calls_of(prompt, prompt_tokens[600:760], second):
+        n_past = decode(llm, tokens, n_past, output_last)
+        scores, positions = heads_api.recorded_scores(llm)
+        place_and_compare(llm, ref, tokens, n_past, output_last,
+                          {int(p): scores[:, :, i] for i, p in enumerate(positions)})
+    st = llm.locret_stats()
+    assert st["n_evictions"] == ref.n_evictions >= 20
+    # one wait for the backend per eviction, on either path
+    assert st["n_host_syncs"] == st["n_evictions"]
+
+
+@pytest.mark.parametrize("select", ["graph", "host"])
+def test_a_pinned_query_pooling_and_kept_positions_with_a_schedule(select, model_path, heads_file, prompt_tokens,
+                                                                   tmp_path, monkeypatch):
+    # Locret-Q's pinned question (every layer keeps it: its cells lead each layer's run), pooled scores and kept
+    # positions compacted at a limit, with the device's per-layer selection or the host's
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    n_layer, n_head_kv = shape(make(model_path, None))
+    layer_b = varied(n_layer, B)
+    n_pin, pool, limit = 24, 5, 300
+    llm = make(model_path, schedule_file(tmp_path, layer_b), policy=None, locret_heads=heads_file, locret_pool=pool,
+               locret_positions=f"keep:{limit}")
+    heads_api.record_scores(llm)
+    llm.locret_pin_query(n_pin)
+    ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, n_pin, pool, limit=limit, layer_b=layer_b)
+    n_past = 0
+    for tokens, output_last in calls_of(prompt_tokens[:110], prompt_tokens[600:760], prompt_tokens[800:1200]):
+        n_past = decode_and_compare(llm, ref, tokens, n_past, output_last)
+    st = llm.locret_stats()
+    assert st["n_evictions"] == ref.evictions >= 20 and st["n_repositions"] == ref.repositions >= 2
+    assert (st["n_rows_kept"], st["n_rows_moved"], st["n_rows_rotated"]) == \
+        (ref.rows_kept, ref.rows_moved, ref.rows_rotated)
+    assert all(llm.locret_retained(il, h)[:n_pin].tolist() == list(range(n_pin))
+               for il in range(n_layer) for h in range(n_head_kv))
+
+
 def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path):
     # --locret-positions keep with a schedule: each layer's kept sets and key positions as the model says, positions
     # compacted at a limit of 200 every few parts
@@ -175,11 +237,8 @@ def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path)
     layer_b = varied(n_layer, B)
     llm = make(model_path, schedule_file(tmp_path, layer_b), locret_positions="keep:200")
     ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=200, layer_b=layer_b)
-    prompt = prompt_tokens[:520]
-    calls = [(prompt[i:i + UB], i + UB >= len(prompt)) for i in range(0, len(prompt), UB)]
-    calls += [([t], True) for t in prompt_tokens[600:700]]
-    second = prompt_tokens[800:880]
-    calls += [(second[i:i + UB], i + UB >= len(second)) for i in range(0, len(second), UB)]
+    prompt, second = prompt_tokens[:520], prompt_tokens[800:880]
+    calls = calls_of(prompt, prompt_tokens[600:700], second)
     table = random_table(n_layer, n_head_kv, len(prompt) + 100 + len(second))
     n_past = 0
     for tokens, output_last in calls:

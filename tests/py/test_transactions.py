@@ -122,6 +122,20 @@ def test_a_failed_eviction_leaves_cache_bookkeeping_and_positions_as_before(pair
     run_with_failure(pair, prompt_tokens, 5, injected(fault))
 
 
+@pytest.mark.parametrize("fail_at,fault", [(3, "evict_alloc"), (6, "evict_compute")])
+def test_a_failed_eviction_with_a_schedule_leaves_every_layer_as_before(model_path, heads_file, prompt_tokens,
+                                                                         tmp_path, fault, fail_at):
+    # budgets 73 to 133 per layer (mean b = 96): chunk 3 follows 96 units, an eviction of the smaller layers only
+    # (the largest keeps all it holds); chunk 6 follows one where every layer is at its budget
+    from test_schedule import schedule_file, varied
+
+    path = schedule_file(tmp_path, varied(30, B))
+    pair = tuple(make(model_path, heads_file, locret_budget_schedule=str(path)) for _ in range(2))
+    run_with_failure(pair, prompt_tokens, fail_at, injected(fault))
+    for llm in pair:
+        llm.close()
+
+
 @pytest.mark.parametrize("fail_at,pair", [(2, None), (6, None), (6, "keep")], indirect=["pair"],
                          ids=["no-eviction-before", "after-an-eviction", "after-an-eviction-kept-positions"])
 def test_a_failed_ubatch_is_taken_back_in_the_clients_positions(pair, prompt_tokens, fail_at):
