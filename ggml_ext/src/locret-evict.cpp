@@ -289,9 +289,10 @@ bool llama_locret_memory::run_selection(
     evict_waited = true; // every backend of the context has run what was queued before
     t.readback_us += ggml_time_us() - t0_us;
     if (locret_profile()) {
-        fprintf(stderr, "locret-profile: select (%zu outputs) build %.2f alloc %.2f compute and read-back %.2f ms (splits %d)\n",
-                outs.size(), (p1 - p0) / 1e3, (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3,
-                ggml_backend_sched_get_n_splits(sched));
+        // (scripts/bench_eviction.py reads this line)
+        fprintf(stderr, "locret-profile: select build %.2f alloc %.2f compute and read-back %.2f ms (splits %d, %zu outputs)\n",
+                (p1 - p0) / 1e3, (p2 - p1) / 1e3, (ggml_time_us() - p2) / 1e3, ggml_backend_sched_get_n_splits(sched),
+                outs.size());
     }
     return true;
 }

@@ -57,8 +57,10 @@ class ScheduledAlgorithm1(Algorithm1):
         self.rows = 0  # cells in use: the largest layer's view (what the engine's n_cells_used counts)
         self.post_counts: list[int] = []
         self.n_evictions = 0
+        self.n_partial = 0  # evictions that left the largest layer whole (only smaller layers dropped units)
 
     def evict(self, n_keep, n_stab):
+        self.n_partial += n_keep >= self.rows
         for il, layer in enumerate(self.units):
             for h, units in enumerate(layer):
                 n = len(units)
@@ -154,13 +156,12 @@ def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp
     n_positions = len(prompt) + 160 + len(second)
     table = random_table(n_layer, n_head_kv, n_positions)
 
-    n_past, checked_full, partial = 0, 0, 0
+    n_past, checked_full = 0, 0
     for tokens, output_last in calls:
-        evictions_before, rows_before = ref.n_evictions, ref.rows
+        evictions_before = ref.n_evictions
         n_past = decode(llm, tokens, n_past, output_last)
         place_and_compare(llm, ref, tokens, n_past, output_last, table)
         assert llm.locret_stats()["n_cells_used"] == ref.rows
-        partial += ref.n_evictions > evictions_before and ref.rows >= rows_before
         if ref.n_evictions > evictions_before and ref.post_counts[0] == layer_b[0]:
             # an eviction to the full budget: each layer kept exactly its own budget (the total of the uniform
             # budget), and holds the tokens placed after it besides
@@ -171,9 +172,9 @@ def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp
             checked_full += 1
     st = llm.locret_stats()
     assert st["n_evictions"] == ref.n_evictions >= 20 and checked_full >= 3 and st["pos_logical"] == n_positions
-    if n_prompt < max(layer_b):
-        # some evictions left the largest layer whole (the cells in use did not drop) while smaller layers evicted
-        assert partial >= 3
+    # some evictions left the largest layer whole (the cells in use did not drop) while smaller layers evicted: while
+    # the prompt (or the second prompt) passes from the smallest budget to the largest
+    assert ref.n_partial >= 2
 
 
 @pytest.mark.parametrize("select", ["graph", "host"])
