@@ -363,43 +363,37 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
     }
 }
 
-void llama_locret_memory::select_layer_masked(size_t i, size_t row0, uint32_t n_used, uint32_t m0, uint32_t m1,
-        uint32_t n_live, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block, const locret_stream & s,
-        uint32_t * keep, const int32_t * top) const {
-    // Algorithm 1 over the cells the layer reads, [0, m0) and [m1, n_used), as if they were consecutive: the pinned
-    // ones first, its last n_stab, the best of the rest
+void llama_locret_memory::select_layer_masked(size_t i, size_t row0, const layer_cut & c, uint32_t n_used,
+        uint32_t n_keep, uint32_t n_pin, const float * block, const locret_stream & s, uint32_t * keep,
+        const int32_t * top) const {
+    // Algorithm 1 over the cells the layer reads, [0, m0) and [m0 + gap, n_used), as if they were consecutive: the
+    // pinned ones first, its last stabilizers, the best of the rest
     const uint32_t n_head_kv = layers[i].n_head_kv;
-    const uint32_t gap       = m1 - m0;
-    const uint32_t n_held    = n_used - gap;
-    const uint32_t stab      = std::min(n_stab, n_held - n_pin);
-    const uint32_t n_top     = n_live - n_pin - stab;
-    // no choice by score: every unit stays, or only the pinned ones and the stabilizers
-    const bool     no_choice = n_top == 0 || n_live == n_held;
+    // no choice by score: every unit stays, or only the pinned ones and the stabilizers (scores do not matter)
+    const bool     no_choice = c.n_top == 0 || c.n_top == c.n_cand;
     std::vector<float>    row(n_used, 0.0f);
-    std::vector<float>    held(n_held, 0.0f);
-    std::vector<uint32_t> kept(n_live);
+    std::vector<float>    held(c.n_held, 0.0f);
+    std::vector<uint32_t> kept(c.n_live);
     std::vector<uint8_t>  mark;
     for (uint32_t h = 0; h < n_head_kv; ++h) {
         if (top != nullptr) {
-            locret_keep_from_top(top + (size_t) h * n_top, n_top, n_held, n_pin, stab, kept.data(), mark);
+            locret_keep_from_top(top + (size_t) h * c.n_top, c.n_top, c.n_held, n_pin, c.stab, kept.data(), mark);
         } else {
-            if (no_choice) {
-                // the scores do not matter (the host's selection keeps the same units whatever they are)
-            } else if (block != nullptr) {
-                for (uint32_t c = 0; c < n_used; ++c) {
-                    row[c] = block[(size_t) c * n_head_kv + h];
+            if (!no_choice && block != nullptr) {
+                for (uint32_t k = 0; k < n_used; ++k) {
+                    row[k] = block[(size_t) k * n_head_kv + h];
                 }
-            } else {
+            } else if (!no_choice) {
                 policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
             }
-            for (uint32_t j = 0; j < n_held; ++j) {
-                held[j] = row[j < m0 ? j : j + gap];
+            for (uint32_t j = 0; j < c.n_held; ++j) {
+                held[j] = row[j < c.m0 ? j : j + c.gap];
             }
-            locret_select(held.data(), n_held, n_live, n_pin, stab, kept);
+            locret_select(held.data(), c.n_held, c.n_live, n_pin, c.stab, kept);
         }
         uint32_t * out = keep + (row0 + h) * n_keep;
-        for (uint32_t k = 0; k < n_live; ++k) {
-            out[k] = kept[k] < m0 ? kept[k] : kept[k] + gap;
+        for (uint32_t k = 0; k < c.n_live; ++k) {
+            out[k] = kept[k] < c.m0 ? kept[k] : kept[k] + c.gap;
         }
     }
 }
@@ -407,20 +401,19 @@ void llama_locret_memory::select_layer_masked(size_t i, size_t row0, uint32_t n_
 llama_locret_memory::layer_cut llama_locret_memory::cut_layer(size_t i, const locret_stream & s, uint32_t n_keep,
         uint32_t n_pin, uint32_t n_stab) const {
     layer_cut c;
-    const uint32_t m0  = std::min(s.live_end[i], s.dead_end);
-    const uint32_t gap = s.dead_end - m0;
-    c.n_held = s.n_used - gap;
+    c.m0     = std::min(s.live_end[i], s.dead_end);
+    c.gap    = s.dead_end - c.m0;
+    c.n_held = s.n_used - c.gap;
     c.n_live = std::min({ n_keep, layer_budget(i), c.n_held });
     c.stab   = std::min(n_stab, c.n_held - n_pin);
     c.n_cand = c.n_held - n_pin - c.stab;
     c.n_top  = c.n_live - n_pin - c.stab;
-    c.n_head_kv = layers[i].n_head_kv;
     // the candidates, held [n_pin, n_pin + n_cand), in cells: those below m0 stay, the others sit gap cells further
     const uint32_t end = n_pin + c.n_cand;
-    const uint32_t cut = gap == 0 ? end : std::max(n_pin, std::min(m0, end));
+    const uint32_t cut = c.gap == 0 ? end : std::max(n_pin, std::min(c.m0, end));
     c.c0 = n_pin;
     c.n0 = cut - n_pin;
-    c.c1 = cut + gap;
+    c.c1 = cut + c.gap;
     c.n1 = end - cut;
     if (c.n0 == 0) {
         c.c0 = c.c1;
@@ -432,11 +425,12 @@ llama_locret_memory::layer_cut llama_locret_memory::cut_layer(size_t i, const lo
 
 bool llama_locret_memory::select_layers_on_device(uint32_t strm, std::vector<layer_cut> & cuts) {
     size_t off = 0;
-    for (layer_cut & c : cuts) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+        layer_cut & c = cuts[i];
         c.off = SIZE_MAX;
         if (c.on_device()) {
             c.off = off;
-            off += (size_t) c.n_top * c.n_head_kv;
+            off += (size_t) c.n_top * layers[i].n_head_kv;
         }
     }
     if (off == 0) {
@@ -622,13 +616,13 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         // a budget schedule selects per layer (its own count, around its masked cells): on the device for the layers
         // that choose by score, the others keep all they hold or only their ends, which needs no score
         const bool sched = has_schedule();
-        bool on_device = evicts && has_score_store() && select_graph && (sched || (n_top > 0 && n_top < n_cand));
-        bool need_scores = !ends_only && has_score_store();
+        const bool on_device = evicts && has_score_store() && select_graph && (sched || (n_top > 0 && n_top < n_cand));
+        // each layer's cut: what it holds and keeps, and (scheduled, on the device) where its selection is
+        evict_cuts.resize(layers.size());
+        for (size_t i = 0; i < layers.size(); ++i) {
+            evict_cuts[i] = cut_layer(i, s, st.n_keep, n_pin, n_stab);
+        }
         if (on_device && sched) {
-            evict_cuts.resize(layers.size());
-            for (size_t i = 0; i < layers.size(); ++i) {
-                evict_cuts[i] = cut_layer(i, s, st.n_keep, n_pin, n_stab);
-            }
             if (!select_layers_on_device(st.strm, evict_cuts)) {
                 locret_set_error("the Locret selection graph could not run; the cache is unchanged");
                 return -1;
@@ -637,9 +631,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             locret_set_error("the Locret selection graph could not run; the cache is unchanged");
             return -1;
         }
-        need_scores = need_scores && !on_device;
         std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
-        if (need_scores) {
+        if (!on_device && !ends_only && has_score_store()) {
             read_scores(lctx, st.strm, n_used, blocks);
         }
 
@@ -662,8 +655,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         const size_t n_work = row0.back() * (size_t) n_used;
         locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
             // the units layer i keeps: its budget (a schedule's), at most the ones it holds outside its masked cells
-            const uint32_t masked = s.dead_end - s.live_end[i];
-            const uint32_t n_live = std::min({ st.n_keep, layer_budget(i), n_used - masked });
+            const layer_cut & cut = evict_cuts[i];
+            const uint32_t masked = cut.gap;
+            const uint32_t n_live = cut.n_live;
             // rows [0, live_end) moved with the last eviction sit at positions offset by the masked cells after them
             const int32_t  old_shift = (int32_t) masked;
             const int32_t  new_shift = (int32_t) (st.n_keep - n_live);
@@ -684,10 +678,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
                 select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
                         evict_keep.data());
             } else {
-                const int32_t * top = on_device && sched && evict_cuts[i].off != SIZE_MAX ?
-                        select_idx + evict_cuts[i].off : nullptr;
-                select_layer_masked(i, row0[i], n_used, s.live_end[i], s.dead_end, n_live, st.n_keep, n_pin, n_stab,
-                        blocks[i], s, evict_keep.data(), top);
+                select_layer_masked(i, row0[i], cut, n_used, st.n_keep, n_pin, blocks[i], s, evict_keep.data(),
+                        cut.off != SIZE_MAX ? select_idx + cut.off : nullptr);
             }
             const uint32_t n_head_kv = layers[i].n_head_kv;
             next[i].resize(s.pos[i].size());

@@ -330,15 +330,16 @@ private:
     // runs the selection graph `build` makes (its outputs, each with where its result goes in select_idx) and reads
     // every output back with the eviction's one wait; false if it could not run
     bool run_selection(const std::function<void(ggml_context *, std::vector<std::pair<ggml_tensor *, size_t>> &)> & build);
-    // a budget schedule's cut of one layer at an eviction: Algorithm 1 over the cells the layer reads ([0, m0) and
-    // [m1, n_used), m0 = its live end, m1 = the dead end), as if consecutive ("held" order)
+    // one layer's cut at an eviction: Algorithm 1 over the cells the layer reads ([0, m0) and [m0 + gap, n_used), m0 =
+    // its live end, m0 + gap = the dead end; gap 0 without a schedule), as if consecutive ("held" order)
     struct layer_cut {
+        uint32_t m0     = 0;
+        uint32_t gap    = 0; // its masked cells
         uint32_t n_held = 0; // units the layer holds
         uint32_t n_live = 0; // ... and keeps
         uint32_t stab   = 0; // of which its last ones kept as stabilizers
         uint32_t n_cand = 0; // candidates: held [n_pin, n_held - stab)
         uint32_t n_top  = 0; // ... of which kept by score
-        uint32_t n_head_kv = 0;
         uint32_t c0 = 0, n0 = 0, c1 = 0, n1 = 0; // the candidates as runs of cells: [c0, c0 + n0), then [c1, c1 + n1)
         size_t   off = SIZE_MAX; // where its device selection is in select_idx (SIZE_MAX: chosen on the host)
         bool on_device() const { return n_top > 0 && n_top < n_cand; }
@@ -355,12 +356,12 @@ private:
     // by the host from `block` (the stream's scores of the layer, [n_used][n_head_kv]) or the policy's scores
     void select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab,
                       bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const;
-    // a budget schedule's selection for layer i: n_live of the cells it reads, [0, m0) and [m1, n_used) (its masked cells
-    // left out), into keep[(row0 + h)*n_keep] in cell order; the stabilizers are its last n_stab cells read
-    // the device's selection when `top` is not NULL (the layer's rows, [n_head_kv][n_live - n_pin - stab])
-    void select_layer_masked(size_t i, size_t row0, uint32_t n_used, uint32_t m0, uint32_t m1, uint32_t n_live,
-                             uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, const float * block,
-                             const locret_stream & s, uint32_t * keep, const int32_t * top = nullptr) const;
+    // a budget schedule's selection for layer i: the cut's n_live of the cells it reads (its masked cells left out),
+    // into keep[(row0 + h)*n_keep] in cell order; the stabilizers are its last cut.stab cells read. The device's
+    // selection when `top` is not NULL (the layer's rows, [n_head_kv][cut.n_top]), else by `block` or the policy
+    void select_layer_masked(size_t i, size_t row0, const layer_cut & cut, uint32_t n_used, uint32_t n_keep,
+                             uint32_t n_pin, const float * block, const locret_stream & s, uint32_t * keep,
+                             const int32_t * top) const;
     std::vector<std::vector<uint32_t>> live_next; // per pending eviction: each layer's units after it
     std::vector<uint64_t> turn_moved;    // per layer: rows the turn's compaction moves to another cell
     std::vector<uint64_t> turn_rotated;  // per layer: keys it re-rotates
