@@ -11,6 +11,8 @@
 #include "llama-impl.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -31,36 +33,37 @@ static ggml_tensor * locret_flatten_heads(ggml_context * ctx, ggml_tensor * t, i
     return ggml_reshape_2d(ctx, ggml_cont(ctx, t), width, n_tokens);
 }
 
-static ggml_tensor * locret_build_cis(ggml_context * ctx, const llama_locret_heads & heads, int il,
-        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens) {
-    const locret_head_layer & layer = heads.layers.at(il);
+// x: [d_in, n_tokens] = concat(Q, K, V) flattened, the heads' input
+static ggml_tensor * locret_heads_input(ggml_context * ctx, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+        int64_t n_tokens) {
+    ggml_tensor * qk = ggml_concat(ctx, locret_flatten_heads(ctx, q, n_tokens), locret_flatten_heads(ctx, k, n_tokens), 0);
+    return ggml_concat(ctx, qk, locret_flatten_heads(ctx, v, n_tokens), 0);
+}
 
-    // h: [d_R, n_tokens] = fc1 · concat(Q, K, V) + fc1_b, as three matmuls over the projections
-    // themselves (fc1 is stored split by input column), so no copy of Q, K, V is made
-    ggml_tensor * h = ggml_mul_mat(ctx, layer.fc1_q, locret_flatten_heads(ctx, q, n_tokens));
-    h = ggml_add(ctx, h, ggml_mul_mat(ctx, layer.fc1_k, locret_flatten_heads(ctx, k, n_tokens)));
-    h = ggml_add(ctx, h, ggml_mul_mat(ctx, layer.fc1_v, locret_flatten_heads(ctx, v, n_tokens)));
-    if (layer.fc1_b) {
-        h = ggml_add(ctx, h, layer.fc1_b);
+// s = fc2_w · act(fc1_w · x + fc1_b) + fc2_b: x [d_in, n_tokens] -> s [n_head_kv, n_tokens] for one layer's tensors,
+// or x [d_in, n_tokens, n_layer] -> s [n_head_kv, n_tokens, n_layer] for the stacked ones (the biases broadcast)
+static ggml_tensor * locret_build_mlp(ggml_context * ctx, const llama_locret_heads & heads, ggml_tensor * fc1_w,
+        ggml_tensor * fc1_b, ggml_tensor * fc2_w, ggml_tensor * fc2_b, ggml_tensor * x) {
+    ggml_tensor * h = ggml_mul_mat(ctx, fc1_w, x); // [d_R, n_tokens(, n_layer)]
+    if (fc1_b) {
+        h = ggml_add(ctx, h, fc1_b);
     }
     switch (heads.activation) {
         case LOCRET_ACT_SILU: h = ggml_silu(ctx, h); break;
         case LOCRET_ACT_GELU: h = ggml_gelu(ctx, h); break;
         case LOCRET_ACT_RELU: h = ggml_relu(ctx, h); break;
     }
-
-    // s: [n_head_kv, n_tokens], one score per token and KV head
-    ggml_tensor * s = ggml_mul_mat(ctx, layer.fc2_w, h);
-    if (layer.fc2_b) {
-        s = ggml_add(ctx, s, layer.fc2_b);
+    ggml_tensor * s = ggml_mul_mat(ctx, fc2_w, h); // [n_head_kv, n_tokens(, n_layer)]
+    if (fc2_b) {
+        s = ggml_add(ctx, s, fc2_b);
     }
     return s;
 }
 
 uint32_t llama_locret_graph_n_nodes(uint32_t n_layer) {
-    // per layer: up to 6 flattening nodes (view, or cont + reshape), 4 mul_mat, 4 add and the
-    // activation, 7 for pooling (reshape, permute, cont, pool, permute, cont, reshape) and the store, with room to
-    // spare; and a budget schedule's mask (a view and an add) per layer
+    // per layer: up to 6 flattening nodes (view, or cont + reshape), 2 concats, 2 mul_mat, 2 add and the activation,
+    // 7 for pooling (reshape, permute, cont, pool, permute, cont, reshape) and the store; stacked, 3 sets (and 3 conts),
+    // a view of the scores, and 7 once; with room to spare; and a budget schedule's mask (a view and an add) per layer
     return 36 * n_layer;
 }
 
@@ -94,6 +97,10 @@ public:
     const uint32_t n_cells;
     const llama_memory_context_i * mctx;
     std::vector<int64_t> data;
+
+    // a stacked scoring graph's state while the model's layers are built (locret_build_stacked)
+    ggml_tensor * stack_x  = nullptr; // F32 [d_in, n_tokens, n_layer]: the heads' inputs of the layers built so far
+    int32_t       stack_il = 0;       // the next layer expected
 };
 
 } // namespace
@@ -128,6 +135,72 @@ static bool locret_every_token_outputs(const llama_ubatch & ubatch) {
     return true;
 }
 
+// The largest ubatch scored over the stacked heads: its inputs, d_in x n_tokens x n_layer F32, live in the compute
+// buffer until the last layer (3.7 MiB for SmolLM2 at 32 tokens, 25 MiB for Llama-3.1-8B); generation (one token per
+// sequence) and speculative batches fit, a prefill ubatch is scored layer by layer, where one layer's ops are few
+// beside the model's own.
+static const int64_t LOCRET_STACK_MAX_TOKENS = 32;
+
+// LOCRET_DEBUG_HEADS=layer scores every ubatch layer by layer, =stack stacks every ubatch that can be (tests compare
+// the two); read at each graph build
+static bool locret_stack_scores(const llama_locret_heads & heads, const llama_locret_memory & mem, int64_t n_tokens) {
+    if (heads.stack.fc1_w == nullptr || mem.score_store_all() == nullptr ||
+            mem.get_layers().size() != heads.layers.size()) {
+        return false; // layers on several devices, or a cache that evicts some layers only (iSWA)
+    }
+    const char * e = getenv("LOCRET_DEBUG_HEADS");
+    if (e != nullptr && strcmp(e, "layer") == 0) {
+        return false;
+    }
+    return n_tokens <= LOCRET_STACK_MAX_TOKENS || (e != nullptr && strcmp(e, "stack") == 0);
+}
+
+// Stacked scoring, layer il of a graph: copy the layer's Q, K, V into its slice of the stacked input (three ops); at the
+// last layer score every layer at once (the MLP over the stacked heads: five ops), write every layer's scores into the
+// store (one op) and hand the recorder each layer's slice. A layer that does not reach this hook in order leaves the
+// stack unscored and its t_locret_cis NULL, which llama_locret_check_graph refuses.
+static void locret_build_stacked(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
+        const llama_locret_heads & heads, llama_locret_memory & mem, locret_score_rows_input & in,
+        ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, int64_t n_tokens, int il) {
+    const int64_t n_layer = (int64_t) heads.layers.size();
+    if (il != in.stack_il) {
+        in.stack_il = -1; // out of order: never scored
+        return;
+    }
+    if (il == 0) {
+        in.stack_x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, heads.d_in, n_tokens, n_layer);
+        ggml_set_name(in.stack_x, "locret_heads_x");
+    }
+    // each set writes in place and depends on the previous one, so the stack is complete when the MLP reads it
+    size_t offset = (size_t) il * in.stack_x->nb[2];
+    for (ggml_tensor * t : { q, k, v }) {
+        ggml_tensor * part = locret_flatten_heads(ctx, t, n_tokens);
+        if (!ggml_is_contiguous(part)) {
+            part = ggml_cont(ctx, part); // GGML_OP_SET reads a contiguous source on CUDA
+        }
+        in.stack_x = ggml_set_inplace(ctx, in.stack_x, part, in.stack_x->nb[1], in.stack_x->nb[2], in.stack_x->nb[3],
+                offset);
+        offset += part->nb[1];
+    }
+    in.stack_il = il + 1;
+    if (in.stack_il < n_layer) {
+        return;
+    }
+    const locret_heads_stack & st = heads.stack;
+    ggml_tensor * cis = locret_build_mlp(ctx, heads, st.fc1_w, st.fc1_b, st.fc2_w, st.fc2_b, in.stack_x);
+    ggml_set_name(cis, "locret_cis");
+    ggml_set_output(cis); // the recorder reads it after the graph
+    ggml_build_forward_expand(gf, cis);
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, mem.score_store_all(), cis, res->t_locret_rows));
+    res->t_locret_cis.assign(n_layer, nullptr);
+    for (int64_t j = 0; j < n_layer; ++j) {
+        ggml_tensor * layer = ggml_view_2d(ctx, cis, cis->ne[0], n_tokens, cis->nb[1], j * cis->nb[2]);
+        ggml_format_name(layer, "locret_cis-%d", (int) j);
+        ggml_build_forward_expand(gf, layer); // a view in the graph gets its data when the graph is allocated
+        res->t_locret_cis[j] = layer;
+    }
+}
+
 void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
         const llama_locret_heads * heads, const llama_memory_context_i * mctx,
         ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const llama_ubatch & ubatch, int il) {
@@ -135,16 +208,12 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
         return;
     }
     const int64_t n_tokens = ubatch.n_tokens;
-    ggml_tensor * cis = locret_build_cis(ctx, *heads, il, q, k, v, n_tokens);
-    ggml_format_name(cis, "locret_cis-%d", il);
-    // an output: the allocator must not reuse its memory before the recorder reads the scores
-    ggml_set_output(cis);
-    ggml_build_forward_expand(gf, cis);
 
     // an evicting memory keeps the scores beside the cache: written here like the keys, never read back per ubatch
     llama_locret_memory * mem = locret_memory_of_context(mctx);
     const int32_t i = mem != nullptr ? mem->layer_index((uint32_t) il) : -1;
     ggml_tensor * store = i >= 0 ? mem->score_store(i) : nullptr;
+    locret_score_rows_input * rows_in = nullptr;
     if (store != nullptr) {
         if (res->t_locret_rows == nullptr) {
             ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
@@ -153,13 +222,34 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
             res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells, mctx));
             res->t_locret_rows = rows;
         }
-        // the recorder reads the heads' own scores (cis); the store, which eviction reads, the pooled ones. A part
-        // whose every token asks for an output (generation: a speculative batch, the sampled token and its draft) is
-        // scored token by token as single generated tokens are, so that its accepted tokens get the scores a
-        // token-by-token run gives them, whatever was drafted beside them
-        const uint32_t pool = mem->config().pool;
-        ggml_tensor * kept = pool > 1 && !locret_every_token_outputs(ubatch) ? locret_build_pooled(ctx, cis, ubatch, pool)
-                                                                             : cis;
+        for (auto & input : res->inputs) {
+            if (auto * r = dynamic_cast<locret_score_rows_input *>(input.get()); r != nullptr && r->rows == res->t_locret_rows) {
+                rows_in = r;
+            }
+        }
+        GGML_ASSERT(rows_in != nullptr);
+    }
+    // the recorder reads the heads' own scores (cis); the store, which eviction reads, the pooled ones. A part whose
+    // every token asks for an output (generation: a speculative batch, the sampled token and its draft) is scored
+    // token by token as single generated tokens are, so that its accepted tokens get the scores a token-by-token run
+    // gives them, whatever was drafted beside them
+    const uint32_t pool   = store != nullptr ? mem->config().pool : 0;
+    const bool     pooled = pool > 1 && !locret_every_token_outputs(ubatch) &&
+                            (ubatch.equal_seqs() ? ubatch.n_seq_tokens : ubatch.n_tokens) >= 2;
+    if (store != nullptr && !pooled && locret_stack_scores(*heads, *mem, n_tokens)) {
+        locret_build_stacked(ctx, gf, res, *heads, *mem, *rows_in, q, k, v, n_tokens, il);
+        return;
+    }
+
+    const locret_head_layer & layer = heads->layers[il];
+    ggml_tensor * cis = locret_build_mlp(ctx, *heads, layer.fc1_w, layer.fc1_b, layer.fc2_w, layer.fc2_b,
+            locret_heads_input(ctx, q, k, v, n_tokens));
+    ggml_format_name(cis, "locret_cis-%d", il);
+    // an output: the allocator must not reuse its memory before the recorder reads the scores
+    ggml_set_output(cis);
+    ggml_build_forward_expand(gf, cis);
+    if (store != nullptr) {
+        ggml_tensor * kept = pooled ? locret_build_pooled(ctx, cis, ubatch, pool) : cis;
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, kept, res->t_locret_rows));
     }
 

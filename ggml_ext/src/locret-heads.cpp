@@ -230,55 +230,84 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         if ((l.fc1_b == nullptr) != (meta_layers[0].fc1_b == nullptr) || (l.fc2_b == nullptr) != (meta_layers[0].fc2_b == nullptr)) {
             throw std::runtime_error(format("%s: layer %u and layer 0 disagree on which biases exist", path.c_str(), il));
         }
-        // fc1 is split at the Q | K | V column boundaries; a quantized row splits only at block boundaries
-        const int64_t blck = ggml_blck_size(l.fc1_w->type);
-        if (heads.n_q % blck != 0 || heads.n_k % blck != 0) {
-            throw std::runtime_error(format("%s: tensor '%s' is %s, whose blocks of %" PRId64 " values straddle the Q/K/V "
-                    "boundaries of this model; convert the heads with --type f16", path.c_str(),
-                    ggml_get_name(l.fc1_w), ggml_type_name(l.fc1_w->type), blck));
-        }
     }
     const ggml_tensor * extra = ggml_get_tensor(meta.get(), layer_tensor_name(n_layer, "fc1.weight").c_str());
     if (extra != nullptr) {
         throw std::runtime_error(format("%s: heads file has more layers than the model (%u)", path.c_str(), n_layer));
     }
 
-    // one context per buffer type: each layer's head lives where that layer's weights live
-    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_for_buft;
-    heads.layers.resize(n_layer);
+    // one context per buffer type: each layer's head lives where that layer's weights live. When that is one buffer
+    // type for all and each weight has one type in every layer, the layers are slices of stacked tensors
+    // (locret_heads_stack)
+    bool stack = true;
     for (uint32_t il = 0; il < n_layer; ++il) {
-        ggml_backend_buffer_type_t buft = model.select_buft(il);
+        const file_layer & l = meta_layers[il];
+        stack = stack && model.select_buft(il) == model.select_buft(0) && l.fc1_w->type == meta_layers[0].fc1_w->type &&
+                l.fc2_w->type == meta_layers[0].fc2_w->type;
+    }
+    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_for_buft;
+    auto ctx_of = [&](ggml_backend_buffer_type_t buft) -> ggml_context * {
         ggml_context *& ctx = ctx_for_buft[buft];
         if (ctx == nullptr) {
-            // up to six tensors per layer: fc1 as its Q, K and V parts, fc1's bias, fc2 and fc2's bias
-            ggml_init_params ip = { /*.mem_size =*/ 6 * n_layer * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true };
+            // four tensors per layer (fc1, fc2 and their biases), as tensors or as slices of four stacked ones
+            ggml_init_params ip = { /*.mem_size =*/ (4 + 4 * n_layer) * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
+                                    /*.no_alloc =*/ true };
             ctx = ggml_init(ip);
             if (ctx == nullptr) {
                 throw std::runtime_error("failed to create a ggml context for the retaining heads");
             }
             heads.ctxs.emplace_back(ctx);
         }
-        const file_layer & src = meta_layers[il];
-        locret_head_layer & dst = heads.layers[il];
-        auto dup = [&](const ggml_tensor * t) -> ggml_tensor * {
+        return ctx;
+    };
+    heads.layers.resize(n_layer);
+    if (stack) {
+        ggml_context * ctx = ctx_of(model.select_buft(0));
+        const file_layer & l0 = meta_layers[0];
+        locret_heads_stack & st = heads.stack;
+        st.fc1_w = ggml_new_tensor_3d(ctx, l0.fc1_w->type, heads.d_in, heads.d_r, n_layer);
+        st.fc2_w = ggml_new_tensor_3d(ctx, l0.fc2_w->type, heads.d_r, heads.n_head_kv, n_layer);
+        st.fc1_b = l0.fc1_b ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, heads.d_r, 1, n_layer) : nullptr;
+        st.fc2_b = l0.fc2_b ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, heads.n_head_kv, 1, n_layer) : nullptr;
+        ggml_set_name(st.fc1_w, "locret.stack.fc1.weight");
+        ggml_set_name(st.fc2_w, "locret.stack.fc2.weight");
+        if (st.fc1_b) { ggml_set_name(st.fc1_b, "locret.stack.fc1.bias"); }
+        if (st.fc2_b) { ggml_set_name(st.fc2_b, "locret.stack.fc2.bias"); }
+        // layer il's tensor: the il-th [ne0, ne1] slice, named as in the file
+        auto slice = [&](ggml_tensor * t, uint32_t il, const ggml_tensor * named) -> ggml_tensor * {
             if (t == nullptr) {
                 return nullptr;
             }
-            ggml_tensor * d = ggml_dup_tensor(ctx, t);
-            ggml_set_name(d, ggml_get_name(t));
-            return d;
+            ggml_tensor * v = ggml_view_2d(ctx, t, t->ne[0], t->ne[1], t->nb[1], il * t->nb[2]);
+            ggml_set_name(v, ggml_get_name(named));
+            return v;
         };
-        auto fc1_part = [&](int64_t n_cols, const char * part) -> ggml_tensor * {
-            ggml_tensor * d = ggml_new_tensor_2d(ctx, src.fc1_w->type, n_cols, heads.d_r);
-            ggml_format_name(d, "%s.%s", ggml_get_name(src.fc1_w), part);
-            return d;
-        };
-        dst.fc1_q = fc1_part(heads.n_q, "q");
-        dst.fc1_k = fc1_part(heads.n_k, "k");
-        dst.fc1_v = fc1_part(heads.n_v, "v");
-        dst.fc1_b = dup(src.fc1_b);
-        dst.fc2_w = dup(src.fc2_w);
-        dst.fc2_b = dup(src.fc2_b);
+        for (uint32_t il = 0; il < n_layer; ++il) {
+            const file_layer & src = meta_layers[il];
+            locret_head_layer & dst = heads.layers[il];
+            dst.fc1_w = slice(st.fc1_w, il, src.fc1_w);
+            dst.fc1_b = slice(st.fc1_b, il, src.fc1_b);
+            dst.fc2_w = slice(st.fc2_w, il, src.fc2_w);
+            dst.fc2_b = slice(st.fc2_b, il, src.fc2_b);
+        }
+    } else {
+        for (uint32_t il = 0; il < n_layer; ++il) {
+            ggml_context * ctx = ctx_of(model.select_buft(il));
+            const file_layer & src = meta_layers[il];
+            locret_head_layer & dst = heads.layers[il];
+            auto dup = [&](const ggml_tensor * t) -> ggml_tensor * {
+                if (t == nullptr) {
+                    return nullptr;
+                }
+                ggml_tensor * d = ggml_dup_tensor(ctx, t);
+                ggml_set_name(d, ggml_get_name(t));
+                return d;
+            };
+            dst.fc1_w = dup(src.fc1_w);
+            dst.fc1_b = dup(src.fc1_b);
+            dst.fc2_w = dup(src.fc2_w);
+            dst.fc2_b = dup(src.fc2_b);
+        }
     }
     size_t total_bytes = 0;
     for (auto & [buft, ctx] : ctx_for_buft) {
@@ -301,7 +330,6 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
     const size_t file_size = (size_t) std::ftell(f);
     const size_t data_offset = gguf_get_data_offset(gguf.get());
     std::vector<uint8_t> staging;
-    std::vector<uint8_t> part;
     // read a file tensor into `staging`
     auto read_tensor = [&](const ggml_tensor * t) {
         const int64_t id = gguf_find_tensor(gguf.get(), ggml_get_name(t));
@@ -319,24 +347,8 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
     for (uint32_t il = 0; il < n_layer; ++il) {
         const file_layer & src = meta_layers[il];
         const locret_head_layer & dst = heads.layers[il];
-
-        // fc1: each row (one hidden unit) is [Q cols | K cols | V cols]; copy the three column ranges
-        read_tensor(src.fc1_w);
-        const size_t row_bytes = src.fc1_w->nb[1];
-        size_t col_offset = 0;
-        for (ggml_tensor * t : { dst.fc1_q, dst.fc1_k, dst.fc1_v }) {
-            const size_t part_row_bytes = t->nb[1];
-            part.resize(ggml_nbytes(t));
-            for (int64_t row = 0; row < t->ne[1]; ++row) {
-                std::memcpy(part.data() + row * part_row_bytes, staging.data() + row * row_bytes + col_offset, part_row_bytes);
-            }
-            ggml_backend_tensor_set(t, part.data(), 0, part.size());
-            col_offset += part_row_bytes;
-        }
-        GGML_ASSERT(col_offset == row_bytes);
-
-        for (auto [file_t, dev_t] : { std::make_pair(src.fc1_b, dst.fc1_b), std::make_pair(src.fc2_w, dst.fc2_w),
-                                      std::make_pair(src.fc2_b, dst.fc2_b) }) {
+        for (auto [file_t, dev_t] : { std::make_pair(src.fc1_w, dst.fc1_w), std::make_pair(src.fc1_b, dst.fc1_b),
+                                      std::make_pair(src.fc2_w, dst.fc2_w), std::make_pair(src.fc2_b, dst.fc2_b) }) {
             if (file_t == nullptr) {
                 continue;
             }
@@ -345,8 +357,9 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         }
     }
 
-    LLAMA_LOG_INFO("%s: loaded retaining heads from '%s': %u layers, d_in = %u, d_R = %u, %s, %.2f MiB\n", __func__,
-            path.c_str(), n_layer, heads.d_in, heads.d_r, ggml_type_name(heads.layers[0].fc1_q->type), total_bytes / 1024.0 / 1024.0);
+    LLAMA_LOG_INFO("%s: loaded retaining heads from '%s': %u layers%s, d_in = %u, d_R = %u, %s, %.2f MiB\n", __func__,
+            path.c_str(), n_layer, stack ? " (stacked)" : "", heads.d_in, heads.d_r, ggml_type_name(heads.layers[0].fc1_w->type),
+            total_bytes / 1024.0 / 1024.0);
 }
 
 } // namespace

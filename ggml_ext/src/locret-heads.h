@@ -16,16 +16,23 @@ enum locret_activation {
     LOCRET_ACT_RELU,
 };
 
-// one layer's head: S = fc2_w · act(fc1_w · x + fc1_b) + fc2_b with x = concat(Q, K, V).
-// fc1_w is stored split by input column into its Q, K and V parts, so that the graph computes
-// fc1_q · Q + fc1_k · K + fc1_v · V straight from the projections, without copying them into x.
+// one layer's head: S = fc2_w · act(fc1_w · x + fc1_b) + fc2_b with x = concat(Q, K, V) (pre-RoPE).
 struct locret_head_layer {
-    ggml_tensor * fc1_q = nullptr; // [n_head*head_dim_k,    d_R] F32, F16, BF16 or Q8_0
-    ggml_tensor * fc1_k = nullptr; // [n_head_kv*head_dim_k, d_R]
-    ggml_tensor * fc1_v = nullptr; // [n_head_kv*head_dim_v, d_R]
+    ggml_tensor * fc1_w = nullptr; // [d_in, d_R]      F32, F16, BF16 or Q8_0; d_in = Q | K | V columns
     ggml_tensor * fc1_b = nullptr; // [d_R]            F32, optional
     ggml_tensor * fc2_w = nullptr; // [d_R, n_head_kv] F32, F16, BF16 or Q8_0
     ggml_tensor * fc2_b = nullptr; // [n_head_kv]      F32, optional
+};
+
+// Every layer's head in one tensor per weight, when all layers live on one buffer type with one weight type each;
+// the layers' tensors are then slices of these. A small ubatch (generation) scores every layer with one op per stage
+// over the stack instead of one per layer: on a GPU a generated token's time is mostly kernel launches, and the
+// per-layer heads' graph was ~10 kernels a layer (locret-graph.cpp).
+struct locret_heads_stack {
+    ggml_tensor * fc1_w = nullptr; // [d_in, d_R, n_layer]
+    ggml_tensor * fc1_b = nullptr; // [d_R, 1, n_layer]       optional
+    ggml_tensor * fc2_w = nullptr; // [d_R, n_head_kv, n_layer]
+    ggml_tensor * fc2_b = nullptr; // [n_head_kv, 1, n_layer] optional
 };
 
 struct llama_locret_heads {
@@ -43,6 +50,7 @@ struct llama_locret_heads {
     uint64_t fingerprint = 0xcbf29ce484222325ULL; // of the tensor data as read from the file (a saved state names it)
 
     std::vector<locret_head_layer> layers; // [n_layer]
+    locret_heads_stack stack;               // fc1_w nullptr: the layers' tensors are not stacked
 
     // one context and one backend buffer per buffer type the layers live on
     std::vector<ggml_context_ptr>        ctxs;

@@ -169,6 +169,9 @@ public:
     // strm*n_cells + cell like its key
     ggml_tensor * score_store(int32_t i) const { return scores_of_layer.empty() ? nullptr : scores_of_layer[i]; }
     bool has_score_store() const { return !scores_of_layer.empty(); }
+    // every layer's store as one F32 [n_head_kv, n_cells*n_streams, n_layers] tensor (layer i the i-th slice), or NULL
+    // when the layers differ in KV heads
+    ggml_tensor * score_store_all() const { return scores_all; }
 
     // the query store of layers[i] for a policy that reads queries (locret_policy::query_rows; NULL for the others):
     // F32 [d_k*n_head, query_rows*n_stream]; and the attention scale its graph applies, recorded when the graph

@@ -4,7 +4,9 @@ Random heads in the published Locret checkpoint format go through our converter 
 llama.cpp computes the scores of a >= 512-token input in its graph; PyTorch + transformers
 computes them from the dequantized model in Hugging Face order (tests/py/reference_cis.py).
 The converter's Q/K permutation is what makes the two agree: heads exported without it must fail
-the same check, which proves the check can tell.
+the same check, which proves the check can tell. The same check holds for an evicting context (a budget) that reads
+the input's last tokens one at a time, as generation does: those are scored over the stacked heads (every layer at
+once, locret-graph.cpp), the prompt layer by layer.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from reference_cis import load_hf_model, reference_scores, spearman
 MIN_RANK_CORRELATION = 0.99
 N_TOKENS = 600
 UBATCH = 256  # several ubatches, so the recorder's stitching is checked too
+N_SINGLE = 48  # the last tokens, one ubatch each in the evicting context
 
 
 def _convert(*args) -> None:
@@ -67,8 +70,22 @@ def parity(tmp_path_factory, model_path):
     got = llama_scores(good)
     got_unpermuted = llama_scores(unpermuted)
     llm.close()
+
+    # an evicting context whose budget holds the whole input (nothing is evicted, so every token's attention is the
+    # reference's), the prompt in ubatches, then token by token
+    from locret.llama import Llama
+
+    evicting = Llama(model_path=str(model_path), n_ctx=1024, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=2,
+                     locret_heads=str(good), locret_budget=1024, locret_pool=0, verbose=False)
+    heads.record_scores(evicting)
+    evicting.eval(tokens[:-N_SINGLE])
+    for t in tokens[-N_SINGLE:]:
+        evicting.eval([t])
+    got_evicting, positions = heads.recorded_scores(evicting)
+    assert positions.tolist() == list(range(N_TOKENS)) and evicting.locret_stats()["n_evictions"] == 0
+    evicting.close()
     want = reference_scores(load_hf_model(model_path), tokens, weights)
-    return got, got_unpermuted, want
+    return got, got_unpermuted, want, got_evicting
 
 
 def _report(got, want):
@@ -78,7 +95,7 @@ def _report(got, want):
 
 
 def test_llama_cpp_scores_match_the_pytorch_reference(parity):
-    got, _, want = parity
+    got, _, want, _ = parity
     assert got.shape == want.shape == (30, 3, N_TOKENS)
     corr, max_abs, scale = _report(got, want)
     print(f"\nCIS parity (SmolLM2-135M Q4_1, {N_TOKENS} tokens, random heads d_R=256): "
@@ -89,9 +106,23 @@ def test_llama_cpp_scores_match_the_pytorch_reference(parity):
 
 
 def test_heads_without_the_qk_permutation_fail_the_same_check(parity):
-    _, got_unpermuted, want = parity
+    _, got_unpermuted, want, _ = parity
     corr, max_abs, _ = _report(got_unpermuted, want)
     failing = int((corr < MIN_RANK_CORRELATION).sum())
     print(f"\nwithout the Q/K permutation: {failing}/{corr.size} (layer, head) pairs below "
           f"{MIN_RANK_CORRELATION}, rank correlation min {corr.min():.4f}, max |diff| {max_abs:.4g}")
     assert failing > corr.size // 2, "the parity check cannot tell permuted from unpermuted heads"
+
+
+def test_generated_tokens_scored_over_the_stacked_heads_match_the_pytorch_reference(parity):
+    got, _, want, got_evicting = parity
+    corr, max_abs, _ = _report(got_evicting, want)
+    single = np.s_[:, :, -N_SINGLE:]
+    err_single = float(np.abs(got_evicting[single] - want[single]).max())
+    err_prompt = float(np.abs(got[single] - want[single]).max())
+    print(f"\nevicting context, the last {N_SINGLE} tokens one at a time: max |llama.cpp - torch| {err_single:.4g} "
+          f"(the same tokens in a prompt: {err_prompt:.4g}); rank correlation over all {N_TOKENS} min {corr.min():.5f}")
+    assert corr.min() >= MIN_RANK_CORRELATION
+    # the single tokens' scores are as close to the reference as the prompt's scores of the same tokens (both
+    # differ from it by the quantized model's rounding, not by a wrong layer or head)
+    assert err_single <= 2 * err_prompt + 1e-3

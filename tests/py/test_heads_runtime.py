@@ -19,8 +19,9 @@ PROMPT = "The capital of France is"
 
 
 def write_heads(path, *, arch="llama", n_layer=30, n_head=9, n_head_kv=3, head_dim=64, d_r=64,
-                version=1, activation="silu", qk_layout="llama.cpp", skip_tensor=None, seed=0):
-    """A heads GGUF per convert/HEADS-FORMAT.md, with one property changed by the caller."""
+                version=1, activation="silu", qk_layout="llama.cpp", skip_tensor=None, seed=0, f32_tensors=()):
+    """A heads GGUF per convert/HEADS-FORMAT.md, with one property changed by the caller; the weights are F16, those
+    named in f32_tensors F32 (the same values)."""
     w = GGUFWriter(path, arch)
     w.add_type("locret_heads")
     for key, value in [("locret.format_version", version), ("locret.base.n_layer", n_layer),
@@ -38,7 +39,8 @@ def write_heads(path, *, arch="llama", n_layer=30, n_head=9, n_head_kv=3, head_d
         for name, shape in [("fc1.weight", (d_r, d_in)), ("fc2.weight", (n_head_kv, d_r))]:
             full = f"locret.blk.{il}.{name}"
             if full != skip_tensor:
-                w.add_tensor(full, (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float16))
+                weights = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float16)
+                w.add_tensor(full, weights.astype(np.float32) if full in f32_tensors else weights)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -176,8 +178,7 @@ def test_python_api_refuses_with_the_reason(model_path, tmp_path):
 
 
 def test_every_weight_type_loads_and_scores_like_f32(model_path, tmp_path):
-    """The loader splits fc1 at the Q/K/V column boundaries: check it for every stored type
-    (for Q8_0 the split is by whole blocks) against the F32 heads' scores."""
+    """Every stored type of the heads' weights scores like the F32 heads."""
     import locret  # noqa: F401
     import llama_cpp
 
