@@ -3,8 +3,9 @@
 
     python3 scripts/backend_check.py --model M.gguf --heads H.gguf [--gpu-layers 99] [--tokens 6000] [--budget 1024]
 
-Feeds one random token sequence (seed 0, several evictions) through locret.Llama in one child process per
-configuration, then reads the last token's logits and every (layer, KV head)'s kept positions (locret.eviction
+Feeds one random token sequence (seed 0, several evictions; its last ubatch + 8 tokens one at a time, as generation
+runs, so that the heads' graph over the stacked layers and a generation-time eviction are compared too) through
+locret.Llama in one child process per configuration, then reads the last token's logits and every (layer, KV head)'s kept positions (locret.eviction
 .retained) and compares:
   - selection on the device against selection on the host (LOCRET_DEBUG_SELECT), both with --gpu-layers: the kept
     sets must be identical and the logits equal within 1e-3 (the same scores, one selection rule); also with the
@@ -58,7 +59,12 @@ def child(cfg: dict, out: Path) -> None:
                        flash_attn=cfg["fa"], verbose=bool(os.environ.get("LOCRET_BACKEND_CHECK_VERBOSE")))
     n_vocab = llm.n_vocab()
     tokens = np.random.default_rng(0).integers(3, n_vocab, cfg["tokens"]).tolist()
-    llm.eval(tokens)
+    # the end one token at a time, as generation runs: those ubatches are scored over the stacked heads, and at least
+    # one of them evicts (one eviction per ubatch of generated tokens)
+    n_single = min(cfg["ubatch"] + 8, len(tokens) // 2)
+    llm.eval(tokens[:-n_single])
+    for t in tokens[-n_single:]:
+        llm.eval([t])
     ctx = llm._ctx.ctx
     logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)

@@ -33,7 +33,9 @@ more prefills per run with LOCRET_PROFILE=1, the graph stacked over the layers (
 what one node per layer costs.
 --decode-split adds one decode figure with the heads' graph but no eviction (after 2560 tokens, in a cache large
 enough to never evict) and splits a generated token's time into plain llama.cpp's, the heads' graph's and the
-eviction's (selection, compaction, the cache's bookkeeping), each in ms per token: where a decode gap comes from.
+eviction's (selection, compaction, the cache's bookkeeping), each in ms per token: where a decode gap comes from;
+and one more figure with the heads' graph built layer by layer (LOCRET_DEBUG_HEADS=layer): what scoring a generated
+token over the stacked heads saves.
 --shape NAME benchmarks a random-weight model with the exact shapes of a model the paper ran (py/locret/shapes.py:
 llama3.1-8b, phi3-mini-128k, and scaled-down variants for a CPU), with its d_R = 1024 random heads.
 
@@ -86,10 +88,11 @@ def compaction_profile(stderr: str) -> dict:
 
 def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, depth: int, policy: str = "heads",
           positions: str | None = None, profile: bool = False, per_layer: bool = False,
-          budget: int | None = None) -> dict:
+          budget: int | None = None, heads_by_layer: bool = False) -> dict:
     """One llama-bench run; `profile`: with LOCRET_PROFILE=1, and the compaction graphs' figures
     (compaction_profile) in the result; `per_layer`: the compaction built layer by layer
-    (LOCRET_DEBUG_COMPACT_PER_LAYER=1), not over the stacked layers; `budget`: instead of --budget."""
+    (LOCRET_DEBUG_COMPACT_PER_LAYER=1), not over the stacked layers; `budget`: instead of --budget;
+    `heads_by_layer`: every ubatch scored layer by layer (LOCRET_DEBUG_HEADS=layer), generated tokens too."""
     from locret import tool_path
 
     cmd = [str(tool_path("llama-bench")), "-m", str(args.model), "-p", str(prompt), "-n", str(gen),
@@ -117,6 +120,8 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         extra["LOCRET_PROFILE"] = "1"
     if per_layer:
         extra["LOCRET_DEBUG_COMPACT_PER_LAYER"] = "1"
+    if heads_by_layer:
+        extra["LOCRET_DEBUG_HEADS"] = "layer"
     env = dict(os.environ, **extra) if extra else None
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -287,6 +292,11 @@ def main() -> int:
         no_evict = record(f"{label(runs[0])} decode after 2560, no eviction (b = {no_evict_budget(args)})",
                           locret=True, prompt=0, gen=args.decode_tokens, depth=2560, policy=policy, positions=pos,
                           budget=no_evict_budget(args))
+        # and with the heads' graph built layer by layer (a generated token is scored over the stacked heads by
+        # default): what the stacking saves a token
+        no_evict_by_layer = record(f"{label(runs[0])} decode after 2560, no eviction, heads' graph layer by layer",
+                                   locret=True, prompt=0, gen=args.decode_tokens, depth=2560, policy=policy,
+                                   positions=pos, budget=no_evict_budget(args), heads_by_layer=True)
 
     on_gpu = args.gpu_layers != 0
     print(f"\n{Path(args.model).name}, b = {args.budget}, B = {args.ubatch}, {args.threads} threads, "
@@ -344,8 +354,13 @@ def main() -> int:
               f"2560 {ms['plain']:.3f} ms; the heads' graph adds {ms['graph'] - ms['plain']:.3f} ms (the same depth, "
               f"no eviction); eviction after {args.decode_depth}, and attending to {args.budget + args.ubatch} cells "
               f"instead of 2560, add {ms['locret'] - ms['graph']:.3f} ms; Locret {ms['locret']:.3f} ms")
+        by_layer_ms = 1000.0 / no_evict_by_layer["tps"]
+        print(f"The heads' graph built layer by layer instead of over the stacked heads adds "
+              f"{by_layer_ms - ms['plain']:.3f} ms a token (stacked: {ms['graph'] - ms['plain']:.3f} ms)")
         checks.append((f"{label(runs[0])} decode after 2560 without eviction / plain decode after 2560",
                        no_evict["tps"] / plain_tg["tps"], None, True))
+        checks.append((f"{label(runs[0])} decode after 2560 without eviction, heads stacked / layer by layer",
+                       no_evict["tps"] / no_evict_by_layer["tps"], None, True))
     if args.profile_compaction:
         n_prof = max([n for n in lengths if n <= 32768] or [min(lengths)])
         print(f"\nCompaction graphs of a prefill of {n_prof} (LOCRET_PROFILE=1, a run apart; per compaction, the "

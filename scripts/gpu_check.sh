@@ -20,8 +20,10 @@
 #            --positions keep,compact side by side; for SmolLM2 also the compaction graph's nodes and the host's
 #            time to launch them per compaction (--profile-compaction: two more 32K prefills per layout, the
 #            compaction stacked over the layers and built layer by layer); for both shapes a generated token's time
-#            split into plain llama.cpp's, the heads' graph's and the eviction's (--decode-split: one more decode
-#            figure, the heads' graph in a cache that never evicts).
+#            split into plain llama.cpp's, the heads' graph's and the eviction's (--decode-split: two more decode
+#            figures, the heads' graph in a cache that never evicts, stacked over the layers and layer by layer); and
+#            for SmolLM2 what a process's first prompt pays once: pp8192 cold and warm for plain llama.cpp, the heads
+#            attached without a budget, and Locret.
 #   The stages run in that order; each is idempotent (build skips what is built, the shape models are cached), so a
 #   machine that gives 10 minutes a command runs `--stage build,check` then `--stage bench` (on an H200: build 186 s,
 #   check 30 s, bench 120 s). The stand-ins' scores are nearly flat, so rounding between backends reorders near-ties:
@@ -182,6 +184,29 @@ if want bench; then
             --positions keep,compact --profile-compaction --decode-split --save-stderr "$OUT_DIR/runs-smollm2" \
             2> "$OUT_DIR/bench-smollm2.log" \
             || echo "(bench_eviction exit $?: a target missed)"
+    } >> "$REPORT"
+    log "benchmarks: first use ($(elapsed))"
+    {
+        echo
+        echo "## First use: SmolLM2-135M shape prefill 8192 cold (one run, no warm-up) and warm (llama-bench's warm-up, 3 runs)"
+        echo
+        echo "What a process's first prompt pays once: plain llama.cpp, the heads attached without a budget (their graph"
+        echo "only), and Locret b 2048 (the heads' graph and the first evictions' graphs)."
+        echo
+        echo "| run | cold tok/s | warm tok/s | cold / warm |"
+        echo "|---|---:|---:|---:|"
+        for cfg in "plain|" "heads attached, no budget|--locret-heads $SMOL_HEADS" \
+                   "Locret b 2048|--locret-heads $SMOL_HEADS --locret-budget 2048"; do
+            name="${cfg%%|*}"
+            read -r -a extra <<< "${cfg#*|}"
+            tps() {  # llama-bench's tok/s of pp8192 with the given arguments
+                "$BUILD/bin/llama-bench" -m "$SMOL_MODEL" -p 8192 -n 0 -ngl 99 -ub 512 -b 512 -o csv "$@" "${extra[@]}" \
+                    2>> "$OUT_DIR/first-use.log" | awk -F, 'END { gsub(/"/, "", $(NF-1)); print $(NF-1) }'
+            }
+            cold="$(tps -r 1 --no-warmup)"
+            warm="$(tps -r 3)"
+            echo "| $name | $cold | $warm | $(awk -v c="$cold" -v w="$warm" 'BEGIN { if (w > 0) printf "%.3f", c / w; else print "-" }') |"
+        done
     } >> "$REPORT"
     log "benchmarks: Llama-3.1-8B shape ($(elapsed))"
     {

@@ -100,6 +100,10 @@ def test_bench_eviction_decode_split(model_path, monkeypatch, capsys):
     plain, graph, evict, total = (float(x) for x in m.groups())
     assert plain > 0 and total == pytest.approx(plain + graph + evict, abs=0.002)
     assert f"decode after 2560, no eviction (b = {budget})" in out
+    m = re.search(r"layer by layer instead of over the stacked heads adds (-?[\d.]+) ms a token \(stacked: (-?[\d.]+) ms\)",
+                  out)
+    assert m and float(m.group(2)) == pytest.approx(graph, abs=0.0011), out[-2000:]
+    assert re.search(r"\| .*decode after 2560 without eviction, heads stacked / layer by layer \| \d+\.\d+ \|", out)
 
 
 def test_backend_check_child_and_comparison(model_path, tmp_path):
