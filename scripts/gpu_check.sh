@@ -201,7 +201,7 @@ if want bench; then
             read -r -a extra <<< "${cfg#*|}"
             tps() {  # llama-bench's tok/s of pp8192 with the given arguments
                 "$BUILD/bin/llama-bench" -m "$SMOL_MODEL" -p 8192 -n 0 -ngl 99 -ub 512 -b 512 -o csv "$@" "${extra[@]}" \
-                    2>> "$OUT_DIR/first-use.log" | awk -F, 'END { gsub(/"/, "", $(NF-1)); print $(NF-1) }'
+                    2>> "$OUT_DIR/first-use.log" | awk -F, 'END { gsub(/"/, "", $(NF-1)); printf "%.0f\n", $(NF-1) }'
             }
             cold="$(tps -r 1 --no-warmup)"
             warm="$(tps -r 3)"
