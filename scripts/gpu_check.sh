@@ -22,8 +22,8 @@
 #            compaction stacked over the layers and built layer by layer); for both shapes a generated token's time
 #            split into plain llama.cpp's, the heads' graph's and the eviction's (--decode-split: two more decode
 #            figures, the heads' graph in a cache that never evicts, stacked over the layers and layer by layer); and
-#            for SmolLM2 what a process's first prompt pays once: pp8192 cold and warm for plain llama.cpp, the heads
-#            attached without a budget, and Locret.
+#            for SmolLM2 what a process's first prompt pays once: pp8192 cold and warm for plain llama.cpp, the heads'
+#            graph without eviction, and Locret.
 #   The stages run in that order; each is idempotent (build skips what is built, the shape models are cached), so a
 #   machine that gives 10 minutes a command runs `--stage build,check` then `--stage bench` (on an H200: build 186 s,
 #   check 30 s, bench 120 s). The stand-ins' scores are nearly flat, so rounding between backends reorders near-ties:
@@ -190,12 +190,12 @@ if want bench; then
         echo
         echo "## First use: SmolLM2-135M shape prefill 8192 cold (one run, no warm-up) and warm (llama-bench's warm-up, 3 runs)"
         echo
-        echo "What a process's first prompt pays once: plain llama.cpp, the heads attached without a budget (their graph"
-        echo "only), and Locret b 2048 (the heads' graph and the first evictions' graphs)."
+        echo "What a process's first prompt pays once: plain llama.cpp, the heads' graph in a cache that never evicts"
+        echo "(b 8192), and Locret b 2048 (the heads' graph and the first evictions' graphs)."
         echo
         echo "| run | cold tok/s | warm tok/s | cold / warm |"
         echo "|---|---:|---:|---:|"
-        for cfg in "plain|" "heads attached, no budget|--locret-heads $SMOL_HEADS" \
+        for cfg in "plain|" "heads' graph, no eviction (b 8192)|--locret-heads $SMOL_HEADS --locret-budget 8192" \
                    "Locret b 2048|--locret-heads $SMOL_HEADS --locret-budget 2048"; do
             name="${cfg%%|*}"
             read -r -a extra <<< "${cfg#*|}"
