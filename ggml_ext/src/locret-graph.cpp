@@ -109,14 +109,16 @@ public:
 // centred on it, clipped at the edges of its sequence's run in the ubatch. The ubatches of an evicting memory hold one
 // sequence (split_simple, split_seq), or the same number of tokens of each of n_seqs sequences, one run after another
 // (split_equal: generation, one token each; the reservation's ubatch), so the runs are rows of n_seq_tokens tokens.
+static int64_t locret_pool_run(const llama_ubatch & ubatch) { // tokens of one sequence's run
+    return ubatch.equal_seqs() ? ubatch.n_seq_tokens : ubatch.n_tokens;
+}
+
+// (callers pool only runs of at least 2 tokens)
 static ggml_tensor * locret_build_pooled(ggml_context * ctx, ggml_tensor * cis, const llama_ubatch & ubatch,
         uint32_t pool) {
     const int64_t n_head_kv = cis->ne[0];
-    const int64_t n_run     = ubatch.equal_seqs() ? ubatch.n_seq_tokens : ubatch.n_tokens; // tokens of one sequence
+    const int64_t n_run     = locret_pool_run(ubatch);
     const int64_t n_runs    = (int64_t) ubatch.n_tokens / n_run;
-    if (n_run < 2) {
-        return cis;
-    }
     // [n_head_kv, n_run, n_runs] -> [n_run, n_head_kv, n_runs]: one row per (KV head, sequence), pooled along it
     ggml_tensor * rows = ggml_reshape_3d(ctx, cis, n_head_kv, n_run, n_runs);
     rows = ggml_cont(ctx, ggml_permute(ctx, rows, 1, 0, 2, 3));
@@ -213,30 +215,27 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
     llama_locret_memory * mem = locret_memory_of_context(mctx);
     const int32_t i = mem != nullptr ? mem->layer_index((uint32_t) il) : -1;
     ggml_tensor * store = i >= 0 ? mem->score_store(i) : nullptr;
-    locret_score_rows_input * rows_in = nullptr;
-    if (store != nullptr) {
-        if (res->t_locret_rows == nullptr) {
-            ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
-            ggml_set_input(rows);
-            ggml_set_name(rows, "locret_score_rows");
-            res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells, mctx));
-            res->t_locret_rows = rows;
-        }
-        for (auto & input : res->inputs) {
-            if (auto * r = dynamic_cast<locret_score_rows_input *>(input.get()); r != nullptr && r->rows == res->t_locret_rows) {
-                rows_in = r;
-            }
-        }
-        GGML_ASSERT(rows_in != nullptr);
+    if (store != nullptr && res->t_locret_rows == nullptr) {
+        ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
+        ggml_set_input(rows);
+        ggml_set_name(rows, "locret_score_rows");
+        res->add_input(std::make_unique<locret_score_rows_input>(rows, mem->config().n_cells, mctx));
+        res->t_locret_rows = rows;
     }
     // the recorder reads the heads' own scores (cis); the store, which eviction reads, the pooled ones. A part whose
     // every token asks for an output (generation: a speculative batch, the sampled token and its draft) is scored
     // token by token as single generated tokens are, so that its accepted tokens get the scores a token-by-token run
     // gives them, whatever was drafted beside them
     const uint32_t pool   = store != nullptr ? mem->config().pool : 0;
-    const bool     pooled = pool > 1 && !locret_every_token_outputs(ubatch) &&
-                            (ubatch.equal_seqs() ? ubatch.n_seq_tokens : ubatch.n_tokens) >= 2;
+    const bool     pooled = pool > 1 && !locret_every_token_outputs(ubatch) && locret_pool_run(ubatch) >= 2;
     if (store != nullptr && !pooled && locret_stack_scores(*heads, *mem, n_tokens)) {
+        locret_score_rows_input * rows_in = nullptr; // holds the stack's state between layers
+        for (auto & input : res->inputs) {
+            if (auto * r = dynamic_cast<locret_score_rows_input *>(input.get()); r != nullptr && r->rows == res->t_locret_rows) {
+                rows_in = r;
+            }
+        }
+        GGML_ASSERT(rows_in != nullptr);
         locret_build_stacked(ctx, gf, res, *heads, *mem, *rows_in, q, k, v, n_tokens, il);
         return;
     }
