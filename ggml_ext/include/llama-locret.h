@@ -371,7 +371,6 @@ struct llama_locret_stats {
     // what a server's counters read
     uint64_t n_evictions_total;
     uint64_t n_units_evicted_total;
-                               // (since the context was made, all its sequences; not in states)
 };
 
 // Whether the context evicts (was created with a Locret budget).

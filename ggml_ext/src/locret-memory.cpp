@@ -414,9 +414,15 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
         }
     }
 
+    // the streams as they stand; the planning below advances these copies through the batch's evictions
+    std::vector<locret_plan_stream> sim(streams.size());
+    for (size_t s = 0; s < streams.size(); ++s) {
+        sim[s] = plan_stream(s);
+    }
+
     // the ubatches: a sequence's tokens in parts of at most n_ubatch, the local tail of a prompt end in a part of its
-    // own; with several sequences each part holds one sequence, except that one token per sequence (generation)
-    // goes in one ubatch
+    // own when anything may be evicted before it; with several sequences each part holds one sequence, except that
+    // one token per sequence (generation) goes in one ubatch
     balloc.split_reset();
     std::vector<llama_ubatch> ubatches;
     if (seqs.one_each) {
@@ -439,7 +445,8 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
                 break;
             }
             const llama_seq_id s = batch.seq_id[first][0];
-            const uint32_t take = locret_plan_take(n_ubatch, cfg.local, remaining[s], seqs.ends_with_output[s]);
+            const bool tail_alone = seqs.ends_with_output[s] && locret_plan_tail_alone(params, sim[s], seqs.count[s]);
+            const uint32_t take = locret_plan_take(n_ubatch, cfg.local, remaining[s], tail_alone);
             auto ubatch = seqs.n_seqs == 1 ? balloc.split_simple(take) : balloc.split_seq(take);
             if (ubatch.n_tokens == 0) {
                 break;
@@ -457,11 +464,6 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     }
 
     // simulate the evictions and placements, per stream
-    std::vector<locret_plan_stream> sim(streams.size());
-    for (size_t s = 0; s < streams.size(); ++s) {
-        sim[s] = plan_stream(s);
-    }
-
     llama_kv_cache::slot_info_vec_t sinfos;
     std::vector<locret_ubatch_plan> plans;
     std::vector<llama_ubatch> physical;

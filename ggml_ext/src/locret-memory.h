@@ -8,7 +8,8 @@
 //   - otherwise (generation, or a new prompt after generation) the cache evicts back to b only when the next part
 //     would not fit in b + B: every unit is scored like any other;
 //   - a batch whose last token of a sequence asks for an output is a prompt end: its last n_loc tokens form their own
-//     ubatch, processed after the compression and never evicted while the prompt is processed.
+//     ubatch, processed after the compression and never evicted while the prompt is processed (a prompt that fits in
+//     the budget with what the sequence holds evicts nothing: its tail is not split off, locret_plan_tail_alone);
 // Retained units keep their order and move to cells 0..n-1 with physical positions 0..n-1 (the same in every layer and
 // head); their keys are re-rotated by their position change (locret-compact). Clients keep their own (logical)
 // positions: the memory reports them (seq_pos_min/max), takes them in seq_rm/seq_add, and gives the graph ubatches

@@ -46,9 +46,23 @@ locret_plan_error locret_plan_scan(uint32_t n_tokens, const int32_t * n_seq_id, 
     return {};
 }
 
-uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining, bool ends_with_output) {
+bool locret_plan_tail_alone(const locret_plan_params & p, const locret_plan_stream & s, uint32_t n_tokens) {
+    if (p.local == 0) {
+        return false;
+    }
+    if (p.selects_once) {
+        return true;
+    }
+    // no rule of Algorithm 1 fires while the layer nearest its budget stays within it (after a chunk: more than b;
+    // before a part: past b + B), nor a repositioning while positions stay below the limit
+    const bool may_evict      = (uint64_t) s.n_used + s.lead + n_tokens > p.budget;
+    const bool may_reposition = p.keep_positions && (uint64_t) s.rope_next + n_tokens > p.position_limit;
+    return may_evict || may_reposition;
+}
+
+uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining, bool tail_alone) {
     uint32_t take = std::min(n_ubatch, remaining);
-    if (local > 0 && ends_with_output && remaining > local) {
+    if (local > 0 && tail_alone && remaining > local) {
         // the prompt's local tail goes alone, after the compression of what precedes it
         take = std::min(take, remaining - local);
     }

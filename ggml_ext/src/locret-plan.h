@@ -102,9 +102,16 @@ struct locret_batch_seqs {
 locret_plan_error locret_plan_scan(uint32_t n_tokens, const int32_t * n_seq_id, const llama_seq_id * const * seq_id,
                                    const int8_t * logits, uint32_t n_streams, locret_batch_seqs & out);
 
-// how many of a sequence's `remaining` tokens its next ubatch takes: at most n_ubatch, and when the batch ends its
-// prompt (ends_with_output), never the last `local` tokens together with others (they form their own ubatch)
-uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining, bool ends_with_output);
+// whether a batch that ends stream s's prompt with n_tokens of it must place the prompt's last `local` tokens in a
+// ubatch of their own: only when something may be evicted (or positions compacted) before them. A prompt that fits
+// in the budget with what the stream holds evicts nothing in any split, so it is split as llama.cpp splits it (one
+// ubatch fewer: a short chat turn paid a whole extra pass over the weights for nothing). SAGE-KV always splits (its
+// one selection comes after the prompt's end).
+bool locret_plan_tail_alone(const locret_plan_params & p, const locret_plan_stream & s, uint32_t n_tokens);
+
+// how many of a sequence's `remaining` tokens its next ubatch takes: at most n_ubatch, and when its prompt's local
+// tail goes alone (tail_alone: locret_plan_tail_alone), never the last `local` tokens together with others
+uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining, bool tail_alone);
 
 // Algorithm 1's rule for a part of n_tokens placed after a stream of n_used units whose last part asked for an output
 // (prev_output): the units kept per (layer, KV head) by the eviction before it (== n_used: none), and in *n_stab how

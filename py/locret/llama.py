@@ -246,7 +246,8 @@ class Llama(llama_cpp.Llama):
 
         llama-cpp-python marks the last token of every n_batch slice; the evicting cache reads a token
         that asks for logits as the end of a prompt (its local tail is split off and the chunk before
-        it is evicted without stabilizers), so the slices in between must not ask.
+        it is evicted without stabilizers, when the prompt does not fit in the budget), so the slices
+        in between must not ask.
 
         `prompt_continues=True` feeds part of a prompt whose rest comes in a later call: no token asks
         for logits, so these tokens are compressed as ordinary prefill chunks (there are no logits to

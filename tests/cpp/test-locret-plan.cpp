@@ -139,6 +139,51 @@ static void test_take() {
     CHECK_EQ(locret_plan_take(32, 8, 1, true), 1);
 }
 
+// the local tail goes alone only when something may be evicted before it: whenever it is not split off, placing the
+// prompt in plain chunks of B evicts nothing (checked part by part with the rule the planner applies), and a prompt
+// that passes the budget keeps its tail apart
+static void test_tail_alone() {
+    locret_plan_params p = params_locret();
+    uint32_t n_unsplit = 0;
+    for (uint32_t lead : { 0u, 20u }) {
+        for (uint32_t n_used = 0; n_used + lead <= 140; ++n_used) {
+            for (int prev = 0; prev < 2; ++prev) {
+                for (uint32_t n_tokens = 1; n_tokens <= 200; ++n_tokens) {
+                    locret_plan_stream s;
+                    s.n_used = n_used; s.lead = lead; s.prev_output = prev != 0; s.rope_next = n_used;
+                    const bool alone = locret_plan_tail_alone(p, s, n_tokens);
+                    CHECK_EQ(alone, n_used + lead + n_tokens > p.budget);
+                    if (alone) {
+                        continue;
+                    }
+                    ++n_unsplit;
+                    for (uint32_t remaining = n_tokens; remaining > 0; ) {
+                        const uint32_t take = locret_plan_take(p.n_ubatch, p.local, remaining, false);
+                        uint32_t n_keep = 0, n_stab = 0;
+                        CHECK(!locret_plan_due(p, s, take, take == remaining, &n_keep, &n_stab),
+                              "an unsplit prompt evicts: n_used %u lead %u tokens %u", n_used, lead, n_tokens);
+                        s.n_used += take; s.rope_next += take; s.prev_output = take == remaining;
+                        remaining -= take;
+                    }
+                }
+            }
+        }
+    }
+    CHECK(n_unsplit > 1000, "too few unsplit cases checked: %u", n_unsplit);
+    // kept positions: a prompt that would pass the position limit keeps its tail apart (a repositioning may come first)
+    p.keep_positions = true;
+    p.position_limit = 200;
+    locret_plan_stream s;
+    s.n_used = 10; s.rope_next = 190;
+    CHECK(locret_plan_tail_alone(p, s, 10) == false, "within the limit");
+    CHECK(locret_plan_tail_alone(p, s, 11) == true, "past the limit");
+    // no local tail: nothing to split; SAGE-KV with one: always apart
+    CHECK(locret_plan_tail_alone(params_sage(), s, 10) == false, "SAGE-KV without a tail");
+    locret_plan_params sage = params_sage();
+    sage.local = 8;
+    CHECK(locret_plan_tail_alone(sage, s, 10) == true, "SAGE-KV with a tail");
+}
+
 // the batch scan: tokens per sequence, prompt ends, generation in one ubatch, and the refusals
 static void test_scan() {
     // seq 0: 3 tokens, last asks; seq 2: 2 tokens, last does not (an earlier one does); seq 1 absent
@@ -740,6 +785,7 @@ static void test_schedule() {
 
 int main() {
     test_take();
+    test_tail_alone();
     test_scan();
     test_eviction_rule();
     test_prompt_chunks();

@@ -68,12 +68,23 @@ class Algorithm1:
         # schedule a unit's position is its cell, so exactly these are re-rotated)
         self.evictions, self.rows_kept, self.rows_moved = 0, 0, 0
 
+    def over_budget(self):
+        """How many units the fullest layer holds over its budget (negative: under it)."""
+        return len(self.units[0][0]) - self.b
+
+    def tail_alone(self, n_tokens):
+        """Whether anything may be evicted before a prompt end's local tail (the prompt does not fit in the budget
+        with what the cache holds): only then does the tail go alone."""
+        return self.over_budget() + n_tokens > 0
+
     def split(self, n_tokens, output_last):
-        """The engine's ubatches for one batch: the local tail of a prompt end is its own ubatch."""
+        """The engine's ubatches for one batch: the local tail of a prompt end is its own ubatch when anything may be
+        evicted before it."""
         sizes, remaining = [], n_tokens
+        tail_alone = output_last and self.tail_alone(n_tokens)
         while remaining:
             take = min(self.ub, remaining)
-            if output_last and self.n_loc and remaining > self.n_loc:
+            if tail_alone and self.n_loc and remaining > self.n_loc:
                 take = min(take, remaining - self.n_loc)
             sizes.append(take)
             remaining -= take
@@ -149,6 +160,42 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
     assert st["n_evictions"] == 0 and st["n_host_syncs"] == 0 and st["n_rows_moved"] == st["n_rows_kept"] == 0
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-3 * np.abs(want).max())
     assert int(np.argmax(got)) == int(np.argmax(want))
+
+
+def test_a_prompt_within_the_budget_keeps_its_local_tail_in_its_last_ubatch(model_path, heads_file, prompt_tokens):
+    # nothing can be evicted before the tail of a prompt that fits in the budget, so it is not split off: the scores
+    # in the store are pooled over llama.cpp's own ubatches (64 + 36 tokens), not over 64 + 20 + the 16-token tail; a
+    # second prompt that passes the budget splits its tail off again
+    llm = make(model_path, heads_file, n_batch=512, n_ubatch=64, locret_budget=256, locret_stabilizers=32,
+               locret_local=16, locret_pool=7)
+    heads_api.record_scores(llm)
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    ref = Algorithm1(n_layer, n_head_kv, 256, 64, 32, 16, 0, 7)
+    assert ref.split(100, True) == [64, 36] and ref.split(300, True) == [64, 64, 64, 64, 28, 16]
+    split_off = Algorithm1(n_layer, n_head_kv, 0, 64, 32, 16, 0, 7).split(100, True)  # b 0: anything may evict
+    assert split_off == [64, 20, 16]
+
+    n_past = decode(llm, prompt_tokens[:100], 0, True)
+    assert llm.locret_stats()["n_evictions"] == 0
+    scores, positions = heads_api.recorded_scores(llm)
+    scores_of = {int(p): scores[:, :, i] for i, p in enumerate(positions)}
+
+    def pooled_over(sizes):
+        out, first = {}, 0
+        for size in sizes:
+            out.update(ref.pooled(list(range(first, first + size)), scores_of))
+            first += size
+        return np.stack([out[p] for p in range(100)])  # [100, n_layer, n_head_kv]
+
+    want, other = pooled_over([64, 36]), pooled_over(split_off)
+    got = np.stack([eviction.read_scores(llm._ctx.ctx, il, 100, n_head_kv=n_head_kv) for il in range(n_layer)], axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # the two splits differ where the pooling window meets the tail's boundary (so the check above can fail)
+    assert np.abs(want - other).max() > 1e-2
+    # a prompt that passes the budget: its tail goes alone after the compression (the store then holds the kept units)
+    decode(llm, prompt_tokens[100:400], n_past, True)
+    assert llm.locret_stats()["n_evictions"] >= 1
 
 
 def test_an_evicting_context_takes_llama_cpps_flash_attention_default(model_path, heads_file, prompt_tokens):

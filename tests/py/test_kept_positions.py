@@ -86,11 +86,17 @@ class KeptPositions(Algorithm1):
         if reposition:
             self.rope_next = n_keep
 
+    def over_budget(self):
+        # each layer's rule (test_schedule.ScheduledAlgorithm1): the fullest layer over its own budget decides
+        return max(sum(c is not None for c in layer[0]) - b for layer, b in zip(self.units, self.layer_b))
+
+    def tail_alone(self, n_tokens):
+        return super().tail_alone(n_tokens) or self.rope_next + n_tokens > self.limit
+
     def place(self, positions, scores_of, is_output):
         scores_of = self.pooled(positions, scores_of)
         n_used, n = len(self.units[0][0]), len(positions)
-        # each layer's rule (test_schedule.ScheduledAlgorithm1): the fullest layer over its own budget decides
-        over = max(sum(c is not None for c in layer[0]) - b for layer, b in zip(self.units, self.layer_b))
+        over = self.over_budget()
         n_keep, n_stab, due = n_used, 0, False
         if not self.prev_output and over > 0:
             n_keep, n_stab, due = min(self.b, n_used), 0 if is_output else min(self.n_s, n_used), True

@@ -75,9 +75,11 @@ class ScheduledAlgorithm1(Algorithm1):
         self.post_counts = [len(layer[0]) for layer in self.units]  # what each layer keeps after this eviction
         self.n_evictions += 1
 
+    def over_budget(self):
+        return max(len(layer[0]) - b for layer, b in zip(self.units, self.layer_b))
+
     def place(self, positions, scores_of, is_output):
-        # how far the fullest layer is over its own budget (negative: under it)
-        over = max(len(layer[0]) - b for layer, b in zip(self.units, self.layer_b))
+        over = self.over_budget()
         if not self.prev_output and over > 0:
             self.evict(min(self.b, self.rows), 0 if is_output else min(self.n_s, self.rows))
         elif over + len(positions) > self.ub:
