@@ -104,6 +104,9 @@ def test_bench_eviction_decode_split(model_path, monkeypatch, capsys):
                   out)
     assert m and float(m.group(2)) == pytest.approx(graph, abs=0.0011), out[-2000:]
     assert re.search(r"\| .*decode after 2560 without eviction, heads stacked / layer by layer \| \d+\.\d+ \|", out)
+    # b + B = 320 is not 2560: Locret's decode is also set against plain llama.cpp's at the depth it attends to
+    assert "| plain llama.cpp decode after 320 |" in out
+    assert re.search(r"\| Locret decode after 1024 / plain decode after 320 \(the same attention depth\) \| \d+\.\d+ \|", out)
 
 
 def test_backend_check_child_and_comparison(model_path, tmp_path):
