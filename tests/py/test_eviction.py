@@ -164,8 +164,7 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
 
 def test_a_prompt_within_the_budget_keeps_its_local_tail_in_its_last_ubatch(model_path, heads_file, prompt_tokens):
     # nothing can be evicted before the tail of a prompt that fits in the budget, so it is not split off: the scores
-    # in the store are pooled over llama.cpp's own ubatches (64 + 36 tokens), not over 64 + 20 + the 16-token tail; a
-    # second prompt that passes the budget splits its tail off again
+    # in the store are pooled over llama.cpp's own ubatches (64 + 36 tokens), not over 64 + 20 + the 16-token tail
     llm = make(model_path, heads_file, n_batch=512, n_ubatch=64, locret_budget=256, locret_stabilizers=32,
                locret_local=16, locret_pool=7)
     heads_api.record_scores(llm)
@@ -193,7 +192,8 @@ def test_a_prompt_within_the_budget_keeps_its_local_tail_in_its_last_ubatch(mode
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     # the two splits differ where the pooling window meets the tail's boundary (so the check above can fail)
     assert np.abs(want - other).max() > 1e-2
-    # a prompt that passes the budget: its tail goes alone after the compression (the store then holds the kept units)
+    # a second prompt that passes the budget then evicts (its tail split off as before; the kept sets of such prompts
+    # are checked against the model in test_retained_sets_match_algorithm_1_after_every_chunk)
     decode(llm, prompt_tokens[100:400], n_past, True)
     assert llm.locret_stats()["n_evictions"] >= 1
 
