@@ -265,14 +265,14 @@ def main() -> int:
     ppp = {n: record(f"plain llama.cpp prefill {n}", locret=False, prompt=n, gen=0, depth=0) for n in plain_lengths}
     plain_tg = record("plain llama.cpp decode after 2560", locret=False, prompt=0,
                       gen=args.decode_tokens, depth=2560)
-    # a generated token of Locret attends to about b + B cells: plain llama.cpp's decode at that depth is the
-    # comparison of the same attention work (the issue's 2.5K is b + B for SmolLM2's b = 2048, B = 512, not for the
-    # 8B shape's b = 16384)
+    # Locret attends to about b + B cells, a prefill ubatch and a generated token alike: plain llama.cpp at that
+    # depth is the comparison of the same attention work (the issue's 2.5K is b + B for SmolLM2's b = 2048, B = 512,
+    # not for the 8B shape's b = 16384)
     same_depth = args.budget + args.ubatch
     plain_tg_depth = plain_tg if same_depth == 2560 else record(
         f"plain llama.cpp decode after {same_depth}", locret=False, prompt=0, gen=args.decode_tokens, depth=same_depth)
-    at_depth = record(f"plain llama.cpp prefill {args.ubatch} at depth {args.budget + args.ubatch}", locret=False,
-                      prompt=args.ubatch, gen=0, depth=args.budget + args.ubatch)
+    at_depth = record(f"plain llama.cpp prefill {args.ubatch} at depth {same_depth}", locret=False,
+                      prompt=args.ubatch, gen=0, depth=same_depth)
     positions = [p for p in (args.positions or "").split(",") if p] or [None]
     def label(run):
         policy, pos = run
@@ -343,7 +343,7 @@ def main() -> int:
     if plain_tg_depth is not plain_tg:
         checks.append((f"Locret decode after {args.decode_depth} / plain decode after {same_depth} (the same "
                        f"attention depth)", ltg["tps"] / plain_tg_depth["tps"], None, True))
-    depth_name = f"plain prefill {args.ubatch} at depth {args.budget + args.ubatch}"
+    depth_name = f"plain prefill {args.ubatch} at depth {same_depth}"
     checks.append((f"{label(runs[0])} prefill {hi} / {depth_name}", lpp[hi]["tps"] / at_depth["tps"],
                    0.9 if on_gpu else None, True))
     for run in runs[1:]:
@@ -362,7 +362,7 @@ def main() -> int:
         ms = {name: 1000.0 / r["tps"] for name, r in (("plain", plain_tg), ("graph", no_evict), ("locret", ltg))}
         print(f"\nA generated token's time ({label(runs[0])}, {args.decode_tokens} tokens each): plain llama.cpp after "
               f"2560 {ms['plain']:.3f} ms; the heads' graph adds {ms['graph'] - ms['plain']:.3f} ms (the same depth, "
-              f"no eviction); eviction after {args.decode_depth}, and attending to {args.budget + args.ubatch} cells "
+              f"no eviction); eviction after {args.decode_depth}, and attending to {same_depth} cells "
               f"instead of 2560, add {ms['locret'] - ms['graph']:.3f} ms; Locret {ms['locret']:.3f} ms")
         by_layer_ms = 1000.0 / no_evict_by_layer["tps"]
         print(f"The heads' graph built layer by layer instead of over the stacked heads adds "
