@@ -38,7 +38,7 @@ def serve_once(cmd: list[str], port: int, log_path: Path, timeout_s: float) -> t
     found = KV_LINE.findall(log_path.read_text(errors="replace"))
     if not found:
         raise RuntimeError(f"no 'llama_kv_cache: size' line in {log_path}")
-    # an iSWA model reports two caches: their sum is the KV memory
+    # an iSWA model reports two caches, a budget schedule a cache per budget: their sum is the KV memory
     return sum(float(f[0]) for f in found), sum(int(f[1]) for f in found), rss, hwm
 
 
@@ -70,7 +70,8 @@ def main() -> int:
     model = str(models.resolve(args.model))
     heads = str(models.shipped_heads(args.model))
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    print("| schedule | slots | KV reported (MiB) | cells | KV planned (MiB) | x one slot's KV | RSS serving (MiB) | "
+    print("| schedule | slots | KV reported (MiB) | cells per slot (all caches) | KV planned (MiB) | x one slot's KV | "
+          "RSS serving (MiB) | "
           "RSS more than one slot (MiB) | of which KV |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for schedule in schedules:

@@ -36,8 +36,9 @@ LLAMA_API int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, lla
                                                  float * out, int32_t n_cells);
 
 // Debug (tests of budget schedules): write k_value into every K element and v_value into every V element of the cells
-// that a budget schedule masks in each layer of sequence seq_id, so that a test can show attention never reads them.
-// F16 or F32 caches only. Returns the cells written summed over layers, or -1.
+// of each layer's cache that sequence seq_id's attention must not read (those a budget schedule masks in the layer,
+// and those past the cells in use), so that a test can show attention never reads them. F16 or F32 caches only.
+// Returns the cells written summed over layers, or -1.
 LLAMA_API int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id seq_id, float k_value,
                                                  float v_value);
 

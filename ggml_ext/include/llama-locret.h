@@ -255,7 +255,8 @@ struct llama_locret_resolved {
     uint32_t n_ubatch;    // the chunk
     // the memory it allocates, per sequence (bytes; llama_locret_budget_for_mib fits their sum to a size)
     uint32_t n_cells_window; // cells of the sliding-window layers' own cache (iSWA; 0 without)
-    uint64_t kv_bytes;       // K and V of the evicting layers (n_cells each)
+    uint64_t kv_bytes;       // K and V of the evicting layers (n_cells each; with a budget schedule's layer groups,
+                             // each layer its group's cells: b_g + B, the largest budget's group n_cells)
     uint64_t window_bytes;   // K and V of the window layers (n_cells_window each)
     uint64_t store_bytes;    // the F32 score store (a score per evicting layer, KV head and cell) and query store
 };
@@ -285,7 +286,8 @@ LLAMA_API int32_t llama_locret_resolve_file_layers(const char * model_path, cons
 // llama_locret_resolved: the K/V cells of the budget and the chunk, padded to 256, the window layers' cache and the
 // score and query stores) is at most `mib` MiB (2^20 bytes), for the model in `model_path`, the K/V types of
 // `cparams` and the schedule and policy of `params` (params->budget is ignored). Memory grows in steps of 256 cells,
-// so the budget returned is the last of its step: one unit more needs 256 cells more, which do not fit. *out (may be
+// so the budget returned is the last of its step: one unit more needs 256 cells more, which do not fit (a schedule's
+// layers below the largest budget sit in caches of their budget and a chunk, which grow unit by unit). *out (may be
 // NULL) gets what that budget resolves to. Not counted: the eviction's compute buffers and move tables, one set per
 // context (its start-up log prints them). Returns the budget, or -1 (llama_locret_last_error) when even the smallest
 // budget the settings allow does not fit (the message gives its size), for a schedule file (its budgets fix b),
@@ -296,6 +298,8 @@ LLAMA_API int32_t llama_locret_budget_for_mib(const char * model_path, const cha
                                               struct llama_locret_resolved * out);
 
 // The KV cells, over all sequences, that such a context holds: what -fit plans memory with (-1 on refused settings).
+// A budget schedule whose layers are held in groups of caches of their own sizes counts the cells that, in every
+// layer, hold the groups' K/V bytes (rounded up).
 LLAMA_API int64_t llama_locret_fit_n_ctx(const char * model_path, const char * heads_path,
                                          const struct llama_locret_params * params,
                                          const struct llama_context_params * cparams);
@@ -331,6 +335,11 @@ LLAMA_API int32_t llama_locret_model_set_positions(struct llama_model * model, i
 // The budget layer il of a context keeps (its schedule's entry, or b), or -1 when the context does not evict that
 // layer.
 LLAMA_API int32_t llama_locret_layer_budget(const struct llama_context * ctx, int32_t il);
+
+// The KV cells per sequence that layer il's cache allocates: with a budget schedule whose layers are held in groups of
+// caches, its group's (the group's largest budget plus the ubatch; the largest budget's group n_cells), else n_cells;
+// -1 when the context does not evict that layer.
+LLAMA_API int32_t llama_locret_layer_cells(const struct llama_context * ctx, int32_t il);
 
 struct llama_locret_stats {
     bool     enabled;          // the context evicts

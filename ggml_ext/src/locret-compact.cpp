@@ -118,13 +118,13 @@ ggml_backend_buffer_type_t locret_host_buft_for(const ggml_tensor * t) {
     return dev != nullptr ? ggml_backend_dev_host_buffer_type(dev) : nullptr;
 }
 
-void locret_moves::allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft) {
+void locret_moves::allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft, bool kv_rows) {
     size_t n_total = 0;
     for (size_t c : cap) {
         n_total += c;
     }
     const int64_t ne = (int64_t) std::max<size_t>(n_total, 1);
-    ggml_init_params ip = { 3 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    ggml_init_params ip = { 5 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
     buf.reset();
     ctx.reset(ggml_init(ip));
     t_src   = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, ne);
@@ -133,6 +133,12 @@ void locret_moves::allocate(const std::vector<size_t> & cap, ggml_backend_buffer
     ggml_set_name(t_src, "locret_move_src");
     ggml_set_name(t_dst, "locret_move_dst");
     ggml_set_name(t_delta, "locret_move_delta");
+    t_kv_src = kv_rows ? ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I32, ne) : nullptr;
+    t_kv_dst = kv_rows ? ggml_new_tensor_1d(ctx.get(), GGML_TYPE_I64, ne) : nullptr;
+    if (kv_rows) {
+        ggml_set_name(t_kv_src, "locret_move_kv_src");
+        ggml_set_name(t_kv_dst, "locret_move_kv_dst");
+    }
     buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), cache_buft));
     if (!buf) {
         throw std::runtime_error("failed to allocate the Locret compaction's move tables");
@@ -145,16 +151,29 @@ void locret_moves::allocate(const std::vector<size_t> & cap, ggml_backend_buffer
     // at every eviction, as for a device (tests check that path on a CPU)
     const char * env = getenv("LOCRET_DEBUG_STAGED_MOVES");
     staged = !ggml_backend_buffer_is_host(buf.get()) || (env != nullptr && atoi(env) != 0);
+    int64_t * kv_dst64 = nullptr;
+    int32_t * kv_src32 = nullptr;
     if (!staged) {
         dst64 = (int64_t *) t_dst->data;
         src32 = (int32_t *) t_src->data;
         dlt32 = (int32_t *) t_delta->data;
+        if (kv_rows) {
+            kv_dst64 = (int64_t *) t_kv_dst->data;
+            kv_src32 = (int32_t *) t_kv_src->data;
+        }
     } else {
-        // the I64 array first, so that every array is aligned
-        auto * base = (uint8_t *) host.reserve(locret_host_buft_for(t_src), (size_t) ne * (sizeof(int64_t) + 2 * sizeof(int32_t)));
+        // the I64 arrays first, so that every array is aligned
+        const size_t n_arrays64 = kv_rows ? 2 : 1;
+        const size_t n_arrays32 = kv_rows ? 3 : 2;
+        auto * base = (uint8_t *) host.reserve(locret_host_buft_for(t_src),
+                (size_t) ne * (n_arrays64 * sizeof(int64_t) + n_arrays32 * sizeof(int32_t)));
         dst64 = (int64_t *) base;
-        src32 = (int32_t *) (base + ne * sizeof(int64_t));
+        src32 = (int32_t *) (base + n_arrays64 * ne * sizeof(int64_t));
         dlt32 = src32 + ne;
+        if (kv_rows) {
+            kv_dst64 = dst64 + ne;
+            kv_src32 = dlt32 + ne;
+        }
     }
     layer.assign(cap.size(), {});
     size_t at = 0;
@@ -162,6 +181,8 @@ void locret_moves::allocate(const std::vector<size_t> & cap, ggml_backend_buffer
         layer[i].src   = src32 + at;
         layer[i].dst   = dst64 + at;
         layer[i].delta = dlt32 + at;
+        layer[i].kv_src = kv_rows ? kv_src32 + at : nullptr;
+        layer[i].kv_dst = kv_rows ? kv_dst64 + at : nullptr;
         layer[i].cap   = cap[i];
         layer[i].at    = at;
         at += cap[i];
@@ -180,6 +201,10 @@ void locret_moves::upload() const {
         ggml_backend_tensor_set(t_src,   m.src,   m.at * sizeof(int32_t), n * sizeof(int32_t));
         ggml_backend_tensor_set(t_dst,   m.dst,   m.at * sizeof(int64_t), n * sizeof(int64_t));
         ggml_backend_tensor_set(t_delta, m.delta, m.at * sizeof(int32_t), n * sizeof(int32_t));
+        if (m.kv_src != nullptr) {
+            ggml_backend_tensor_set(t_kv_src, m.kv_src, m.at * sizeof(int32_t), n * sizeof(int32_t));
+            ggml_backend_tensor_set(t_kv_dst, m.kv_dst, m.at * sizeof(int64_t), n * sizeof(int64_t));
+        }
     }
 }
 
@@ -481,7 +506,6 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         const std::vector<locret_kv_layer> & layers, const locret_moves & moves) {
     ggml_context * ctx0 = res->get_ctx();
     ggml_cgraph  * gf   = res->get_gf();
-    const int64_t kv_size  = kv->get_size();
     const int64_t n_stream = kv->get_n_stream();
 
     auto inp = std::make_unique<locret_compact_input>(moves, layers, kv);
@@ -507,7 +531,15 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         // this layer's part of the move tables
         ggml_tensor * src = ggml_view_1d(ctx0, moves.t_src, n_moves, m.at * sizeof(int32_t));
         ggml_tensor * dst = ggml_view_1d(ctx0, moves.t_dst, n_moves, m.at * sizeof(int64_t));
-        const int64_t n_rows = (int64_t) L.n_head_kv * kv_size * n_stream;
+        // the scores' rows are the bookkeeping's cells; K and V are rows of the layer's own cache (its group's)
+        ggml_tensor * score_src = src;
+        ggml_tensor * score_dst = dst;
+        if (m.kv_src != nullptr) {
+            src = ggml_view_1d(ctx0, moves.t_kv_src, n_moves, m.at * sizeof(int32_t));
+            dst = ggml_view_1d(ctx0, moves.t_kv_dst, n_moves, m.at * sizeof(int64_t));
+        }
+        const int64_t kv_size = L.kv_size;
+        const int64_t n_rows  = (int64_t) L.n_head_kv * kv_size * n_stream;
 
         // K: one row per (stream, cell, head); copied as words when no key is re-rotated
         const bool k_rotates = L.rot.rope && moves.rotate;
@@ -537,7 +569,7 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         // the units' scores move with them (one float per (cell, KV head) row)
         if (L.score != nullptr) {
             ggml_tensor * s_rows = ggml_view_2d(ctx0, L.score, 1, ggml_nelements(L.score), sizeof(float), 0);
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, src), dst));
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, score_src), score_dst));
         }
 
         // V: moved unchanged, as words (else through F32: a quantized row is dequantized and quantized again, which
@@ -550,8 +582,8 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         } else {
             // a transposed V holds each (head, dimension) of a stream as a row of kv_size cells: move single elements,
             // as llama.cpp itself writes such a cache
-            locret_v_trans_elements(m.src, m.n, L.n_head_kv, L.d_v, kv_size, li.v_src_data);
-            locret_v_trans_elements(m.dst, m.n, L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
+            locret_v_trans_elements(m.kv_src != nullptr ? m.kv_src : m.src, m.n, L.n_head_kv, L.d_v, kv_size, li.v_src_data);
+            locret_v_trans_elements(m.kv_dst != nullptr ? m.kv_dst : m.dst, m.n, L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
             li.v_src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
             li.v_dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
             ggml_set_input(li.v_src);

@@ -51,8 +51,12 @@ struct locret_kv_layer {
     uint32_t      d_v       = 0;
     ggml_tensor * k = nullptr;   // storage [d_k*n_head_kv, kv_size, n_stream]
     ggml_tensor * v = nullptr;   // storage [d_v*n_head_kv, kv_size, n_stream] (transposed per stream when v_trans)
-    ggml_tensor * score = nullptr; // the units' scores F32 [n_head_kv, kv_size*n_stream], moved with them; or NULL
+    ggml_tensor * score = nullptr; // the units' scores F32 [n_head_kv, n_cells*n_stream], moved with them; or NULL
     locret_rerotation rot;
+    // a budget schedule's layer groups (locret_layer_groups): the group whose cache holds the layer, and that cache's
+    // cells per stream (kv_size above); the cells every sequence's bookkeeping uses (n_cells) without groups
+    uint32_t group   = 0;
+    int64_t  kv_size = 0;
 };
 
 // Host memory that a device reads from or writes into at every eviction: page-locked (a device's host buffer type)
@@ -105,6 +109,11 @@ struct locret_moves {
         int64_t * dst   = nullptr; // the row it goes to (I64 like llama.cpp's own set_rows indices: a backend may
                                    // then fuse the re-rotation with the write)
         int32_t * delta = nullptr; // its new physical (RoPE) position minus its old one
+        // with layer groups (locret_layer_groups) the K/V rows in the layer's own cache, whose cells differ from the
+        // ones above (the bookkeeping's, where the scores are) by the group's gap: the same moves, rows of
+        // (stream*kv_size + cell)*n_head_kv + head of that cache; NULL without groups (K/V read src and dst)
+        int32_t * kv_src = nullptr;
+        int64_t * kv_dst = nullptr;
         size_t    n     = 0;
         size_t    cap   = 0;
         size_t    at    = 0;       // first element of the layer in the tensors
@@ -119,9 +128,12 @@ struct locret_moves {
     ggml_tensor * t_src   = nullptr; // I32 [sum of cap]
     ggml_tensor * t_dst   = nullptr; // I64 [sum of cap]
     ggml_tensor * t_delta = nullptr; // I32 [sum of cap]
+    ggml_tensor * t_kv_src = nullptr; // I32 [sum of cap], with layer groups only
+    ggml_tensor * t_kv_dst = nullptr; // I64 [sum of cap], with layer groups only
 
-    // room for cap[i] moves in layer i, the tensors in `cache_buft`; throws when the memory cannot be had
-    void allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft);
+    // room for cap[i] moves in layer i, the tensors in `cache_buft` (with the K/V rows' own tables when kv_rows: layer
+    // groups); throws when the memory cannot be had
+    void allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft, bool kv_rows);
     // copies the moves of every layer into the tensors (nothing to copy when the arrays are the tensors)
     void upload() const;
     // the aliases over the layers' storage (locret_layer_stack), once the layers and the tables are known

@@ -48,6 +48,35 @@ const llama_locret_heads * llama_locret_context_heads(const llama_locret_context
     return lctx != nullptr && (lctx->evicts_by_heads || lctx->record) ? lctx->heads : nullptr;
 }
 
+// one llama_kv_cache per group of evicting layers, made as the model makes its own (llama.cpp's layer filter picks
+// the group's layers), group g in groups[g].n_cells cells per sequence
+static std::vector<std::unique_ptr<llama_kv_cache>> locret_make_group_caches(const llama_model & model,
+        const llama_memory_params & params, const llama_cparams & cparams, const std::vector<locret_layer_group> & groups) {
+    const auto & hp = model.hparams;
+    std::vector<uint32_t> evicting; // model layer of each evicting layer
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        if (locret_layer_evicts(hp, il)) {
+            evicting.push_back(il);
+        }
+    }
+    std::vector<std::unique_ptr<llama_kv_cache>> caches;
+    for (size_t g = 0; g < groups.size(); ++g) {
+        std::vector<bool> in_group(hp.n_layer(), false);
+        for (uint32_t j : groups[g].layers) {
+            in_group[evicting.at(j)] = true;
+        }
+        const llama_kv_cache::layer_filter_cb filter = [in_group](int32_t il) {
+            return il >= 0 && (size_t) il < in_group.size() && in_group[il];
+        };
+        // tensor names stay unique across the caches: group 0 keeps llama.cpp's own names
+        const std::string tag = g == 0 ? std::string() : format("locret_g%zu_", g);
+        caches.emplace_back(new llama_kv_cache(model, hp, params.type_k, params.type_v, !cparams.flash_attn,
+                cparams.offload_kqv, /*unified =*/ false, groups[g].n_cells, std::max(1u, cparams.n_seq_max), /*n_pad =*/ 1,
+                hp.n_swa, hp.swa_type, nullptr, filter, nullptr, nullptr, tag.c_str()));
+    }
+    return caches;
+}
+
 llama_memory_i * llama_locret_memory_create(const llama_model & model, const llama_memory_params & params,
         llama_cparams & cparams, uint32_t n_ubatch_requested) {
     llama_locret_params p;
@@ -65,6 +94,12 @@ llama_memory_i * llama_locret_memory_create(const llama_model & model, const lla
         // RoPE sees positions below the cells of a sequence, whatever the logical context: LongRoPE models choose
         // their factor set by that (keys, queries and re-rotation alike)
         cparams.n_ctx_rope = cfg.n_cells;
+        // a budget schedule's layers in caches of their own, each sized for its group's budget (locret_layer_groups);
+        // one group: the model's own cache
+        const std::vector<locret_layer_group> groups = locret_layer_groups_for(model, cfg);
+        if (groups.size() > 1) {
+            return new llama_locret_memory(model, cparams, cfg, locret_make_group_caches(model, params, cparams_mem, groups));
+        }
         llama_memory_ptr inner(model.create_memory(params, cparams_mem));
         if (!inner) {
             throw std::runtime_error(format("the '%s' model has no KV cache to evict", llm_arch_name(model.arch)));
@@ -352,11 +387,33 @@ int32_t llama_locret_budget_for_mib(const char * model_path, const char * heads_
 
 int64_t llama_locret_fit_n_ctx(const char * model_path, const char * heads_path, const llama_locret_params * params,
         const llama_context_params * cparams) {
-    llama_locret_resolved r;
-    if (llama_locret_resolve_file(model_path, heads_path, params, cparams, &r) != 0) {
+    locret_set_error("");
+    if (model_path == nullptr || params == nullptr || cparams == nullptr) {
+        locret_set_error("llama_locret_fit_n_ctx: model_path, params and cparams must not be NULL");
         return -1;
     }
-    return (int64_t) r.n_cells * r.n_seq;
+    int64_t n_ctx = -1;
+    const int32_t ret = locret_with_model_file(model_path, heads_path, *params, *cparams,
+            [&](const llama_model & model, const llama_locret_params & p, const llama_cparams & c, uint32_t n_ubatch_requested) {
+        const locret_config cfg = locret_config_make(model, p, locret_schedule_parse(p.budget_schedule), c,
+                n_ubatch_requested, cparams->type_k);
+        const bool v_trans = locret_v_trans(*cparams);
+        const locret_memory_size size = locret_memory_size_make(model, cfg, c, cparams->type_k, cparams->type_v, v_trans,
+                cparams->swa_full);
+        uint64_t cells = cfg.n_cells;
+        if (size.n_groups > 1) {
+            // llama.cpp's fit sizes n_ctx cells in every layer: as many as hold the layer groups' bytes (a budget
+            // schedule's groups are never made for an iSWA model, so every layer with KV evicts)
+            uint64_t row = 0;
+            for (uint32_t il = 0; il < model.hparams.n_layer(); ++il) {
+                row += locret_layer_evicts(model.hparams, il) ?
+                        locret_layer_row_bytes(model, il, cparams->type_k, cparams->type_v, v_trans) : 0;
+            }
+            cells = row > 0 ? (size.kv + row - 1) / row : cells;
+        }
+        n_ctx = (int64_t) cells * c.n_seq_max;
+    });
+    return ret == 0 ? n_ctx : -1;
 }
 
 const llama_locret_heads * llama_locret_get_heads(const llama_context * ctx) {

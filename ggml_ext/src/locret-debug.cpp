@@ -11,6 +11,7 @@
 #include "llama-kv-cache.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -143,6 +144,12 @@ int32_t llama_locret_layer_budget(const struct llama_context * ctx, int32_t il) 
     return i < 0 ? -1 : (int32_t) mem->layer_budget((size_t) i);
 }
 
+int32_t llama_locret_layer_cells(const struct llama_context * ctx, int32_t il) {
+    const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
+    const int32_t i = mem != nullptr && il >= 0 ? mem->layer_index((uint32_t) il) : -1;
+    return i < 0 ? -1 : (int32_t) mem->get_layers()[(size_t) i].kv_size;
+}
+
 int32_t llama_locret_retained(const struct llama_context * ctx, int32_t il, int32_t ih, int32_t * logical_pos, int32_t n_max) {
     return llama_locret_retained_seq(ctx, 0, il, ih, logical_pos, n_max);
 }
@@ -164,9 +171,12 @@ int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id 
     }
     llama_synchronize(ctx);
     const locret_kv_layer & L = mem->get_layers()[i];
+    const locret_stream   & s = *mem->get_stream(seq_id);
     ggml_tensor * t = read_v ? L.v : L.k;
     const int64_t width = t->ne[0];
-    const size_t  stream_bytes = ggml_row_size(t->type, width * kv_size);
+    // the layer's own cache (its group's): the bookkeeping's cell c at layer_cell(); a cell it does not hold reads 0
+    const int64_t own_size = L.kv_size;
+    const size_t  stream_bytes = ggml_row_size(t->type, width * own_size);
     std::vector<uint8_t> raw(stream_bytes);
     ggml_backend_tensor_get(t, raw.data(), stream_bytes * seq_id, stream_bytes);
     const auto * traits = ggml_get_type_traits(t->type);
@@ -179,16 +189,22 @@ int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id 
     };
     if (read_v && mem->get_v_trans()) {
         // element (cell c, column r) lies at r*kv_size + c
-        std::vector<float> row(kv_size);
+        std::vector<float> row(own_size);
         for (int64_t r = 0; r < width; ++r) {
-            to_float(raw.data() + ggml_row_size(t->type, kv_size) * r, row.data(), kv_size);
+            to_float(raw.data() + ggml_row_size(t->type, own_size) * r, row.data(), own_size);
             for (int64_t c = 0; c < n_cells; ++c) {
-                out[c * width + r] = row[c];
+                const int64_t o = mem->layer_cell((size_t) i, s, (uint32_t) c);
+                out[c * width + r] = o >= 0 && o < own_size ? row[o] : 0.0f;
             }
         }
     } else {
         for (int64_t c = 0; c < n_cells; ++c) {
-            to_float(raw.data() + ggml_row_size(t->type, width) * c, out + c * width, width);
+            const int64_t o = mem->layer_cell((size_t) i, s, (uint32_t) c);
+            if (o >= 0 && o < own_size) {
+                to_float(raw.data() + ggml_row_size(t->type, width) * o, out + c * width, width);
+            } else {
+                std::fill(out + c * width, out + (c + 1) * width, 0.0f);
+            }
         }
     }
     return (int32_t) width;
@@ -202,14 +218,18 @@ int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id 
         return -1;
     }
     llama_synchronize(ctx);
-    const int64_t kv_size = mem->config().n_cells;
     int32_t n_written = 0;
+    const locret_stream & s = *mem->get_stream(seq_id);
     for (size_t i = 0; i < mem->get_layers().size(); ++i) {
+        // in the layer's own cache (its group's): the cells a schedule masks in it, and the cells past those in use
         uint32_t m0 = 0;
         uint32_t m1 = 0;
-        mem->masked_cells(i, (uint32_t) seq_id, &m0, &m1);
+        mem->group_masked_cells(i, (uint32_t) seq_id, &m0, &m1);
         const locret_kv_layer & L = mem->get_layers()[i];
-        for (int pass = 0; pass < 2 && m1 > m0; ++pass) {
+        const int64_t kv_size = L.kv_size;
+        const int64_t n_own   = (int64_t) s.n_used - mem->group_gap(L.group, s);
+        auto unread = [&](int64_t c) { return (c >= m0 && c < m1) || c >= n_own; };
+        for (int pass = 0; pass < 2; ++pass) {
             ggml_tensor * t = pass == 0 ? L.k : L.v;
             if (t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_F32) {
                 locret_set_error("llama_locret_debug_fill_masked: only an F16 or F32 cache can be filled");
@@ -230,14 +250,16 @@ int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id 
                 }
             };
             const bool transposed = pass == 1 && mem->get_v_trans(); // element (cell c, column r) at r*kv_size + c
-            for (uint32_t c = m0; c < m1; ++c) {
-                for (int64_t r = 0; r < width; ++r) {
+            for (int64_t c = 0; c < kv_size; ++c) {
+                for (int64_t r = 0; r < width && unread(c); ++r) {
                     put(transposed ? (size_t) r * kv_size + c : (size_t) c * width + r);
                 }
             }
             ggml_backend_tensor_set(t, raw.data(), stream_bytes * seq_id, stream_bytes);
         }
-        n_written += (int32_t) (m1 - m0);
+        for (int64_t c = 0; c < kv_size; ++c) {
+            n_written += unread(c) ? 1 : 0;
+        }
     }
     return n_written;
 }

@@ -30,13 +30,30 @@ struct locret_row_moves {
     uint32_t  h;          // the KV head being placed
     uint64_t  moved;      // rows written to another cell
     uint64_t  rotated;    // keys re-rotated
+    // layer groups: the K/V rows in the layer's own cache (NULL without groups), its stream's first cell there, and
+    // where its cells part from the bookkeeping's: cells from `live` on sit `gap` lower (no cell is read between)
+    int32_t * kv_src  = nullptr;
+    int64_t * kv_dst  = nullptr;
+    int64_t   kv_base = 0;
+    uint32_t  live    = 0;
+    uint32_t  gap     = 0;
+
+    // cell c of the bookkeeping in the layer's own cache
+    uint32_t own(uint32_t c) const { return kv_src == nullptr || c < live ? c : c - gap; }
+    // a unit that goes from cell `from` to cell `to` (below every group's live end after the eviction) needs no move
+    // when neither its score's row nor its K/V row changes
+    bool stays(uint32_t from, uint32_t to) const { return from == to && own(from) == to; }
 
     void add(uint32_t from, uint32_t to, int32_t dlt) {
         src[n]   = (int32_t) ((base + from) * n_head_kv + h);
         dst[n]   = (base + to) * n_head_kv + h;
         delta[n] = dlt;
+        if (kv_src != nullptr) {
+            kv_src[n] = (int32_t) ((kv_base + own(from)) * n_head_kv + h);
+            kv_dst[n] = (kv_base + to) * n_head_kv + h;
+        }
         ++n;
-        moved   += from != to;
+        moved   += own(from) != to;
         rotated += dlt != 0;
     }
 };
@@ -50,7 +67,7 @@ static void place_compact(const uint32_t * kept, uint32_t n_live, const int32_t 
         pos_new[k] = pos[c];
         const int32_t p_old = (int32_t) c + (c < live_end ? old_shift : 0);
         const int32_t p_new = (int32_t) k + new_shift;
-        if (c != k || p_new != p_old) {
+        if (!mv.stays(c, k) || p_new != p_old) {
             mv.add(c, k, p_new - p_old);
         }
     }
@@ -71,6 +88,9 @@ static void place_in_holes(const uint32_t * kept, uint32_t n_live, const int32_t
             pos_new[c]  = pos[c];
             rope_new[c] = rope[c];
             ++next_kept;
+            if (!mv.stays(c, c)) {
+                mv.add(c, c, 0); // a layer group's cache holds it lower
+            }
             continue;
         }
         const uint32_t from = kept[src++];
@@ -93,7 +113,7 @@ static void place_by_position(const uint32_t * kept, uint32_t n_live, int32_t sh
         const int32_t  p_new = (int32_t) k + shift;
         pos_new[k]  = pos[c];
         rope_new[k] = p_new;
-        if (c != k || p_new != rope[c]) {
+        if (!mv.stays(c, k) || p_new != rope[c]) {
             mv.add(c, k, p_new - rope[c]);
         }
     }
@@ -102,8 +122,27 @@ static void place_by_position(const uint32_t * kept, uint32_t n_live, int32_t sh
 void llama_locret_memory::free_cells(uint32_t strm, llama_pos pos_from) {
     // the cache's cells hold positions that grow with the cell (compact positions: the cell itself; kept positions:
     // cells below the budget hold their own index, later ones the RoPE position they were placed at): removing
-    // positions >= pos_from frees the cells from the first that holds such a position on
-    kv->seq_rm((llama_seq_id) strm, pos_from, -1);
+    // positions >= pos_from frees the cells from the first that holds such a position on. A layer group's cache holds
+    // the same units of a suffix at the same positions.
+    for (size_t g = 0; g < n_groups(); ++g) {
+        group_cache(g)->seq_rm((llama_seq_id) strm, pos_from, -1);
+    }
+}
+
+void llama_locret_memory::free_group_tails(uint32_t strm) {
+    // after an eviction group g keeps cells [0, its live end) of its own cache; the cells there hold positions that
+    // grow with the cell as in group 0's (each part is placed after the cells in use, at positions past theirs), so
+    // the cells from the live end on are those whose position is at least that cell's
+    const locret_stream & s = streams[strm];
+    for (size_t g = 1; g < n_groups(); ++g) {
+        llama_kv_cache * c = group_cache(g);
+        const llama_kv_cells & cells = c->get_cells((llama_seq_id) strm);
+        const uint32_t live = group_live_end(g, s);
+        if (live < cells.size() && !cells.is_empty(live)) {
+            c->seq_rm((llama_seq_id) strm, cells.pos_get(live), -1);
+        }
+        GGML_ASSERT(cells.get_used() == live && "Locret: a layer group's cache does not follow the eviction");
+    }
 }
 
 bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llama_pos delta) {
@@ -157,8 +196,11 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         n_rows += layers[i].n_head_kv;
     }
     try {
-        moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer));
-        moves.make_stack(layers, v_trans, kv->get_size(), kv->get_n_stream());
+        // layer groups: K/V rows of caches of their own sizes, in tables of their own, moved layer by layer
+        moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer), n_groups() > 1);
+        if (n_groups() == 1) {
+            moves.make_stack(layers, v_trans, kv->get_size(), kv->get_n_stream());
+        }
     } catch (const std::exception & e) {
         locret_set_error(e.what());
         return false;
@@ -168,6 +210,10 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         std::fill(m.src, m.src + m.cap, 0);
         std::fill(m.dst, m.dst + m.cap, 0);
         std::fill(m.delta, m.delta + m.cap, 0);
+        if (m.kv_src != nullptr) {
+            std::fill(m.kv_src, m.kv_src + m.cap, 0);
+            std::fill(m.kv_dst, m.kv_dst + m.cap, 0);
+        }
         m.n = m.cap;
     }
     select_idx_cap = select_graph ? n_rows * cfg.budget : 0;
@@ -691,6 +737,13 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             auto & m = moves.layer[i];
             GGML_ASSERT(m.n + (size_t) n_head_kv * st.n_keep <= m.cap);
             locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, base, n_head_kv, 0, 0, 0 };
+            if (m.kv_src != nullptr) {
+                mv.kv_src  = m.kv_src + m.n;
+                mv.kv_dst  = m.kv_dst + m.n;
+                mv.kv_base = (int64_t) st.strm * layers[i].kv_size;
+                mv.live    = group_live_end(layers[i].group, s);
+                mv.gap     = s.dead_end - mv.live;
+            }
             std::vector<uint32_t> order; // kept positions, compacted: the kept cells by position
             for (uint32_t h = 0; h < n_head_kv; ++h) {
                 const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
@@ -764,7 +817,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         const uint32_t n_used = s.n_used;
         const uint32_t rope_before = s.rope_next;
         if (pd.n_keep < n_used) {
-            free_cells(pd.strm, (llama_pos) pd.n_keep);
+            // group 0 (every layer without groups): the cells past the kept ones, by position (free_cells)
+            kv->seq_rm((llama_seq_id) pd.strm, (llama_pos) pd.n_keep, -1);
         }
         s.pos.swap(pos_next[p]);
         if (!s.rope.empty()) {
@@ -783,6 +837,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         s.live_end         = live_next[p];
         s.dead_end         = pd.n_keep;
         s.n_used           = pd.n_keep;
+        free_group_tails(pd.strm);
         s.uniform_from     = pd.n_keep;
         policy->compacted(cfg, pd, pending[p].prot, s.policy_state);
         s.undo.valid       = false;
@@ -801,10 +856,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     if (!ok) {
         // the cache may be half moved: empty the sequences involved, so that nothing inconsistent is ever read
         for (const auto & pd : pending) {
-            kv->seq_rm((llama_seq_id) pd.args.strm, -1, -1);
-            if (kv_swa != nullptr) {
-                kv_swa->seq_rm((llama_seq_id) pd.args.strm, -1, -1);
-            }
+            each_cache([&](llama_memory_i & m) { m.seq_rm((llama_seq_id) pd.args.strm, -1, -1); });
             reset_stream(streams[pd.args.strm]);
         }
         locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");

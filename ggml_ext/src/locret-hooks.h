@@ -40,9 +40,18 @@ void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_grap
                                   const llama_memory_context_i * mctx, ggml_tensor * q, float kq_scale,
                                   const llama_ubatch & ubatch, int il);
 
-// llm_graph_context::build_attn with a KV cache (patches/0025): the attention mask of layer il. When mctx belongs to a
-// memory with a budget schedule, kq_mask with the cells this layer no longer reads blocked (one add per distinct layer
-// budget, shared by its layers); otherwise kq_mask itself. kq_mask: [n_kv, n_tokens/n_stream, 1, n_stream].
+// llm_graph_context::build_attn with a KV cache (patches/0011): the attention input of layer il. When mctx belongs to a
+// memory whose budget schedule holds its layers in groups of caches (locret_layer_groups), the input of layer il's
+// group: llama.cpp's own input (cell indices, mask from the cells) bound to that group's cache, made once per graph
+// and group; otherwise `inp` itself.
+llm_graph_input_attn_kv * llama_locret_graph_attn_input(ggml_context * ctx, llm_graph_result * res,
+                                                        const llama_memory_context_i * mctx, const llama_ubatch & ubatch,
+                                                        llm_graph_input_attn_kv * inp, int il);
+
+// llm_graph_context::build_attn with a KV cache (patches/0011): the attention mask of layer il, given its input's mask
+// (its group's). When mctx belongs to a memory with a budget schedule, kq_mask with the cells this layer no longer
+// reads blocked (one add per distinct layer budget below its group's largest, shared by its layers); otherwise kq_mask
+// itself. kq_mask: [n_kv, n_tokens/n_stream, 1, n_stream].
 ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result * res,
                                             const llama_memory_context_i * mctx, ggml_tensor * kq_mask, int il);
 

@@ -37,6 +37,9 @@ struct locret_batch {
     llama_locret_memory * mem = nullptr;
     std::vector<locret_ubatch_plan> plans;
     size_t i_plan = 0;
+    // layer groups 1..: each group's own context, for the ubatch last applied (a full-cache view for graph
+    // reservation); group 0 is the context itself
+    std::vector<std::unique_ptr<llama_kv_cache_context>> groups;
 };
 
 // llama.cpp's memory context of type Base (llama_kv_cache_context, llama_kv_cache_iswa_context: the graph reads it as
@@ -50,6 +53,11 @@ public:
         : Base(std::forward<Args>(args)...) {
         this->mem   = mem;
         this->plans = std::move(plans);
+        if (this->plans.empty()) {
+            for (size_t g = 1; g < mem->n_groups(); ++g) {
+                this->groups.push_back(std::make_unique<llama_kv_cache_context>(mem->group_cache(g)));
+            }
+        }
     }
 
     bool next() override {
@@ -62,6 +70,8 @@ public:
             return false;
         }
         if (i_plan < plans.size()) {
+            // the layer groups' caches place the ubatch in their own cells (after the eviction before it)
+            mem->place_in_groups(plans[i_plan], Base::get_ubatch(), groups);
             mem->placed(plans[i_plan]);
         }
         return true;
@@ -140,6 +150,22 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
                 "(a recurrent, hybrid or sparse-attention memory); Locret eviction does not support it",
                 llm_arch_name(model.arch)));
     }
+    setup(cparams);
+}
+
+llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_cparams & cparams,
+        const locret_config & cfg_in, std::vector<std::unique_ptr<llama_kv_cache>> groups)
+    : model(model), cfg(cfg_in), policy(locret_policy_make(cfg_in.policy)) {
+    GGML_ASSERT(!groups.empty());
+    kv = groups[0].get();
+    inner.reset(groups[0].release());
+    for (size_t g = 1; g < groups.size(); ++g) {
+        group_caches.push_back(std::move(groups[g]));
+    }
+    setup(cparams);
+}
+
+void llama_locret_memory::setup(const llama_cparams & cparams) {
     const uint32_t n_seq = std::max(1u, cparams.n_seq_max);
     if (kv->get_n_stream() != n_seq || kv->get_size() < cfg.capacity) {
         throw std::runtime_error(format("the KV cache has %u cells in %u streams, expected at least %u cells in %u",
@@ -149,15 +175,31 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
     v_trans     = kv->get_v_trans();
 
     const auto & hp = model.hparams;
+    // every group's layers, in model order
+    std::vector<std::pair<uint32_t, uint32_t>> il_group;
+    for (size_t g = 0; g <= group_caches.size(); ++g) {
+        const llama_kv_cache * c = group_cache(g);
+        if (c->get_n_stream() != n_seq || c->get_v_trans() != v_trans) {
+            throw std::runtime_error("the Locret layer groups' caches differ in streams or V layout");
+        }
+        for (uint32_t il : c->get_layer_ids()) {
+            il_group.emplace_back(il, (uint32_t) g);
+        }
+    }
+    std::sort(il_group.begin(), il_group.end());
+    group_layers.assign(group_caches.size() + 1, {});
     layer_of_il.assign(hp.n_layer(), -1);
-    for (uint32_t il : kv->get_layer_ids()) {
+    for (const auto & [il, g] : il_group) {
+        const llama_kv_cache * c = group_cache(g);
         locret_kv_layer L;
         L.il        = il;
         L.n_head_kv = hp.n_head_kv(il);
         L.d_k       = hp.n_embd_head_k(il);
         L.d_v       = hp.n_embd_head_v(il);
-        L.k         = kv->get_k_storage(il);
-        L.v         = kv->get_v_storage(il);
+        L.k         = c->get_k_storage(il);
+        L.v         = c->get_v_storage(il);
+        L.group     = g;
+        L.kv_size   = c->get_size();
         if (L.k == nullptr || L.v == nullptr || (uint64_t) L.v->ne[0] != (uint64_t) L.d_v * L.n_head_kv ||
                 (uint64_t) L.k->ne[0] != (uint64_t) L.d_k * L.n_head_kv) {
             throw std::runtime_error(format("layer %u's K/V cache layout is not supported by Locret eviction", il));
@@ -166,6 +208,7 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
         if (il < layer_of_il.size()) {
             layer_of_il[il] = (int32_t) layers.size();
         }
+        group_layers[g].push_back(layers.size());
         layers.push_back(std::move(L));
     }
 
@@ -201,9 +244,10 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
                                 policy->describe(cfg);
     std::string budget = format("budget %u", cfg.budget);
     if (!cfg.layer_budget.empty()) {
-        budget = format("budget %u per layer on average, scheduled from %u (layer %u) to %u (layer %u) units (the cache "
-                "is sized for the largest)", cfg.budget_mean, cfg.layer_budget.front(), layers.front().il,
-                cfg.layer_budget.back(), layers.back().il);
+        budget = format("budget %u per layer on average, scheduled from %u (layer %u) to %u (layer %u) units (%s)",
+                cfg.budget_mean, cfg.layer_budget.front(), layers.front().il, cfg.layer_budget.back(), layers.back().il,
+                n_groups() > 1 ? format("a cache per budget, %zu caches", n_groups()).c_str() :
+                "the cache is sized for the largest");
     }
     const std::string positions = cfg.keep_positions ?
         format(", positions kept (compacted at %u)", cfg.position_limit) : std::string(", positions compacted");
@@ -218,6 +262,14 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
             list += format("%s%u:%u", i ? " " : "", layers[i].il, cfg.layer_budget[i]);
         }
         LLAMA_LOG_INFO("%s: Locret budget schedule (layer:units): %s\n", __func__, list.c_str());
+        for (size_t g = 0; g < n_groups() && n_groups() > 1; ++g) {
+            std::string il_list;
+            for (size_t i : group_layers[g]) {
+                il_list += format("%s%u", il_list.empty() ? "" : " ", layers[i].il);
+            }
+            LLAMA_LOG_INFO("%s: Locret layer group %zu: %u cells per sequence, layers %s\n", __func__, g,
+                    group_cache(g)->get_size(), il_list.c_str());
+        }
     }
 }
 
@@ -535,8 +587,83 @@ llama_memory_context_ptr llama_locret_memory::init_full() {
     return std::make_unique<locret_kv_context>(this, std::vector<locret_ubatch_plan>(), kv);
 }
 
+namespace {
+
+// the updates (stream copies) of every layer group's cache, applied together
+class locret_update_context : public llama_memory_context_i {
+public:
+    explicit locret_update_context(std::vector<llama_memory_context_ptr> parts) : parts(std::move(parts)) {
+        status = LLAMA_MEMORY_STATUS_NO_UPDATE;
+        for (const auto & p : this->parts) {
+            status = llama_memory_status_combine(status, p->get_status());
+        }
+    }
+    bool next() override { return false; }
+    bool apply() override {
+        bool ok = true;
+        for (auto & p : parts) {
+            if (p->get_status() == LLAMA_MEMORY_STATUS_SUCCESS) {
+                ok = p->apply() && ok;
+            }
+        }
+        return ok;
+    }
+    llama_memory_status get_status() const override { return status; }
+    const llama_ubatch & get_ubatch() const override { return parts[0]->get_ubatch(); }
+
+private:
+    std::vector<llama_memory_context_ptr> parts;
+    llama_memory_status status;
+};
+
+} // namespace
+
 llama_memory_context_ptr llama_locret_memory::init_update(llama_context * lctx, bool optimize) {
-    return inner->init_update(lctx, optimize);
+    if (n_groups() == 1) {
+        return inner->init_update(lctx, optimize);
+    }
+    std::vector<llama_memory_context_ptr> parts;
+    for (size_t g = 0; g < n_groups(); ++g) {
+        parts.push_back(group_cache(g)->init_update(lctx, optimize));
+    }
+    return std::make_unique<locret_update_context>(std::move(parts));
+}
+
+void llama_locret_memory::place_in_groups(const locret_ubatch_plan & plan, const llama_ubatch & ubatch,
+        std::vector<std::unique_ptr<llama_kv_cache_context>> & out) const {
+    out.resize(n_groups() - 1);
+    for (size_t g = 1; g < n_groups(); ++g) {
+        // each part goes right after the group's cells in use: its cells in group 0 less the group's gap
+        llama_kv_cache::slot_info sinfo;
+        sinfo.resize(plan.steps.size());
+        for (size_t p = 0; p < plan.steps.size(); ++p) {
+            const locret_step & st = plan.steps[p];
+            const locret_stream & s = streams[st.strm];
+            const uint32_t gap = group_gap(g, s);
+            GGML_ASSERT(st.first_cell >= s.dead_end && st.first_cell - gap + st.n_tokens <= group_cache(g)->get_size());
+            sinfo.strm[p] = st.strm;
+            sinfo.idxs[p].resize(st.n_tokens);
+            for (uint32_t j = 0; j < st.n_tokens; ++j) {
+                sinfo.idxs[p][j] = st.first_cell - gap + j;
+            }
+        }
+        sinfo.s0 = *std::min_element(sinfo.strm.begin(), sinfo.strm.end());
+        sinfo.s1 = *std::max_element(sinfo.strm.begin(), sinfo.strm.end());
+        out[g - 1] = std::make_unique<llama_kv_cache_context>(group_cache(g), llama_kv_cache::slot_info_vec_t{ sinfo },
+                std::vector<llama_ubatch>{ ubatch });
+        out[g - 1]->apply();
+    }
+}
+
+const llama_kv_cache_context * locret_group_context(const llama_memory_context_i * mctx, size_t g) {
+    const auto * b = dynamic_cast<const locret_batch *>(mctx);
+    if (b == nullptr) {
+        return nullptr;
+    }
+    if (g == 0) {
+        return dynamic_cast<const llama_kv_cache_context *>(mctx);
+    }
+    return g - 1 < b->groups.size() ? b->groups[g - 1].get() : nullptr;
 }
 
 //
@@ -607,6 +734,35 @@ void llama_locret_memory::masked_cells(size_t i, uint32_t strm, uint32_t * c0, u
     *c1 = s.dead_end;
 }
 
+void llama_locret_memory::group_masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const {
+    const locret_stream & s = streams[strm];
+    *c1 = group_live_end(layers[i].group, s);
+    *c0 = std::min(s.live_end[i], *c1);
+}
+
+uint32_t llama_locret_memory::group_live_end(size_t g, const locret_stream & s) const {
+    if (g == 0) {
+        return s.dead_end; // the largest budget's group: its largest layer is never masked
+    }
+    uint32_t e = 0;
+    for (size_t i : group_layers[g]) {
+        e = std::max(e, std::min(s.live_end[i], s.dead_end));
+    }
+    return e;
+}
+
+int64_t llama_locret_memory::layer_cell(size_t i, const locret_stream & s, uint32_t c) const {
+    const size_t   g    = layers[i].group;
+    const uint32_t live = group_live_end(g, s);
+    if (c < live) {
+        return c;
+    }
+    if (c < s.dead_end) {
+        return -1;
+    }
+    return (int64_t) c - (s.dead_end - live);
+}
+
 uint32_t llama_locret_memory::pinned_cells(const locret_stream & s) const {
     if (s.n_pinned == 0 || layers.empty()) {
         return 0;
@@ -653,7 +809,7 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
 }
 
 void llama_locret_memory::clear(bool data) {
-    inner->clear(data);
+    each_cache([&](llama_memory_i & m) { m.clear(data); });
     for (auto & s : streams) {
         reset_stream(s);
     }
@@ -679,7 +835,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         return true;
     }
     if (p0 <= seq_pos_min(seq_id) && p1 >= s.logical_next) {
-        inner->seq_rm(seq_id, -1, -1);
+        each_cache([&](llama_memory_i & m) { m.seq_rm(seq_id, -1, -1); });
         reset_stream(s);
         return true;
     }
@@ -746,7 +902,7 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
         return;
     }
     // the streams' cells are copied at the next update (llama.cpp's stream copy), the bookkeeping now
-    inner->seq_cp(seq_id_src, seq_id_dst, -1, -1);
+    each_cache([&](llama_memory_i & m) { m.seq_cp(seq_id_src, seq_id_dst, -1, -1); });
     streams[seq_id_dst] = src;
     if (evict_sched() != nullptr) {
         // the last compaction moved the scores and is not waited for by the eviction itself (the host copies below
@@ -786,7 +942,7 @@ void llama_locret_memory::copy_scores(uint32_t strm_src, uint32_t strm_dst) {
 }
 
 void llama_locret_memory::seq_keep(llama_seq_id seq_id) {
-    inner->seq_keep(seq_id);
+    each_cache([&](llama_memory_i & m) { m.seq_keep(seq_id); });
     for (size_t s = 0; s < streams.size(); ++s) {
         if ((llama_seq_id) s != seq_id) {
             reset_stream(streams[s]);
@@ -865,6 +1021,11 @@ llama_pos llama_locret_memory::seq_pos_max(llama_seq_id seq_id) const {
 
 std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdown() const {
     auto res = inner->memory_breakdown();
+    for (const auto & c : group_caches) {
+        for (const auto & [buft, size] : c->memory_breakdown()) {
+            res[buft] += size;
+        }
+    }
     if (scores_buf) {
         res[ggml_backend_buffer_get_type(scores_buf.get())] += ggml_backend_buffer_get_size(scores_buf.get());
     }

@@ -116,6 +116,10 @@ public:
     // llama_kv_cache, or a llama_kv_cache_iswa whose base (full-attention) cache evicts. Throws for another memory.
     llama_locret_memory(const llama_model & model, const llama_cparams & cparams, const locret_config & cfg,
                         llama_memory_ptr inner);
+    // a budget schedule's layers in caches of their own (locret_layer_groups): group g's cache holds its layers in
+    // the group's cells; groups[0] holds the largest budget in cfg.n_cells cells and plays `inner`'s part
+    llama_locret_memory(const llama_model & model, const llama_cparams & cparams, const locret_config & cfg,
+                        std::vector<std::unique_ptr<llama_kv_cache>> groups);
 
     //
     // llama_memory_i
@@ -163,6 +167,10 @@ public:
 
     // the inner cache placed the plan's ubatch: record its units
     void placed(const locret_ubatch_plan & plan);
+    // layer groups 1..: place the plan's ubatch (the graph's copy) in each group's cache, into one context per group
+    // (out[g - 1]), before placed()
+    void place_in_groups(const locret_ubatch_plan & plan, const llama_ubatch & ubatch,
+                         std::vector<std::unique_ptr<llama_kv_cache_context>> & out) const;
 
     // the score store the graph writes each ubatch's causal importance scores into (heads policy), or LagKV's
     // eviction-time graph its scores (lagkv policy), or NULL:
@@ -219,6 +227,21 @@ public:
     // a budget schedule: the cells of layers[i] that its attention must not read in stream strm, [*c0, *c1) (empty when
     // *c0 == *c1)
     void masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const;
+    // the same in the cells of the layer's own cache (its group's): [*c0, *c1) below the group's live end
+    void group_masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const;
+
+    // Layer groups (locret_layer_groups; one group without a schedule). Every sequence's bookkeeping (cells, units'
+    // positions, scores) is laid out in group 0's cells; group g's cache holds the same cells except those no layer of
+    // the group reads: below the group's live end a cell is its own, from the dead end on it sits `gap` cells lower
+    // (dead end - the group's live end), and the cells between do not exist in that cache.
+    size_t n_groups() const { return group_layers.size(); }
+    llama_kv_cache * group_cache(size_t g) const { return g == 0 ? kv : group_caches[g - 1].get(); }
+    const std::vector<size_t> & layers_of_group(size_t g) const { return group_layers[g]; }
+    // the cells of stream s that group g's layers may read below the dead end: [0, live end)
+    uint32_t group_live_end(size_t g, const locret_stream & s) const;
+    uint32_t group_gap(size_t g, const locret_stream & s) const { return s.dead_end - group_live_end(g, s); }
+    // cell c of stream s in layers[i]'s own cache, or -1 for a cell that cache does not hold
+    int64_t layer_cell(size_t i, const locret_stream & s, uint32_t c) const;
 
     const locret_config & config() const { return cfg; }
     const locret_policy & get_policy() const { return *policy; }
@@ -259,6 +282,8 @@ private:
 
     llama_memory_ptr inner;                  // the model's own memory
     llama_kv_cache      * kv      = nullptr; // the cache that evicts: inner itself, or the base cache of an iSWA pair
+    std::vector<std::unique_ptr<llama_kv_cache>> group_caches; // the caches of layer groups 1.. (group 0's is kv)
+    std::vector<std::vector<size_t>>             group_layers; // per group: its layers (indices into layers)
     llama_kv_cache_iswa * iswa    = nullptr; // inner as an iSWA pair, or NULL
     llama_kv_cache      * kv_swa  = nullptr; // the window cache of the pair, or NULL
     bool v_trans = true;
@@ -408,9 +433,20 @@ private:
     locret_stream_meta state_read_meta(llama_io_read_i & io, uint32_t version) const;
     void state_check_meta(const locret_stream_meta & m) const;
     void state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id);
+    void state_read_groups(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags); // groups 1..
 
+    void setup(const llama_cparams & cparams); // the layers, streams and stores, once the caches are known
     void reset_stream(locret_stream & s);
     void free_cells(uint32_t strm, llama_pos pos_from); // the inner cells holding positions >= pos_from become free
+    void free_group_tails(uint32_t strm); // after an eviction: layer groups 1.. free their cells past their live end
+    // f(memory) for every cache the memory holds: the model's own memory (group 0's cache, or the iSWA pair), then
+    // layer groups 1..
+    template <typename F> void each_cache(F f) {
+        f(static_cast<llama_memory_i &>(*inner));
+        for (auto & c : group_caches) {
+            f(static_cast<llama_memory_i &>(*c));
+        }
+    }
     bool shift_window(llama_context * lctx, uint32_t strm, llama_pos delta); // the window cache follows a compaction
 };
 
@@ -420,6 +456,9 @@ const llama_locret_memory * locret_memory_of(const llama_memory_i * mem);
 
 // the Locret memory a memory context belongs to (a ubatch's or the full view of graph reservation), or NULL
 llama_locret_memory * locret_memory_of_context(const llama_memory_context_i * mctx);
+
+// layer group g's context within a Locret memory context (group 0: the context itself), or NULL
+const llama_kv_cache_context * locret_group_context(const llama_memory_context_i * mctx, size_t g);
 
 // the plan of the ubatch a memory context is at, when the context is a Locret one (else NULL)
 const locret_ubatch_plan * locret_plan_of(const llama_memory_context_i * mctx, llama_locret_memory ** mem);

@@ -9,8 +9,57 @@
 #include "llama-model.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <numeric>
 #include <stdexcept>
 #include <string>
+
+uint64_t locret_layer_row_bytes(const llama_model & model, uint32_t il, ggml_type type_k, ggml_type type_v, bool v_trans) {
+    const auto & hp = model.hparams;
+    return ggml_row_size(type_k, hp.n_embd_k_gqa(il)) +
+           ggml_row_size(type_v, v_trans ? hp.n_embd_v_gqa_max() : hp.n_embd_v_gqa(il));
+}
+
+std::vector<locret_layer_group> locret_layer_groups(const locret_config & cfg, size_t n_layers, bool one_cache) {
+    const char * env = getenv("LOCRET_DEBUG_ALLOC");
+    const bool masked = env != nullptr && std::strcmp(env, "masked") == 0;
+    if (cfg.layer_budget.empty() || one_cache || masked || n_layers == 0) {
+        locret_layer_group all;
+        all.layers.resize(n_layers);
+        std::iota(all.layers.begin(), all.layers.end(), 0u);
+        all.budget  = cfg.budget;
+        all.n_cells = cfg.n_cells;
+        return { all };
+    }
+    GGML_ASSERT(cfg.layer_budget.size() == n_layers);
+    // one group per distinct budget, the largest first
+    std::vector<uint32_t> budgets = cfg.layer_budget;
+    std::sort(budgets.begin(), budgets.end(), std::greater<uint32_t>());
+    budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
+    std::vector<locret_layer_group> groups(budgets.size());
+    for (size_t g = 0; g < budgets.size(); ++g) {
+        groups[g].budget  = budgets[g];
+        groups[g].n_cells = g == 0 ? cfg.n_cells : budgets[g] + cfg.n_ubatch;
+    }
+    for (uint32_t j = 0; j < n_layers; ++j) {
+        const size_t g = std::find(budgets.begin(), budgets.end(), cfg.layer_budget[j]) - budgets.begin();
+        groups[g].layers.push_back(j);
+    }
+    return groups;
+}
+
+std::vector<locret_layer_group> locret_layer_groups_for(const llama_model & model, const locret_config & cfg) {
+    const auto & hp = model.hparams;
+    size_t n_layers = 0;
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        n_layers += locret_layer_evicts(hp, il) ? 1 : 0;
+    }
+    // an iSWA model's window cache follows the one evicting cache's frame; ALiBi's mask holds distances by cell, which
+    // a group's cells do not share with the first group's (whose mask the others read)
+    return locret_layer_groups(cfg, n_layers, hp.swa_type != LLAMA_SWA_TYPE_NONE || hp.use_alibi);
+}
 
 locret_memory_size locret_memory_size_make(const llama_model & model, const locret_config & cfg, const llama_cparams & cparams,
         ggml_type type_k, ggml_type type_v, bool v_trans, bool swa_full) {
@@ -25,20 +74,31 @@ locret_memory_size locret_memory_size_make(const llama_model & model, const locr
     const std::unique_ptr<locret_policy> policy = locret_policy_make(cfg.policy);
     const uint64_t n_query_rows = policy ? policy->query_rows(cfg) : 0;
     const bool     scores       = policy && policy->stores_scores();
+    // the evicting layers' cells: their group's (one group of cfg.n_cells without a schedule)
+    const std::vector<locret_layer_group> groups = locret_layer_groups_for(model, cfg);
+    std::vector<uint32_t> cells_of_layer;
+    for (const auto & g : groups) {
+        for (uint32_t j : g.layers) {
+            cells_of_layer.resize(std::max<size_t>(cells_of_layer.size(), j + 1), 0);
+            cells_of_layer[j] = g.n_cells;
+        }
+    }
+    s.n_groups = (uint32_t) groups.size();
     s.layer.assign(hp.n_layer(), 0);
+    uint32_t j = 0; // index among the evicting layers
     for (uint32_t il = 0; il < hp.n_layer(); ++il) {
         if (!hp.has_kv(il)) {
             continue;
         }
         // one K row and one V row per cell, as llama_kv_cache sizes them
-        const uint64_t row = ggml_row_size(type_k, hp.n_embd_k_gqa(il)) +
-                             ggml_row_size(type_v, v_trans ? hp.n_embd_v_gqa_max() : hp.n_embd_v_gqa(il));
+        const uint64_t row = locret_layer_row_bytes(model, il, type_k, type_v, v_trans);
         if (iswa && hp.is_swa(il)) {
             s.layer[il] = row * s.n_cells_window;
             s.window   += s.layer[il];
             continue;
         }
-        s.layer[il] = row * cfg.n_cells;
+        GGML_ASSERT(j < cells_of_layer.size());
+        s.layer[il] = row * cells_of_layer[j++];
         s.kv       += s.layer[il];
         if (scores) {
             s.scores += (uint64_t) sizeof(float) * hp.n_head_kv(il) * cfg.n_cells;

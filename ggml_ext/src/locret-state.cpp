@@ -116,6 +116,14 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
         state_write_meta(io, id);
         state_write_data(io, id);
     }
+    // layer groups 1..: their caches' own states, after a count (a context without groups writes neither)
+    if (n_groups() > 1) {
+        const uint32_t n_extra = (uint32_t) (n_groups() - 1);
+        io.write(&n_extra, sizeof(n_extra));
+        for (size_t g = 1; g < n_groups(); ++g) {
+            group_cache(g)->state_write(io, seq_id, flags);
+        }
+    }
 }
 
 void llama_locret_memory::state_write_meta(llama_io_write_i & io, uint32_t id) const {
@@ -177,12 +185,12 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
     // the sequences being replaced start empty (the inner cache then restores its cells from cell 0 on)
     auto empty_target = [&]() {
         if (seq_id < 0) {
-            inner->clear(true);
+            each_cache([](llama_memory_i & m) { m.clear(true); });
             for (auto & s : streams) {
                 reset_stream(s);
             }
         } else {
-            inner->seq_rm(seq_id, -1, -1);
+            each_cache([&](llama_memory_i & m) { m.seq_rm(seq_id, -1, -1); });
             reset_stream(streams[seq_id]);
         }
     };
@@ -213,6 +221,9 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.live_end        = m.live_end;
             s.rope_next       = m.rope_next;
             state_read_data(io, version, m.id);
+        }
+        if (n_groups() > 1) {
+            state_read_groups(io, seq_id, flags);
         }
     } catch (...) {
         // a failed load leaves the sequences it was loading empty and consistent
@@ -405,5 +416,35 @@ void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version
     const llama_kv_cells & cells = kv->get_cells((llama_seq_id) id);
     if (cells.get_used() != s.n_used || (s.n_used > 0 && cells.used_max_p1() != s.n_used)) {
         throw std::runtime_error("Locret: the restored cells do not match the saved Locret state");
+    }
+}
+
+void llama_locret_memory::state_read_groups(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
+    uint32_t n_extra = 0;
+    try {
+        io.read(&n_extra, sizeof(n_extra));
+    } catch (const std::exception &) {
+        throw std::runtime_error("Locret: the saved state has no layer groups' caches (saved by a context that holds its "
+                "budget schedule in one cache, or truncated)");
+    }
+    if (n_extra != n_groups() - 1) {
+        throw std::runtime_error(format("Locret: the saved state holds %u layer groups, this context %zu", n_extra + 1,
+                n_groups()));
+    }
+    for (size_t g = 1; g < n_groups(); ++g) {
+        group_cache(g)->state_read(io, seq_id, flags);
+        // llama.cpp restored each stream's cells from 0: exactly the ones the group's layers hold
+        for (size_t id = 0; id < streams.size(); ++id) {
+            if (seq_id >= 0 && (size_t) seq_id != id) {
+                continue;
+            }
+            const locret_stream & s = streams[id];
+            const uint32_t n_own = s.n_used - group_gap(g, s);
+            const llama_kv_cells & cells = group_cache(g)->get_cells((llama_seq_id) id);
+            if (cells.get_used() != n_own || (n_own > 0 && cells.used_max_p1() != n_own)) {
+                throw std::runtime_error(format("Locret: the restored cells of layer group %zu do not match the saved "
+                        "Locret state", g));
+            }
+        }
     }
 }

@@ -98,6 +98,7 @@ _SIGNATURES = {
     "llama_locret_debug_rope_positions": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32,
                                            ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
     "llama_locret_layer_budget": ([ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_layer_cells": ([ctypes.c_void_p, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_debug_fill_masked": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_float],
                                        ctypes.c_int32),
     "llama_locret_debug_compute_buffers": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
@@ -327,8 +328,8 @@ def set_budget_schedule(model: int, schedule: str | os.PathLike) -> None:
     """Per-layer budgets for the contexts created next from `model`, after `configure`: "uniform", "pyramid"
     (PyramidKV: the first evicting layer keeps about 2b, the last b/20 raised to the stabilizers + 1, linear
     between) or a file of whole numbers, one per evicting layer. The layers' budgets sum to b times their
-    count; the cache is sized for the largest (the cells a smaller layer does not keep are masked out of its
-    attention). HeadsError with the reason (unknown name, unreadable file, no budget, policy lagkv or sage)."""
+    count; the layers are held in a few caches, each sized for its layers' largest budget (a layer below it has the
+    cells it does not keep masked out of its attention; see layer_cells). HeadsError with the reason (unknown name, unreadable file, no budget, policy lagkv or sage)."""
     if _api().llama_locret_model_set_budget_schedule(model, os.fsencode(schedule)) != 0:
         raise HeadsError(_last_error())
 
@@ -338,9 +339,16 @@ def layer_budget(ctx: int, layer: int) -> int:
     return int(_api().llama_locret_layer_budget(ctx, layer))
 
 
+def layer_cells(ctx: int, layer: int) -> int:
+    """The KV cells per sequence `layer`'s cache allocates in this context (with a budget schedule, its layer group's:
+    the group's largest budget plus the ubatch); -1 for a layer it does not evict."""
+    return int(_api().llama_locret_layer_cells(ctx, layer))
+
+
 def fill_masked(ctx: int, k_value: float, v_value: float, seq_id: int = 0) -> int:
-    """Test only: write k_value / v_value into every K / V element of the cells a budget schedule masks in each
-    layer of sequence `seq_id` (what attention must not read). Returns the cells written, summed over layers."""
+    """Test only: write k_value / v_value into every K / V element of the cells of each layer's cache that sequence
+    `seq_id`'s attention must not read (those a budget schedule masks in the layer, and those past the cells in use).
+    Returns the cells written, summed over layers."""
     n = _api().llama_locret_debug_fill_masked(ctx, seq_id, k_value, v_value)
     if n < 0:
         raise HeadsError(_last_error())

@@ -163,6 +163,12 @@ class Llama(llama_cpp.Llama):
         """The units `layer` keeps (its budget schedule's entry, or the budget); -1 for a layer not evicted."""
         return eviction.layer_budget(self._ctx.ctx, layer)
 
+    def locret_layer_cells(self, layer: int) -> int:
+        """The KV cells per sequence `layer`'s cache allocates (a budget schedule's layers sit in a cache per budget:
+        its budget plus the ubatch; the largest budget's, and every layer without a schedule, n_cells); -1 for a layer
+        not evicted."""
+        return eviction.layer_cells(self._ctx.ctx, layer)
+
     def locret_room(self, seq_id: int = 0) -> int:
         """Speculative decoding: the most tokens (the sampled one and its draft) the next batch of sequence `seq_id` may
         hold so that no eviction falls inside it (`locret.eviction.seq_room`); -1 without eviction."""

@@ -96,8 +96,10 @@ def test_a_refusal_is_the_same_for_every_caller(model_path, heads_file, case):
     assert str(planned.value) in str(at_creation.value), (str(planned.value), str(at_creation.value))
 
 
-def test_fit_plans_a_pyramid_schedule_with_the_cells_the_cache_allocates(model_path, heads_file):
-    """-fit used to plan b + ubatch cells for a schedule; the cache holds the largest layer budget plus a chunk."""
+def test_fit_plans_a_pyramid_schedule_with_the_bytes_its_caches_allocate(model_path, heads_file):
+    """-fit used to plan b + ubatch cells for a schedule, then the largest layer budget plus a chunk in every layer;
+    a schedule's layers now sit in a cache per budget, and -fit (which sizes the same cells in every layer) plans the
+    cells that hold those bytes."""
     proc = run([tool("llama-completion"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "1024",
                 "--locret-stabilizers", "16", "--locret-budget-schedule", "pyramid", "-c", "1000000", "-b", "128",
                 "-ub", "128", "-fit", "on", "-lv", "4", "-p", "hi", "-n", "1", "-no-cnv"], timeout=300)
@@ -105,7 +107,12 @@ def test_fit_plans_a_pyramid_schedule_with_the_cells_the_cache_allocates(model_p
     fitted = re.search(r"Locret: fitting with (\d+) KV cells instead of -c 1000000", proc.stderr)
     allocated = re.search(r"-> (\d+) KV cells per sequence, 1 sequence", proc.stderr)
     assert fitted and allocated, proc.stderr[-3000:]
-    assert int(fitted.group(1)) == int(allocated.group(1)) != padded(1024 + 128)
+    r = eviction.resolve_file(model_path, heads=heads_file, budget=1024, stabilizers=16, budget_schedule="pyramid",
+                              n_ctx=1000000, n_ubatch=128, n_batch=128)
+    n_layer = len(r["layer_kv_bytes"])
+    assert int(allocated.group(1)) == r["n_cells"] == padded(max(r["layer_budgets"]) + 128)
+    cell_bytes = 2 * 2 * 192 * n_layer  # SmolLM2: K and V of 3 KV heads x 64, F16, every layer
+    assert int(fitted.group(1)) == -(-r["kv_bytes"] // cell_bytes) < r["n_cells"], (fitted.group(1), r)
 
 
 def test_fit_stops_on_settings_the_rule_book_refuses(model_path, heads_file):

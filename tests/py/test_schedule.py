@@ -258,13 +258,75 @@ def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path)
         (ref.rows_kept, ref.rows_moved, ref.rows_rotated)
 
 
-@pytest.mark.parametrize("positions", [None, "keep"])
-def test_masked_cells_are_not_attended(model_path, prompt_tokens, tmp_path, heads_file, positions):
-    """After evictions, overwrite the cells each layer masks with keys of 0 and values of 100: if attention read
-    them, the next logits would move far; they must stay what they were."""
+@pytest.mark.parametrize("kind", ["pyramid", "file"])
+def test_layers_are_held_in_groups_of_caches_the_rule_book_sizes(model_path, tmp_path, kind, monkeypatch):
+    # each layer's cache holds its group's cells (never fewer than its budget and a chunk); the context's K/V bytes are
+    # their sum, as the rule book resolves them before the model is loaded, and below what one cache would hold
     n_layer = shape(make(model_path, None))[0]
-    layer_b = varied(n_layer, B)
-    path = schedule_file(tmp_path, layer_b)
+    layer_b = pyramid(n_layer, B, NS) if kind == "pyramid" else varied(n_layer, B)
+    schedule = "pyramid" if kind == "pyramid" else schedule_file(tmp_path, layer_b)
+    llm = make(model_path, schedule)
+    st = llm.locret_stats()
+    row = 2 * 2 * 192  # SmolLM2: K and V of 3 KV heads x 64, F16
+    cells = [eviction.layer_cells(llm._ctx.ctx, il) for il in range(n_layer)]
+    # a cache per distinct budget: the largest budget's in the context's cells (its budget and a chunk, padded to 256),
+    # every other one its budget and a chunk
+    assert cells == [st["n_cells"] if b == max(layer_b) else b + UB for b in layer_b]
+    assert st["n_cells"] == -(-(max(layer_b) + UB) // 256) * 256
+    assert st["kv_bytes"] == row * sum(cells) < row * n_layer * st["n_cells"]
+    r = eviction.resolve_file(model_path, n_ctx=16384, n_ubatch=UB, budget=B, stabilizers=NS, local=NLOC,
+                              policy="random", budget_schedule=str(schedule))
+    assert r["kv_bytes"] == st["kv_bytes"] and list(r["layer_kv_bytes"]) == [row * c for c in cells]
+    assert eviction.layer_cells(llm._ctx.ctx, n_layer) == -1
+    # the form that holds every layer in one cache of the largest budget (LOCRET_DEBUG_ALLOC=masked) is what it was
+    monkeypatch.setenv("LOCRET_DEBUG_ALLOC", "masked")
+    one = make(model_path, schedule)
+    assert [eviction.layer_cells(one._ctx.ctx, il) for il in range(n_layer)] == [st["n_cells"]] * n_layer
+    assert one.locret_stats()["kv_bytes"] == row * n_layer * st["n_cells"]
+
+
+@pytest.mark.parametrize("select,positions,cache", [("graph", None, None), ("host", None, None),
+                                                    ("host", "keep:300", None), ("graph", None, "q8_0 fa")])
+def test_groups_of_caches_give_the_logits_of_one_masked_cache(model_path, heads_file, prompt_tokens, tmp_path,
+                                                              monkeypatch, select, positions, cache):
+    # The same schedule held in groups of caches (the default) and in one cache sized for the largest budget whose
+    # layers mask what they do not keep (LOCRET_DEBUG_ALLOC=masked): every unit a layer reads sits in another cell of
+    # another tensor, moved by other rows, yet attention reads the same keys and values at the same positions, so the
+    # logits after every call (prefill, generation, a second prompt: dozens of evictions) are the same.
+    monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    n_layer = shape(make(model_path, None))[0]
+    runs = []
+    for alloc in ("grouped", "masked"):
+        monkeypatch.setenv("LOCRET_DEBUG_ALLOC", alloc)
+        extra = dict(type_k=8, type_v=8, flash_attn=True) if cache else {}  # F16 masks, rows of 8-bit blocks
+        llm = make(model_path, "pyramid", policy=None, locret_heads=heads_file, locret_pool=5,
+                   locret_positions=positions, **extra)
+        cells = {eviction.layer_cells(llm._ctx.ctx, il) for il in range(n_layer)}
+        assert (len(cells) > 20) == (alloc == "grouped"), cells
+        logits, n_past = [], 0
+        for tokens, output_last in calls_of(prompt_tokens[:400], prompt_tokens[600:640], prompt_tokens[800:1000]):
+            n_past = decode(llm, tokens, n_past, output_last)
+            if output_last:
+                logits.append(last_logits(llm))
+        st = llm.locret_stats()
+        runs.append((logits, st["n_evictions"], [llm.locret_retained(il, 1).tolist() for il in range(n_layer)]))
+    (grouped, n_grouped, kept_grouped), (masked, n_masked, kept_masked) = runs
+    assert n_grouped == n_masked >= 20 and kept_grouped == kept_masked
+    assert len(grouped) == len(masked) > 40
+    for i, (a, b) in enumerate(zip(grouped, masked)):
+        np.testing.assert_array_equal(a, b, err_msg=f"call {i}")
+
+
+@pytest.mark.parametrize("alloc", ["grouped", "masked"])
+@pytest.mark.parametrize("positions", [None, "keep"])
+def test_masked_cells_are_not_attended(model_path, prompt_tokens, tmp_path, heads_file, positions, alloc,
+                                       monkeypatch):
+    """After evictions, overwrite the cells each layer masks with keys of 0 and values of 100: if attention read
+    them, the next logits would move far; they must stay what they were. Also the cells past those in use, which the
+    mask blocks: in groups of caches (a cache per budget) a layer holds no masked cell, and each group's mask is read
+    out of the first group's, extended by blocked cells; in one cache, every layer below the largest budget masks."""
+    monkeypatch.setenv("LOCRET_DEBUG_ALLOC", alloc)
+    path = "pyramid"
     logits = []
     for poison in (False, True):
         llm = make(model_path, path, policy=None, locret_heads=heads_file, locret_positions=positions)

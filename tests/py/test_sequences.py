@@ -233,3 +233,48 @@ def test_one_sequences_state_moves_to_another_context(model_path, heads_file, pr
     np.testing.assert_allclose(logits_of(other, 4), want, rtol=0, atol=1e-4 * np.abs(want).max())
     llm.close()
     other.close()
+
+
+def test_a_schedules_caches_with_several_sequences(model_path, heads_file, prompt_tokens, monkeypatch):
+    # A pyramid held in a cache per budget, 4 sequences as a server mixes them (prompt chunks, then one token per
+    # sequence in one ubatch, whose mask the groups read side by side): the logits of every call equal those of one
+    # cache that masks what each layer does not keep (LOCRET_DEBUG_ALLOC=masked); the memory is 4 x one sequence's;
+    # a saved state of every sequence loads into a new context and continues with the same logits.
+    n_seq = 4
+    runs = {}
+    for alloc in ("grouped", "masked"):
+        monkeypatch.setenv("LOCRET_DEBUG_ALLOC", alloc)
+        llm = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024, locret_budget_schedule="pyramid")
+        n_past, logits = [0] * n_seq, []
+        for call in conversation(prompt_tokens, n_seq):
+            decode_batch(llm, [(s, toks, n_past[s], out) for s, toks, out in call])
+            i = 0
+            for s, toks, out in call:
+                i += len(toks)
+                n_past[s] += len(toks)
+                if out:
+                    logits.append(logits_of(llm, i - 1))
+        runs[alloc] = (logits, [llm.locret_stats(seq_id=s)["n_evictions"] for s in range(n_seq)], llm, n_past)
+    (grouped, ev_grouped, llm, n_past), (masked, ev_masked, masked_llm, _) = runs["grouped"], runs["masked"]
+    assert ev_grouped == ev_masked and min(ev_grouped) >= 8
+    assert len(grouped) == len(masked) > 100
+    for i, (a, b) in enumerate(zip(grouped, masked)):
+        np.testing.assert_array_equal(a, b, err_msg=f"output {i}")
+    monkeypatch.setenv("LOCRET_DEBUG_ALLOC", "grouped")
+    single = make(model_path, heads_file, locret_budget_schedule="pyramid")
+    assert llm.locret_stats()["kv_bytes"] == n_seq * single.locret_stats()["kv_bytes"] < \
+        masked_llm.locret_stats()["kv_bytes"]
+    single.close()
+    masked_llm.close()
+
+    state = llm.save_state()
+    nxt = [(s, prompt_tokens[900 + s:905 + s], n_past[s], True) for s in range(n_seq)]
+    decode_batch(llm, nxt)
+    want = [logits_of(llm, 4 + 5 * s) for s in range(n_seq)]
+    again = make(model_path, heads_file, n_seq_max=n_seq, n_batch=1024, locret_budget_schedule="pyramid")
+    again.load_state(state)
+    decode_batch(again, nxt)
+    for s in range(n_seq):
+        np.testing.assert_array_equal(logits_of(again, 4 + 5 * s), want[s])
+    again.close()
+    llm.close()

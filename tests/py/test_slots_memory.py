@@ -2,7 +2,7 @@
 
 - the size line it reads is llama.cpp's own (an iSWA model's two caches summed);
 - with the pyramid at a small budget, -np 2 allocates exactly twice one slot's KV, and the planner's prediction equals
-  what llama.cpp reports (the rule book's size, written once).
+  what llama.cpp reports up to its rounding of each cache's line (the rule book's size, written once).
 """
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ def test_two_slots_of_a_pyramid_allocate_twice_one_slot(model_path):
             if line.startswith("| pyramid")]
     assert [r[1] for r in rows] == ["1", "2"]
     for r in rows:
-        assert float(r[2]) == float(r[4]) > 0      # reported == planned
+        # reported == planned, up to llama.cpp's rounding: it reports each cache (a cache per budget of the
+        # pyramid: 30) to 0.01 MiB
+        assert float(r[4]) > 0 and abs(float(r[2]) - float(r[4])) <= 0.005 * 30 + 1e-9, r
+        assert abs(float(r[2]) - float(r[4])) <= 0.02 * float(r[4]), r
     assert rows[1][5] == "2.00"                     # twice one slot's KV
     assert rows[0][3] == rows[1][3]                 # the same cells per slot
 

@@ -82,10 +82,10 @@ def pair(model_path, heads_file, request):
     llm.close()
 
 
-def run_with_failure(pair, tokens, fail_at, fail, eviction_stands=False):
+def run_with_failure(pair, tokens, fail_at, fail, eviction_stands=False, n_kept=B):
     """Decode the same chunks in both contexts; in the second, make chunk `fail_at` fail first (calling `fail`),
-    check that nothing changed (or, with eviction_stands, that only the eviction before the chunk happened), then
-    decode it again. Returns the number of chunks."""
+    check that nothing changed (or, with eviction_stands, that only the eviction before the chunk happened, which
+    left n_kept cells in use), then decode it again. Returns the number of chunks."""
     ref, llm = pair
     calls = chunks(tokens, 12)
     n_past = 0
@@ -98,7 +98,7 @@ def run_with_failure(pair, tokens, fail_at, fail, eviction_stands=False):
             after = snapshot(llm)
             if eviction_stands:
                 assert after["stats"]["n_evictions"] == before["stats"]["n_evictions"] + 1
-                assert after["stats"]["n_cells_used"] == B and after["pos"][1] == before["pos"][1]
+                assert after["stats"]["n_cells_used"] == n_kept and after["pos"][1] == before["pos"][1]
                 assert after["stats"]["pos_logical"] == before["stats"]["pos_logical"]
             else:
                 assert_same(after, before)
@@ -132,6 +132,19 @@ def test_a_failed_eviction_with_a_schedule_leaves_every_layer_as_before(model_pa
     path = schedule_file(tmp_path, varied(30, B))
     pair = tuple(make(model_path, heads_file, locret_budget_schedule=str(path)) for _ in range(2))
     run_with_failure(pair, prompt_tokens, fail_at, injected(fault))
+    for llm in pair:
+        llm.close()
+
+
+def test_a_failed_ubatch_with_a_schedule_is_taken_back_in_every_layers_cache(model_path, heads_file, prompt_tokens,
+                                                                              tmp_path):
+    # a schedule's layers sit in a cache per budget: the failed ubatch was placed in each, and each gives its cells
+    # back (by position), so the retry continues as the context that never failed (its logits, bit for bit)
+    from test_schedule import schedule_file, varied
+
+    path = schedule_file(tmp_path, varied(30, B))
+    pair = tuple(make(model_path, heads_file, locret_budget_schedule=str(path)) for _ in range(2))
+    run_with_failure(pair, prompt_tokens, 6, injected("ubatch"), eviction_stands=True, n_kept=max(varied(30, B)))
     for llm in pair:
         llm.close()
 

@@ -192,6 +192,12 @@ def _kv_layers_text(facts: ModelFacts, s: Settings, kv_per_layer: list[int]) -> 
     n_window = sum(1 for r in rows if 0 < r != s.n_cells)
     if n_window == 0:
         return f"{facts.n_layer} layers x {width}"
+    if len(s.layer_budgets) == facts.n_layer:
+        # every layer evicts: a budget schedule's layers in a cache per budget, the largest budget's of n_cells
+        n_full = sum(1 for r in rows if r == s.n_cells)
+        return (f"{n_full} layers x {width}, + {n_window} layers in caches of their budget plus the ubatch "
+                f"({min(r for r in rows if r)}-{max(r for r in rows if r != s.n_cells)} cells, "
+                f"{len({r for r in rows if r})} caches in all)")
     window_cells = next(r for r in rows if 0 < r != s.n_cells)
     return (f"{len(rows) - n_window} evicting layers x {width}, + {n_window} window layers of {window_cells} "
             "cells each")
