@@ -66,7 +66,7 @@ static void fill_moves(locret_moves & moves, size_t i, const std::vector<int64_t
 static void test_even_layers_stack() {
     cache c(4);
     locret_moves moves;
-    moves.allocate(std::vector<size_t>(4, CAP), ggml_backend_cpu_buffer_type());
+    moves.allocate(std::vector<size_t>(4, CAP), ggml_backend_cpu_buffer_type(), /*kv_rows =*/ false);
     moves.make_stack(c.layers, /*v_trans =*/ false, KV_SIZE, 1);
     const locret_layer_stack & S = moves.stack;
     CHECK(S.k != nullptr && S.v != nullptr && S.k_words != nullptr && S.v_words != nullptr, "even layers must stack");
@@ -112,7 +112,7 @@ static void test_uneven_layers_do_not_stack() {
     {
         cache c(4, /*gap_before =*/ 2);
         locret_moves moves;
-        moves.allocate(std::vector<size_t>(4, CAP), ggml_backend_cpu_buffer_type());
+        moves.allocate(std::vector<size_t>(4, CAP), ggml_backend_cpu_buffer_type(), /*kv_rows =*/ false);
         moves.make_stack(c.layers, false, KV_SIZE, 1);
         CHECK(moves.stack.k == nullptr && moves.stack.v == nullptr, "a tensor between layers 1 and 2");
         fill_moves(moves, 1, { 0 });
@@ -123,7 +123,7 @@ static void test_uneven_layers_do_not_stack() {
     {
         cache c(3, -1, /*wide_layer =*/ 1);
         locret_moves moves;
-        moves.allocate(std::vector<size_t>(3, CAP), ggml_backend_cpu_buffer_type());
+        moves.allocate(std::vector<size_t>(3, CAP), ggml_backend_cpu_buffer_type(), /*kv_rows =*/ false);
         moves.make_stack(c.layers, false, KV_SIZE, 1);
         CHECK(moves.stack.k == nullptr, "layer 1 has another head count");
     }
@@ -131,7 +131,7 @@ static void test_uneven_layers_do_not_stack() {
         // move tables not evenly spaced (another room in one layer)
         cache c(3);
         locret_moves moves;
-        moves.allocate({ CAP, CAP + 1, CAP }, ggml_backend_cpu_buffer_type());
+        moves.allocate({ CAP, CAP + 1, CAP }, ggml_backend_cpu_buffer_type(), /*kv_rows =*/ false);
         moves.make_stack(c.layers, false, KV_SIZE, 1);
         CHECK(moves.stack.k == nullptr, "uneven move tables");
     }
@@ -140,7 +140,7 @@ static void test_uneven_layers_do_not_stack() {
 static void test_padding() {
     cache c(4);
     locret_moves moves;
-    moves.allocate(std::vector<size_t>(4, CAP), ggml_backend_cpu_buffer_type());
+    moves.allocate(std::vector<size_t>(4, CAP), ggml_backend_cpu_buffer_type(), /*kv_rows =*/ false);
     moves.make_stack(c.layers, false, KV_SIZE, 1);
     // layer 0: the most moves (5); layer 1: none; layer 2: rows up to the last one, so the row below the lowest;
     // layer 3: the first and last rows written, so the first row no move writes
