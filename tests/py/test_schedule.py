@@ -292,7 +292,9 @@ def test_groups_of_caches_give_the_logits_of_one_masked_cache(model_path, heads_
     # The same schedule held in groups of caches (the default) and in one cache sized for the largest budget whose
     # layers mask what they do not keep (LOCRET_DEBUG_ALLOC=masked): every unit a layer reads sits in another cell of
     # another tensor, moved by other rows, yet attention reads the same keys and values at the same positions, so the
-    # logits after every call (prefill, generation, a second prompt: dozens of evictions) are the same.
+    # logits after every call (prefill, generation, a second prompt: dozens of evictions) are the same: bit for bit in
+    # these settings (ubatches of 32, one thread); where a kernel sums in blocks whose bounds the one cache's hole
+    # moves (512-token ubatches on two threads with flash attention) they part by rounding (docs/results.md).
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
     n_layer = shape(make(model_path, None))[0]
     runs = []
