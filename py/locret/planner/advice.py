@@ -10,7 +10,7 @@ from ..devices import Device
 from .inputs import ModelFacts, parse_slots, read_heads, read_model, resolve_heads, row_size
 from .measure import (COMPACT_MAX_SEQ, LOCRET_PART, LOCRET_SCORES_PART, SAMPLING_PART, Measured, _add_buffers,
                       _add_locret_buffers, measure)
-from .memory import (KV_PAD, MAX_SLOTS, Part, Settings, _fmt, _resolved, kv_bytes_per_layer, place, resolve_settings,
+from .memory import (KV_PAD, MAX_SLOTS, Part, Settings, _fmt, cells_per_layer, kv_bytes_per_layer, place, resolve_settings,
                      sized)
 
 
@@ -130,17 +130,16 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
                          "the prompt (lower --context to use less memory)")
     if settings.schedule != "uniform":
         lb = settings.layer_budgets
-        # the rule book's bytes say which form the context takes: a cache per budget (the layers' bytes then differ
-        # among evicting layers of one row size), or one cache of n_cells for every layer (an iSWA model)
-        r = _resolved(facts, settings)
-        grouped = r["window_bytes"] == 0 and len({b for b in r["layer_kv_bytes"] if b}) > 1
-        if grouped:
-            one_cache = len(lb) * settings.n_cells
-            held = sum(settings.n_cells if b == max(lb) else b + settings.ubatch for b in lb)
+        # the rule book's bytes say which form the context takes: a cache per budget (every layer evicts, and their
+        # cells differ), or one cache of n_cells for every layer (an iSWA model's)
+        cells = [c for c in cells_per_layer(facts, settings, kv_bytes_per_layer(facts, settings)) if c]
+        if len(lb) == len(cells) and len(set(cells)) > 1:
             out.notes.append(f"budget schedule {settings.schedule}: the layers keep {settings.budget} units on average, "
                              f"the largest {settings.largest_budget}; the layers of each budget share a KV cache of "
-                             f"that budget plus the ubatch (the largest's {settings.n_cells} cells): {held / one_cache:.0%} "
-                             f"of the cells one cache sized for the largest budget would hold")
+                             f"that budget plus the ubatch (the largest's {settings.n_cells} cells): "
+                             f"{sum(cells) / (len(cells) * settings.n_cells):.0%} of the cells one cache sized for the "
+                             f"largest budget would hold")
+            out.notes.append("layer cells (evicting layers in order): " + " ".join(map(str, cells)))
         else:
             out.notes.append(f"budget schedule {settings.schedule}: the layers keep {settings.budget} units on "
                              f"average, the largest {settings.largest_budget}; the KV cache is sized for the largest in "

@@ -184,11 +184,17 @@ def full_cache_kv_bytes(facts: ModelFacts, n_cells: int, kv_type: str) -> int:
                for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa))
 
 
+def cells_per_layer(facts: ModelFacts, s: Settings, kv_per_layer: list[int]) -> list[int]:
+    """The cells each layer's cache holds per slot, from the rule book's bytes (0 for a layer without KV): n_cells, a
+    window layer's own cache, or a budget schedule's cache of the layer's budget plus the ubatch."""
+    return [b // (s.slots * (row_size(s.kv_type, k) + row_size(s.kv_type, v))) if b else 0
+            for b, k, v in zip(kv_per_layer, facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+
+
 def _kv_layers_text(facts: ModelFacts, s: Settings, kv_per_layer: list[int]) -> str:
     """'30 layers x (K 192 + V 192) x f16', with a sliding-window model's window layers and their own cells."""
     width = f"(K {facts.n_embd_k_gqa[0]} + V {facts.n_embd_v_gqa[0]}) x {s.kv_type}"
-    rows = [b // (s.slots * (row_size(s.kv_type, k) + row_size(s.kv_type, v))) if b else 0
-            for b, k, v in zip(kv_per_layer, facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+    rows = cells_per_layer(facts, s, kv_per_layer)
     n_window = sum(1 for r in rows if 0 < r != s.n_cells)
     if n_window == 0:
         return f"{facts.n_layer} layers x {width}"
