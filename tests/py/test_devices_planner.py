@@ -311,9 +311,9 @@ def test_a_sage_plan_caches_the_whole_context_and_llama_cpp_agrees(model_path):
             planner.plan("cpu-2core", str(model_path), measure_buffers=False, **args)
 
 
-def test_a_budget_schedule_plan_sizes_the_cache_for_the_largest_layer_and_llama_cpp_agrees(model_path, tmp_path):
+def test_a_budget_schedule_plan_sizes_each_budgets_cache_and_llama_cpp_agrees(model_path, tmp_path):
     # pyramid at b = 2048, n_s = 128: the first layer keeps 2 * 2048 - max(2048 / 20, 129) = 3967 (+1 for rounding);
-    # llama.cpp's own context (measured in the plan) holds pad(3968 + 512, 256) = 4608 cells
+    # its cache holds pad(3968 + 512, 256) = 4608 cells (llama.cpp's own context, measured in the plan, agrees)
     proc = locret_plan("--device", "cpu-2core", "--model", model_path, "--budget", 2048, "--ubatch", 512,
                        "--stabilizers", 128, "--budget-schedule", "pyramid")
     assert proc.returncode == 0, proc.stderr
@@ -321,6 +321,14 @@ def test_a_budget_schedule_plan_sizes_the_cache_for_the_largest_layer_and_llama_
     assert "4608 cells = pad(3968 + 512, 256)" in out, out
     assert re.search(r"llama\.cpp: KV cache [0-9.]+ MiB in 4608 cells", out), out
     assert "--locret-budget-schedule pyramid" in out and "the largest 3968" in out
+    # each budget's layers in a cache of that budget plus the ubatch (the largest's 4608): the planned KV is what
+    # llama.cpp's own context allocates
+    budgets = [int(b) for b in re.search(r"layer budgets \(evicting layers in order\): ([0-9 ]+)", out).group(1).split()]
+    cells = [4608 if b == 3968 else b + 512 for b in budgets]
+    assert "layer cells (evicting layers in order): " + " ".join(map(str, cells)) in out, out
+    planned = float(re.search(r"KV cache +([0-9.]+) MiB", out).group(1))
+    measured = float(re.search(r"llama\.cpp: KV cache ([0-9.]+) MiB", out).group(1))
+    assert planned == measured == round(sum(cells) * 768 / 2**20, 2), out
     schedule = tmp_path / "layers.txt"
     schedule.write_text("# 30 layers\n" + " ".join(["2000"] * 29 + [str(2048 * 30 - 2000 * 29)]) + "\n")
     p = planner.plan("cpu-2core", str(model_path), budget=2048, ubatch=512, schedule=str(schedule),
