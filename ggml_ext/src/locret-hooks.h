@@ -25,7 +25,7 @@ class  llm_graph_result;
 // loader leaves to llama_locret_heads_load
 bool llama_locret_is_heads_tensor(const std::string & name);
 
-// llm_graph_context::build_qkv (patches/0003, 0017): add the CIS of this layer's tokens to the graph, and, when mctx
+// llm_graph_context::build_qkv (patches/0003, 0009): add the CIS of this layer's tokens to the graph, and, when mctx
 // belongs to an evicting memory, write them into its score store beside the cache (pooled over the sequence's tokens
 // of the ubatch when the memory pools scores).
 // q: [d_head_k, n_head, n_tokens] (or [d_head_k*n_head, n_tokens]), k and v likewise for the KV heads.
@@ -33,7 +33,7 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
                                 const llama_locret_heads * heads, const llama_memory_context_i * mctx,
                                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const llama_ubatch & ubatch, int il);
 
-// llm_graph_context::build_attn with a KV cache (patches/0022): when mctx belongs to a memory evicting with the SAGE-KV
+// llm_graph_context::build_attn with a KV cache (patches/0010): when mctx belongs to a memory evicting with the SAGE-KV
 // policy, write the post-RoPE query of each sequence's last token of the ubatch into the memory's query store, and
 // remember the layer's attention scale (locret-sage.h). q: [d_head_k, n_head, n_tokens].
 void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
@@ -77,7 +77,7 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
 bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,
                                const llama_ubatch & ubatch, const llama_memory_context_i * mctx);
 
-// llama_context constructor (patches/0009), instead of model.create_memory: a Locret memory wrapping the model's own
+// llama_context constructor (patches/0007), instead of model.create_memory: a Locret memory wrapping the model's own
 // cache when the model was configured with a budget (else NULL). The cache then holds b + n_ubatch cells per
 // sequence whatever n_ctx is, and n_ctx stays the limit on logical positions; cparams.n_ctx_rope is set to the cells
 // RoPE sees. n_ubatch_requested is the ubatch asked for, before clamping. Throws std::runtime_error for settings that
@@ -85,15 +85,15 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
 llama_memory_i * llama_locret_memory_create(const llama_model & model, const llama_memory_params & params,
                                             llama_cparams & cparams, uint32_t n_ubatch_requested);
 
-// llama_context::process_ubatch (patches/0009), before the memory context places the ubatch: runs the eviction that
+// llama_context::process_ubatch (patches/0007), before the memory context places the ubatch: runs the eviction that
 // the split planned for it (on the memory's own scheduler). 1 when the context's scheduler was used too (the previous
 // graph cannot be reused), 0 otherwise, -1 on failure (the context's scheduler may have been used then too).
 int llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx);
 
-// llama_context::sched_reserve (patches/0009), after the context reserved its graphs: an evicting memory makes the
+// llama_context::sched_reserve (patches/0007), after the context reserved its graphs: an evicting memory makes the
 // scheduler and compute buffers of its eviction graphs for their worst case, so that no eviction allocates later.
 // Throws std::runtime_error when that fails.
 void llama_locret_reserve(llama_context * ctx);
 
-// llama_model destructor (patches/0009): forget the model's settings
+// llama_model destructor (patches/0007): forget the model's settings
 void llama_locret_model_forget(const llama_model * model);
