@@ -133,19 +133,17 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
         # the rule book's bytes say which form the context takes: a cache per budget (every layer evicts, and their
         # cells differ), or one cache of n_cells for every layer (an iSWA model's)
         cells = [c for c in cells_per_layer(facts, settings, kv_bytes_per_layer(facts, settings)) if c]
+        head = (f"budget schedule {settings.schedule}: the layers keep {settings.budget} units on average, the "
+                f"largest {settings.largest_budget}; ")
         if len(lb) == len(cells) and len(set(cells)) > 1:
-            out.notes.append(f"budget schedule {settings.schedule}: the layers keep {settings.budget} units on average, "
-                             f"the largest {settings.largest_budget}; the layers of each budget share a KV cache of "
-                             f"that budget plus the ubatch (the largest's {settings.n_cells} cells): "
-                             f"{sum(cells) / (len(cells) * settings.n_cells):.0%} of the cells one cache sized for the "
-                             f"largest budget would hold")
+            out.notes.append(head + f"the layers of each budget share a KV cache of that budget plus the ubatch (the "
+                             f"largest's {settings.n_cells} cells): {sum(cells) / (len(cells) * settings.n_cells):.0%} "
+                             "of the cells one cache sized for the largest budget would hold")
             out.notes.append("layer cells (evicting layers in order): " + " ".join(map(str, cells)))
         else:
-            out.notes.append(f"budget schedule {settings.schedule}: the layers keep {settings.budget} units on "
-                             f"average, the largest {settings.largest_budget}; the KV cache is sized for the largest in "
-                             f"every layer ({settings.n_cells} cells), the cells a smaller layer does not keep are "
-                             f"masked out: the layers attend to {sum(lb) / (len(lb) * settings.n_cells):.0%} of the "
-                             f"cells allocated")
+            out.notes.append(head + f"the KV cache is sized for the largest in every layer ({settings.n_cells} cells), "
+                             f"the cells a smaller layer does not keep are masked out: the layers attend to "
+                             f"{sum(lb) / (len(lb) * settings.n_cells):.0%} of the cells allocated")
         out.notes.append("layer budgets (evicting layers in order): " + " ".join(map(str, lb)))
     if not settings.size_class_covers:
         out.notes.append(f"{facts.n_params / 1e9:.1f}B parameters is above every size class of {dev.name}: "
