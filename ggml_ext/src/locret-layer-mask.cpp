@@ -180,8 +180,8 @@ public:
     std::vector<char>           data;
 };
 
-// a group's bias: F32 [n_kv, n_budgets, 1, n_stream]: 0 where the layers of a budget read a cell of the group's cache,
-// -INF where they do not
+// one cache's bias: F32 [n_kv, n_budgets, 1, n_stream]: 0 where the layers of a budget read a cell, -INF where they
+// do not
 class locret_layer_mask_input : public llm_graph_input_i {
 public:
     locret_layer_mask_input(const llama_locret_memory * mem, ggml_tensor * bias, std::vector<size_t> first_layer)
@@ -200,7 +200,7 @@ public:
             for (int64_t b = 0; b < n_budgets; ++b) {
                 uint32_t c0 = 0;
                 uint32_t c1 = 0;
-                mem->group_masked_cells(first_layer[b], strm, &c0, &c1);
+                mem->masked_cells(first_layer[b], strm, &c0, &c1);
                 float * row = data.data() + (k * n_budgets + b) * n_kv;
                 for (int64_t c = c0; c < std::min<int64_t>(c1, n_kv); ++c) {
                     row[c] = -INFINITY;
@@ -294,27 +294,23 @@ llm_graph_input_attn_kv * llama_locret_graph_attn_input(ggml_context * ctx, llm_
 ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result * res,
         const llama_memory_context_i * mctx, ggml_tensor * kq_mask, int il) {
     llama_locret_memory * mem = locret_memory_of_context(mctx);
-    if (mem == nullptr || !mem->has_schedule() || il < 0 || kq_mask == nullptr) {
-        return kq_mask;
+    if (mem == nullptr || !mem->has_schedule() || mem->n_groups() > 1 || il < 0 || kq_mask == nullptr) {
+        return kq_mask; // (a cache per budget: a layer's cache holds nothing it does not read)
     }
     const int32_t i = mem->layer_index((uint32_t) il);
     if (i < 0) {
         return kq_mask; // a window layer of an iSWA model: its own cache, its own mask
     }
-    // the layer's group, and the group's budgets below its largest in the order of their first layer (layers of equal
-    // budget mask the same cells; the largest masks none)
-    const size_t g = mem->get_layers()[i].group;
-    uint32_t top = 0;
-    for (size_t j : mem->layers_of_group(g)) {
-        top = std::max(top, mem->layer_budget(j));
-    }
+    // the budgets below the largest, in the order of their first layer (layers of equal budget mask the same cells;
+    // the largest masks none)
+    const uint32_t top = mem->config().budget;
     if (mem->layer_budget(i) == top) {
         return kq_mask;
     }
     std::vector<size_t>   first_layer;
     std::vector<uint32_t> budgets;
     size_t row = 0;
-    for (size_t j : mem->layers_of_group(g)) {
+    for (size_t j = 0; j < mem->get_layers().size(); ++j) {
         if (mem->layer_budget(j) == top) {
             continue;
         }
@@ -330,30 +326,25 @@ ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result
             row = b;
         }
     }
-    if (res->t_locret_mask_bias.size() < mem->n_groups()) {
-        res->t_locret_mask_bias.resize(mem->n_groups(), nullptr);
-    }
-    if (res->t_locret_layer_masks.size() < mem->get_layers().size()) {
-        res->t_locret_layer_masks.resize(mem->get_layers().size(), nullptr);
-    }
-    if (res->t_locret_mask_bias[g] == nullptr) {
-        // kq_mask: [n_kv, n_tokens/n_stream, 1, n_stream] (the group's)
+    if (res->t_locret_mask_bias == nullptr) {
+        // kq_mask: [n_kv, n_tokens/n_stream, 1, n_stream]
         ggml_tensor * bias = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, kq_mask->ne[0], (int64_t) budgets.size(), 1,
                 kq_mask->ne[3]);
         ggml_set_input(bias);
-        ggml_format_name(bias, "locret_layer_mask_bias-%zu", g);
+        ggml_set_name(bias, "locret_layer_mask_bias");
         res->add_input(std::make_unique<locret_layer_mask_input>(mem, bias, first_layer));
-        res->t_locret_mask_bias[g] = bias;
+        res->t_locret_mask_bias = bias;
+        res->t_locret_layer_masks.assign(budgets.size(), nullptr);
     }
-    ggml_tensor * bias = res->t_locret_mask_bias[g];
-    const size_t key = first_layer[row]; // the masks are kept per budget, under its first layer
-    if (res->t_locret_layer_masks[key] == nullptr) {
+    ggml_tensor * bias = res->t_locret_mask_bias;
+    GGML_ASSERT(row < res->t_locret_layer_masks.size());
+    if (res->t_locret_layer_masks[row] == nullptr) {
         // the budget's row of every stream, broadcast over the tokens: [n_kv, 1, 1, n_stream]
         ggml_tensor * brow = ggml_view_4d(ctx, bias, bias->ne[0], 1, 1, bias->ne[3], bias->nb[1], bias->nb[2],
                 bias->nb[3], row * bias->nb[1]);
         ggml_tensor * mask = ggml_add(ctx, kq_mask, brow); // the mask's type (F16 for flash attention)
-        ggml_format_name(mask, "locret_layer_mask-%zu", key);
-        res->t_locret_layer_masks[key] = mask;
+        ggml_format_name(mask, "locret_layer_mask-%zu", row);
+        res->t_locret_layer_masks[row] = mask;
     }
-    return res->t_locret_layer_masks[key];
+    return res->t_locret_layer_masks[row];
 }

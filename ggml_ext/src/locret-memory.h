@@ -236,7 +236,6 @@ public:
     // (dead end - the group's live end), and the cells between do not exist in that cache.
     size_t n_groups() const { return group_layers.size(); }
     llama_kv_cache * group_cache(size_t g) const { return g == 0 ? kv : group_caches[g - 1].get(); }
-    const std::vector<size_t> & layers_of_group(size_t g) const { return group_layers[g]; }
     // the cells of stream s that group g's layers may read below the dead end: [0, live end)
     uint32_t group_live_end(size_t g, const locret_stream & s) const;
     uint32_t group_gap(size_t g, const locret_stream & s) const { return s.dead_end - group_live_end(g, s); }

@@ -29,7 +29,6 @@ std::vector<locret_layer_group> locret_layer_groups(const locret_config & cfg, s
         locret_layer_group all;
         all.layers.resize(n_layers);
         std::iota(all.layers.begin(), all.layers.end(), 0u);
-        all.budget  = cfg.budget;
         all.n_cells = cfg.n_cells;
         return { all };
     }
@@ -40,7 +39,6 @@ std::vector<locret_layer_group> locret_layer_groups(const locret_config & cfg, s
     budgets.erase(std::unique(budgets.begin(), budgets.end()), budgets.end());
     std::vector<locret_layer_group> groups(budgets.size());
     for (size_t g = 0; g < budgets.size(); ++g) {
-        groups[g].budget  = budgets[g];
         groups[g].n_cells = g == 0 ? cfg.n_cells : budgets[g] + cfg.n_ubatch;
     }
     for (uint32_t j = 0; j < n_layers; ++j) {

@@ -34,7 +34,6 @@ struct locret_memory_size {
 // cell counts in one cache: docs/policies.md, "Per-layer allocation".
 struct locret_layer_group {
     std::vector<uint32_t> layers;      // indices into the evicting layers, ascending
-    uint32_t              budget  = 0; // their budget
     uint32_t              n_cells = 0; // cells per sequence of the group's cache
 };
 
