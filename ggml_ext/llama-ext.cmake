@@ -21,6 +21,7 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-sage.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-layer-mask.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-select.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-workers.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-plan.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp

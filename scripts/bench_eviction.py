@@ -66,13 +66,18 @@ PROFILE_LINE = re.compile(r"locret-profile: compaction build ([\d.]+) alloc ([\d
 
 SELECT_LINE = re.compile(r"locret-profile: select build ([\d.]+) alloc ([\d.]+) compute and read-back ([\d.]+) ms")
 
+# the host's work between an eviction's one wait and its compaction graph, which a GPU idles through
+CHOSEN_LINE = re.compile(r"locret-profile: selected by \w+, [\d.]+ ms since the start \(policy [\d.]+, choice [\d.]+, "
+                         r"keep lists and moves ([\d.]+) ms\)")
+
 
 def compaction_profile(stderr: str) -> dict:
     """The compaction graphs of a LOCRET_PROFILE=1 run: how many ran, their largest node count, and the host's mean
     milliseconds per compaction to build, allocate, fill the inputs of and compute the graph (on a GPU the compute
     is queued, so that figure is the launches of its nodes): what one node per layer and job costs. With a selection
     on the device, also its mean allocation and its compute-and-wait per eviction: an allocation that takes as long as
-    a ubatch is ggml's scheduler waiting for the backend before it re-reserves (docs/memory.md)."""
+    a ubatch is ggml's scheduler waiting for the backend before it re-reserves (docs/memory.md). And the host's mean
+    milliseconds per eviction to turn the choice into keep lists and move tables (the device waits through them)."""
     found = [tuple(float(x) for x in m.groups()) for m in PROFILE_LINE.finditer(stderr)]
     if not found:
         return {}
@@ -80,6 +85,9 @@ def compaction_profile(stderr: str) -> dict:
     mean = [sum(f[i] for f in found) / n for i in range(4)]
     out = {"profiled_compactions": n, "compaction_nodes": int(max(f[4] for f in found)),
            "build_ms": mean[0], "alloc_ms": mean[1], "inputs_ms": mean[2], "launch_ms": mean[3]}
+    chosen = [float(m.group(1)) for m in CHOSEN_LINE.finditer(stderr)]
+    if chosen:
+        out.update({"profiled_choices": len(chosen), "keep_lists_ms": sum(chosen) / len(chosen)})
     sel = [tuple(float(x) for x in m.groups()) for m in SELECT_LINE.finditer(stderr)]
     if sel:
         out.update({"profiled_selections": len(sel), "select_alloc_ms": sum(f[1] for f in sel) / len(sel),
@@ -376,8 +384,9 @@ def main() -> int:
         print(f"\nCompaction graphs of a prefill of {n_prof} (LOCRET_PROFILE=1, a run apart; per compaction, the "
               f"host's time; on a GPU the compute is queued: its figure is the launches)\n")
         print("| run | compaction graph | prefill tok/s | compactions | nodes | build (ms) | allocation (ms) | inputs "
-              "(ms) | compute / launch (ms) | device selection: allocation / compute and wait (ms) |\n"
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+              "(ms) | compute / launch (ms) | device selection: allocation / compute and wait (ms) | keep lists and "
+              "moves (ms) |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
         for run in runs:
             # the default graph (the layers stacked where the cache allows) and the one built layer by layer, side by
             # side: what the stacking saves on this backend
@@ -387,13 +396,13 @@ def main() -> int:
                           profile=True, per_layer=per_layer)
                 forms[form] = r
                 if not r.get("profiled_compactions"):
-                    print(f"| {label(run)} | {form} | {r['tps']:.1f} | 0 | - | - | - | - | - | - |")
+                    print(f"| {label(run)} | {form} | {r['tps']:.1f} | 0 | - | - | - | - | - | - | - |")
                     continue
                 sel = (f"{r['select_alloc_ms']:.2f} / {r['select_wait_ms']:.2f}" if r.get("profiled_selections")
                        else "- (host selection)")
                 print(f"| {label(run)} | {form} | {r['tps']:.1f} | {r['profiled_compactions']} | "
                       f"{r['compaction_nodes']} | {r['build_ms']:.2f} | {r['alloc_ms']:.2f} | {r['inputs_ms']:.2f} | "
-                      f"{r['launch_ms']:.2f} | {sel} |")
+                      f"{r['launch_ms']:.2f} | {sel} | {r.get('keep_lists_ms', float('nan')):.2f} |")
             checks.append((f"{label(run)} prefill {n_prof}, default compaction graph / per-layer graph (profiled)",
                            forms["default"]["tps"] / forms["per layer"]["tps"], None, True))
     print("\n| target | ratio | needed | |\n|---|---:|---:|---|")

@@ -134,8 +134,13 @@ struct locret_moves {
     // room for cap[i] moves in layer i, the tensors in `cache_buft` (with the K/V rows' own tables when kv_rows: layer
     // groups); throws when the memory cannot be had
     void allocate(const std::vector<size_t> & cap, ggml_backend_buffer_type_t cache_buft, bool kv_rows);
-    // copies the moves of every layer into the tensors (nothing to copy when the arrays are the tensors)
+    // copies the moves of every layer into the tensors (nothing to copy when the arrays are the tensors): queued on
+    // `queue` when set, in order before the compaction graph that reads them, else each copy waited for. A queued copy
+    // reads the arrays when the backend gets to it: they must not change until the backend has been waited for
+    // (uploads_queued(); the memory's next eviction waits before it writes them)
     void upload() const;
+    bool uploads_queued() const { return staged && queue != nullptr; }
+    ggml_backend_t queue = nullptr; // the backend the tables' buffer belongs to (set by the memory; NULL: none found)
     // the aliases over the layers' storage (locret_layer_stack), once the layers and the tables are known
     void make_stack(const std::vector<locret_kv_layer> & layers, bool v_trans, int64_t kv_size, int64_t n_stream);
     // the graph's form for the moves now in the tables: stacked when the aliases and the tables allow it (then the

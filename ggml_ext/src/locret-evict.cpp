@@ -9,10 +9,8 @@
 #include "llama-impl.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <functional>
-#include <thread>
 
 //
 // eviction
@@ -163,6 +161,8 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         backends.push_back(ggml_backend_sched_get_backend(ctx_sched, i));
         bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
     }
+    // the host threads of the evictions' bookkeeping, started now rather than in the first eviction
+    evict_workers.reserve((unsigned) std::min<size_t>(layers.size(), host_threads(lctx, SIZE_MAX)));
     const size_t max_nodes = std::max(32 * layers.size() + 64, policy->score_graph_nodes(layers.size()));
     for (auto & g : evict_graphs) {
         g.sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
@@ -200,6 +200,15 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer), n_groups() > 1);
         if (n_groups() == 1) {
             moves.make_stack(layers, v_trans, kv->get_size(), kv->get_n_stream());
+        }
+        // the copies into the tables join the queue of the backend that holds them (a GPU, an RPC server);
+        // LOCRET_DEBUG_WAITED_UPLOADS=1 waits for each copy instead (the earlier form: tests and benchmarks compare)
+        moves.queue = nullptr;
+        const char * waited = getenv("LOCRET_DEBUG_WAITED_UPLOADS");
+        for (size_t b = 0; b < backends.size() && moves.queue == nullptr && !(waited && atoi(waited) != 0); ++b) {
+            if (ggml_backend_supports_buft(backends[b], ggml_backend_buffer_get_type(moves.t_src->buffer))) {
+                moves.queue = backends[b];
+            }
         }
     } catch (const std::exception & e) {
         locret_set_error(e.what());
@@ -277,25 +286,14 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     return true;
 }
 
-// f(i) for i in [0, n), spread over up to 16 threads: the host's part of an eviction is O(n) per (layer, KV head) and
-// the device waits for it, so every core helps (layers are independent: each writes only its own rows and moves)
-template <typename F>
-static void locret_parallel_for(size_t n, unsigned max_threads, F && f) {
-    const size_t n_threads = std::min<size_t>(n, std::max(1u, std::min(max_threads, std::thread::hardware_concurrency())));
-    std::atomic<size_t> next { 0 };
-    auto work = [&]() {
-        for (size_t i = next++; i < n; i = next++) {
-            f(i);
-        }
-    };
-    std::vector<std::thread> workers;
-    for (size_t t = 1; t < n_threads; ++t) {
-        workers.emplace_back(work);
+unsigned llama_locret_memory::host_threads(llama_context * lctx, size_t n_work) {
+    // LOCRET_DEBUG_HOST_THREADS=N: N threads whatever the work (tests run small caches on several threads)
+    if (const char * e = getenv("LOCRET_DEBUG_HOST_THREADS")) {
+        return (unsigned) std::max(1, atoi(e));
     }
-    work();
-    for (auto & w : workers) {
-        w.join();
-    }
+    // the context's batch threads where the work outweighs waking them (about 30K units): a CPU backend has finished
+    // its graph by now, and a GPU waits for this
+    return n_work < (1u << 15) ? 1 : (unsigned) std::max(1, llama_n_threads_batch(lctx));
 }
 
 bool llama_locret_memory::run_selection(
@@ -642,6 +640,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         if (evicts && !policy->prepare(env, args, streams[st.strm].policy_state, prot)) {
             return -1;
         }
+        const int64_t t_prepared_us = ggml_time_us();
         const uint32_t n_pin  = prot.n_pin;
         // kept positions fill holes with the chunk's units, so that cells are in position order only from the chunk
         // on: the stabilizers are the chunk's last n_s units (all of a shorter chunk), as the paper words it
@@ -681,6 +680,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         if (!on_device && !ends_only && has_score_store()) {
             read_scores(lctx, st.strm, n_used, blocks);
         }
+        const int64_t t_chosen_us = ggml_time_us();
 
         if (pos_next.size() <= pending.size()) {
             pos_next.resize(pending.size() + 1);
@@ -697,9 +697,13 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         const int64_t base = (int64_t) st.strm * cfg.n_cells;
         auto & live = live_next[pending.size()];
         live.assign(layers.size(), st.n_keep);
-        // threads only where the work outweighs starting them (a few hundred thousand units)
+        if (moves.uploads_queued()) {
+            // the last compaction's copies into the tables were queued, not waited for, and read these arrays when the
+            // backend gets to them: nothing is written before a wait (a selection that read something has waited)
+            wait_for_backend(lctx);
+        }
         const size_t n_work = row0.back() * (size_t) n_used;
-        locret_parallel_for(layers.size(), n_work < (1u << 19) ? 1 : 16, [&](size_t i) {
+        evict_workers.parallel_for(layers.size(), host_threads(lctx, n_work), [&](size_t i) {
             // the units layer i keeps: its budget (a schedule's), at most the ones it holds outside its masked cells
             const layer_cut & cut = evict_cuts[i];
             const uint32_t masked = cut.gap;
@@ -774,8 +778,10 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             turn_kept += (uint64_t) layers[i].n_head_kv * live[i];
         }
         if (locret_profile()) {
-            fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start\n", on_device ? "device" : "host",
-                    (ggml_time_us() - t_start_us) / 1e3);
+            const int64_t now = ggml_time_us();
+            fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start (policy %.2f, choice %.2f, "
+                    "keep lists and moves %.2f ms)\n", on_device ? "device" : "host", (now - t_start_us) / 1e3,
+                    (t_prepared_us - t_start_us) / 1e3, (t_chosen_us - t_prepared_us) / 1e3, (now - t_chosen_us) / 1e3);
         }
     }
     if (pending.empty()) {
@@ -810,6 +816,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", n_moves, (ggml_time_us() - t_selected_us) / 1e3);
     }
 
+    const int64_t t_queued_us = ggml_time_us();
     bool shifted = false;
     for (size_t p = 0; p < pending.size() && ok; ++p) {
         const locret_evict_args & pd = pending[p].args;
@@ -861,6 +868,9 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         }
         locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
         return -1;
+    }
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: bookkeeping after the compaction %.2f ms\n", (ggml_time_us() - t_queued_us) / 1e3);
     }
     t.compact_us += (ggml_time_us() - t_selected_us) - (ubatch_wait_us - ubatch_wait_selected_us);
     for (size_t i = 0; i < layers.size(); ++i) {

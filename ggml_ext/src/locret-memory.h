@@ -25,6 +25,7 @@
 #include "locret-plan.h"
 #include "locret-policy.h"
 #include "locret-settings.h"
+#include "locret-workers.h"
 
 #include "llama-kv-cache-iswa.h"
 #include "llama-kv-cache.h"
@@ -377,6 +378,8 @@ private:
     // result at select_idx + cut.off, [n_head_kv][n_top]), read back with one wait; false if it could not run
     bool select_layers_on_device(uint32_t strm, std::vector<layer_cut> & cuts);
     std::vector<layer_cut> evict_cuts; // scratch of an eviction
+    locret_workers evict_workers;      // the host threads that turn an eviction's choice into keep lists and moves
+    static unsigned host_threads(llama_context * lctx, size_t n_work); // ... how many for n_work units
     // stream strm's scores of every layer for a host selection, [n_used][n_head_kv] per layer, into blocks: read in
     // place from host memory, else copied from the device with one wait for all layers
     void read_scores(llama_context * lctx, uint32_t strm, uint32_t n_used, std::vector<const float *> & blocks);

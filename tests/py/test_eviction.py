@@ -212,14 +212,16 @@ def test_an_evicting_context_takes_llama_cpps_flash_attention_default(model_path
     assert not np.array_equal(default, off)
 
 
-@pytest.mark.parametrize("select,n_pin,pool", [("host", 0, 0), ("graph", 0, 0), ("host", 24, 0), ("graph", 24, 0),
-                                               ("host", 0, 7), ("graph", 24, 5)])
-def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, pool, model_path, heads_file, prompt_tokens,
-                                                           monkeypatch):
+@pytest.mark.parametrize("select,n_pin,pool,threads", [("host", 0, 0, 1), ("graph", 0, 0, 1), ("host", 24, 0, 4),
+                                                       ("graph", 24, 0, 1), ("host", 0, 7, 1), ("graph", 24, 5, 4)])
+def test_retained_sets_match_algorithm_1_after_every_chunk(select, n_pin, pool, threads, model_path, heads_file,
+                                                           prompt_tokens, monkeypatch):
     # the host's selection (the CPU default) and the device's graph (the GPU default), both on this CPU; n_pin:
     # a Locret-Q query pinned at the start; pool: score pooling (the recorder gives the heads' own scores, the model
-    # pools them)
+    # pools them); threads: the host's keep lists and moves spread over that many threads (a cache this small uses
+    # one unless told)
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    monkeypatch.setenv("LOCRET_DEBUG_HOST_THREADS", str(threads))
     llm = make(model_path, heads_file, locret_pool=pool)
     heads_api.record_scores(llm)
     if n_pin:

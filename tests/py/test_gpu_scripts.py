@@ -44,6 +44,8 @@ def test_bench_eviction_measures_each_positions_layout(model_path, monkeypatch, 
                                      per_layer=True)
     assert per_layer["compactions"] == prof["compactions"] and per_layer["compaction_nodes"] >= 30 * 3
     assert min(prof["build_ms"], prof["alloc_ms"], prof["inputs_ms"], prof["launch_ms"]) >= 0
+    # the host's keep lists and moves: one figure per eviction, with the host's selection too
+    assert prof["profiled_choices"] == prof["compactions"] and prof["keep_lists_ms"] >= 0
     assert "profiled_compactions" not in rows["compact"]  # without profile, no LOCRET_PROFILE
     assert "profiled_selections" not in prof  # the CPU selects on the host by default
 

@@ -151,6 +151,8 @@ def session(prompt_tokens):
 def test_retained_sets_and_positions_match_the_model_after_every_chunk(select, n_pin, pool, limit, model_path,
                                                                       heads_file, prompt_tokens, monkeypatch):
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
+    # the case with a limit places units in holes and by position on 4 host threads (the others on one)
+    monkeypatch.setenv("LOCRET_DEBUG_HOST_THREADS", "1" if limit is None else "4")
     llm = make(model_path, heads_file, locret_pool=pool,
                locret_positions="keep" if limit is None else f"keep:{limit}")
     heads_api.record_scores(llm)
