@@ -4,8 +4,9 @@
 // positions and move tables before it queues the compaction: O(units held) per row, about a millisecond for
 // SmolLM2's 90 rows of 2,560 cells on one core. On a GPU the device idles through it (a ubatch there computes in about
 // 11 ms), so the layers are spread over the context's batch threads, which sit idle at that moment. The threads are
-// made once, at the first eviction that uses them, and park between evictions: starting threads per eviction would
-// cost about as much as the work.
+// made once, when the context is made (reserve), and park between evictions: starting threads per eviction would
+// cost about as much as the work. The caller takes items too and waits for the items, not the threads, so a thread
+// that gets no core in time (a loaded machine) delays nothing.
 #pragma once
 
 #include <condition_variable>
