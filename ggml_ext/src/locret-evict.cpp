@@ -152,6 +152,17 @@ bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llam
     return kv_swa->update(lctx, true, {});
 }
 
+// the first of the scheduler's backends that can use t's buffer (the device it lives on), NULL if none
+static ggml_backend_t locret_backend_holding(ggml_backend_sched_t sched, const ggml_tensor * t) {
+    for (int b = 0; b < ggml_backend_sched_get_n_backends(sched); ++b) {
+        ggml_backend_t cand = ggml_backend_sched_get_backend(sched, b);
+        if (ggml_backend_supports_buft(cand, ggml_backend_buffer_get_type(t->buffer))) {
+            return cand;
+        }
+    }
+    return nullptr;
+}
+
 bool llama_locret_memory::reserve(llama_context * lctx) {
     // the context's backends, each with its default buffer type
     ggml_backend_sched_t ctx_sched = lctx->get_sched();
@@ -203,13 +214,8 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         }
         // the copies into the tables join the queue of the backend that holds them (a GPU, an RPC server);
         // LOCRET_DEBUG_WAITED_UPLOADS=1 waits for each copy instead (the earlier form: tests and benchmarks compare)
-        moves.queue = nullptr;
         const char * waited = getenv("LOCRET_DEBUG_WAITED_UPLOADS");
-        for (size_t b = 0; b < backends.size() && moves.queue == nullptr && !(waited && atoi(waited) != 0); ++b) {
-            if (ggml_backend_supports_buft(backends[b], ggml_backend_buffer_get_type(moves.t_src->buffer))) {
-                moves.queue = backends[b];
-            }
-        }
+        moves.queue = waited != nullptr && atoi(waited) != 0 ? nullptr : locret_backend_holding(ctx_sched, moves.t_src);
     } catch (const std::exception & e) {
         locret_set_error(e.what());
         return false;
@@ -576,13 +582,7 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
             blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, strm));
             continue;
         }
-        ggml_backend_t backend = nullptr;
-        for (int b = 0; b < ggml_backend_sched_get_n_backends(sched) && backend == nullptr; ++b) {
-            ggml_backend_t cand = ggml_backend_sched_get_backend(sched, b);
-            if (ggml_backend_supports_buft(cand, ggml_backend_buffer_get_type(st_i->buffer))) {
-                backend = cand;
-            }
-        }
+        ggml_backend_t backend = locret_backend_holding(sched, st_i);
         GGML_ASSERT(backend != nullptr);
         const size_t n = (size_t) n_used * layers[i].n_head_kv;
         ggml_backend_tensor_get_async(backend, st_i, select_scores.data() + at, scores_offset(i, strm), n * sizeof(float));
