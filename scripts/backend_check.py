@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
     if not wanted or wanted - {"selection", "cache", "compaction"}:
         ap.error(f"--checks takes selection, cache and compaction, comma-separated; got {args.checks!r}")
     checks = []  # (label, config a, config b, kind)
-    for pos in (("keep", "compact") if "selection" in wanted else ()):
+    for pos in (("keep", "compact", "inplace") if "selection" in wanted else ()):
         checks.append((f"device selection = host selection, positions {pos}",
                        cfg(f"dev-{pos}", positions=pos, select="graph"), cfg(f"host-{pos}", positions=pos,
                                                                               select="host"), "same"))
@@ -143,12 +143,13 @@ def main(argv: list[str]) -> int:
                 rows.append(f"| V {v}, flash attention off | - | - | - | "
                             "refused by llama.cpp (a quantized V needs it) |")
                 continue
-            for pos in (("keep", "compact") if v == "f16" else ("keep",)):
+            for pos in (("keep", "compact", "inplace") if v == "f16" else ("keep",)):
                 name = f"{v}-fa{int(fa)}-{pos}"
                 checks.append((f"V {v}, flash attention {'on' if fa else 'off'}, positions {pos}: GPU against CPU",
                                cfg(f"gpu-{name}", v=v, fa=fa, positions=pos),
                                cfg(f"cpu-{name}", v=v, fa=fa, positions=pos, ngl=0), "close"))
-    for pos, kv in ((("keep", "f16"), ("compact", "f16"), ("keep", "q8_0")) if "compaction" in wanted else ()):
+    for pos, kv in ((("keep", "f16"), ("compact", "f16"), ("keep", "q8_0"), ("inplace", "f16"), ("inplace", "q8_0"))
+                    if "compaction" in wanted else ()):
         checks.append((f"compaction stacked = per layer, V {kv}, positions {pos}",
                        cfg(f"stacked-{pos}-{kv}", positions=pos, v=kv),
                        cfg(f"per-layer-{pos}-{kv}", positions=pos, v=kv, per_layer=True), "same"))

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_eviction.py [--model M.gguf | --shape NAME] [--heads H.gguf] [--budget 2048]
         [--ubatch 512] [--lengths 2048,8192,32768,131072] [--plain-lengths 2048,8192,32768] [--decode-depth 131072]
         [--decode-tokens N]
-        [--gpu-layers -1] [--policies heads,lagkv,streaming] [--lag 128] [--positions keep,compact]
+        [--gpu-layers -1] [--policies heads,lagkv,streaming] [--lag 128] [--positions inplace,compact,keep]
         [--profile-compaction] [--decode-split]
 
 Prints a markdown table of every figure (tok/s; peak host RSS; on a GPU the device memory in use with the context
@@ -206,7 +206,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "heads); POLICY:SCHEDULE adds a budget schedule (heads:pyramid, streaming:FILE)")
     ap.add_argument("--lag", type=int, help="LagKV's partition for the lagkv policy (default: the engine's, 128)")
     ap.add_argument("--positions", default=None,
-                    help="--locret-positions values to measure, comma-separated (compact, keep, keep:N; default: the "
+                    help="--locret-positions values to measure, comma-separated (inplace, compact, keep, keep:N; default: the "
                          "engine's default only); every policy runs with each")
     ap.add_argument("--profile-compaction", action="store_true",
                     help="two more prefills (the longest length up to 32768) with LOCRET_PROFILE=1 per --positions "

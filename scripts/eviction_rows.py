@@ -2,7 +2,7 @@
 """What evictions cost in rows and host round trips, over one prefill (issue 44's counts).
 
     .venv/bin/python scripts/eviction_rows.py [--model M.gguf] [--heads H.gguf] [--budget 1024] [--ubatch 512]
-        [--chars 20000] [--text FILE] [--policy heads] [--positions compact|keep|keep:N] [--kv-type f16|q8_0]
+        [--chars 20000] [--text FILE] [--policy heads] [--positions compact|inplace|keep|keep:N] [--kv-type f16|q8_0]
         [--threads 1]
 
 Reads the first --chars characters of --text (default: the bundled harbour log) in one locret.Llama prefill and
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--chars", type=int, default=20000)
     ap.add_argument("--text", type=Path, default=REPO / "scripts" / "data" / "harbor-log.txt")
     ap.add_argument("--policy", default="heads")
-    ap.add_argument("--positions", default="compact", help="where kept units sit: compact (default), keep, keep:N")
+    ap.add_argument("--positions", default="compact", help="where kept units sit: compact (default), inplace, keep, keep:N")
     ap.add_argument("--kv-type", choices=devices.KV_TYPES, default="f16",
                     help="K and V cache type (other than f16 turns flash attention on, as a quantized V requires)")
     ap.add_argument("--threads", type=int, default=1)

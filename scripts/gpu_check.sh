@@ -13,11 +13,11 @@
 #     check: scripts/backend_check.py: selection on the device against the host (the same kept units and logits),
 #            the compaction stacked over the layers against the per-layer one on the device (the same again),
 #            and F16 / q8_0 / F32 V caches with and without flash attention against the CPU backend (kept units and
-#            logits), with positions keep and compact where it matters;
+#            logits), with positions inplace, keep and compact where it matters;
 #     bench: scripts/bench_eviction.py on the SmolLM2-135M shape (Q4_1, the shipped heads: b 2048, ub 512, prefill
 #            8K/32K/128K, decode after 128K) and the Llama-3.1-8B shape (Q4_0, d_R 1024 random heads: b 16384,
 #            ub 1024, prefill 128K against plain 16K, plain 128K and plain at the same attention depth), with
-#            --positions keep,compact side by side; for SmolLM2 also the compaction graph's nodes and the host's
+#            --positions inplace,compact,keep (SmolLM2) and inplace,compact (8B) side by side; for SmolLM2 also the compaction graph's nodes and the host's
 #            time to launch them per compaction (--profile-compaction: two more 32K prefills per layout, the
 #            compaction stacked over the layers and built layer by layer); for both shapes a generated token's time
 #            split into plain llama.cpp's, the heads' graph's and the eviction's (--decode-split: two more decode
@@ -181,7 +181,7 @@ if want bench; then
         echo
         "$PYTHON" scripts/bench_eviction.py --model "$SMOL_MODEL" --heads "$SMOL_HEADS" --gpu-layers -1 \
             --budget 2048 --ubatch 512 --lengths 8192,32768,131072 --plain-lengths 8192,32768 --decode-depth 131072 \
-            --positions keep,compact --profile-compaction --decode-split --save-stderr "$OUT_DIR/runs-smollm2" \
+            --positions inplace,compact,keep --profile-compaction --decode-split --save-stderr "$OUT_DIR/runs-smollm2" \
             2> "$OUT_DIR/bench-smollm2.log" \
             || echo "(bench_eviction exit $?: a target missed)"
     } >> "$REPORT"
@@ -215,7 +215,7 @@ if want bench; then
         echo
         "$PYTHON" scripts/bench_eviction.py --model "$BIG_MODEL" --heads "$BIG_HEADS" --gpu-layers -1 \
             --budget 16384 --ubatch 1024 --lengths 131072 --plain-lengths 16384,131072 --plain-reference 16384 \
-            --decode-depth 32768 --positions keep,compact --decode-split --save-stderr "$OUT_DIR/runs-8b" \
+            --decode-depth 32768 --positions inplace,compact --decode-split --save-stderr "$OUT_DIR/runs-8b" \
             2> "$OUT_DIR/bench-8b.log" \
             || echo "(bench_eviction exit $?: a target missed)"
     } >> "$REPORT"

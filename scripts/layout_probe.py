@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--depths", default="0.2,0.4,0.6,0.8", help="the eval's --depths (they number the prompts)")
     p.add_argument("--which", type=int, default=0, help="which prompt of those depths (0 = the first)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--positions", default="compact", help="compact, keep or keep:N")
+    p.add_argument("--positions", default="compact", help="compact, inplace, keep or keep:N")
     p.add_argument("--pool", type=int, default=15)
     p.add_argument("--budget", type=int, default=2048)
     p.add_argument("--ubatch", type=int, default=512)

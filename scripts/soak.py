@@ -132,7 +132,7 @@ def main() -> int:
                          "for 9-3-3-3)")
     ap.add_argument("--generate", type=int, default=8, help="tokens generated after every turn (default 8)")
     ap.add_argument("--positions", default=None,
-                    help="--locret-positions: compact, keep or keep:N (default: the engine's, compact)")
+                    help="--locret-positions: compact, inplace, keep or keep:N (default: the engine's, compact)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0,
                     help="layers on the GPU (a CUDA build; -1: all): on a GPU the 10M tokens take minutes, not hours")

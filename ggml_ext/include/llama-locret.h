@@ -165,6 +165,11 @@ enum llama_locret_positions {
                                         // layer and KV head); positions grow with the input and are compacted as above
                                         // only when the next part would pass the position limit. Policies that read
                                         // units in position order (lagkv, sage, snapkv) and rope-less models refuse it
+    LLAMA_LOCRET_POSITIONS_INPLACE = 2, // COMPACT's positions (0..n-1 in the kept units' order after every eviction)
+                                        // without COMPACT's moves: kept units stay in their cells, the chunk's
+                                        // survivors are copied into the holes (as KEEP), and every key whose position
+                                        // changes is re-rotated where it is; values never move but for the copies.
+                                        // The model reads what COMPACT gives it; refused where KEEP is
 };
 
 // Settings for the contexts created from a model. The chunk is the context's ubatch (n_ubatch).
@@ -186,7 +191,8 @@ struct llama_locret_params {
     struct llama_locret_settings defaults; // the recommended values that settings left at -1 take when `heads` is NULL
                                            // (a tool that has not loaded the heads yet fills them with
                                            // llama_locret_file_recommended); zeros: the paper's
-    int32_t positions;      // enum llama_locret_positions; -1 = default (COMPACT)
+    int32_t positions;      // enum llama_locret_positions; -1 = default (INPLACE where the policy and the model take
+                            // it, else COMPACT)
     int32_t position_limit; // KEEP: positions stay below this (>= b + n_ubatch); 0 or -1 = the model's trained
                             // context (n_ctx_train)
 };
@@ -320,11 +326,11 @@ LLAMA_API int64_t llama_locret_fit_n_ctx(const char * model_path, const char * h
 // policy without per-layer selection (lagkv, sage).
 LLAMA_API int32_t llama_locret_model_set_budget_schedule(struct llama_model * model, const char * schedule);
 
-// Parse the tools' --locret-positions value: "compact", "keep", or "keep:N" (N the position limit) into *mode (enum
+// Parse the tools' --locret-positions value: "compact", "inplace", "keep", or "keep:N" (N the position limit) into *mode (enum
 // llama_locret_positions) and *limit (-1: the model's trained context). Returns 0, or -1 (llama_locret_last_error).
 LLAMA_API int32_t llama_locret_positions_parse(const char * text, int32_t * mode, int32_t * limit);
 
-// The name of a positions mode as --locret-positions spells it ("compact", "keep"); NULL for a value outside the enum
+// The name of a positions mode as --locret-positions spells it ("compact", "keep", "inplace"); NULL for a value outside the enum
 LLAMA_API const char * llama_locret_positions_name(enum llama_locret_positions mode);
 
 // Where kept units sit for the contexts created next from `model` (llama_locret_params.positions and position_limit),
@@ -372,7 +378,7 @@ struct llama_locret_stats {
     uint64_t n_host_syncs;     // times an eviction waited for the backend or read data back (the wait for the
                                // previous ubatch, each eviction-time graph's compute, each read-back)
     enum llama_locret_positions positions; // where kept units sit (resolved)
-    uint32_t position_limit;   // KEEP: positions stay below it (0 with COMPACT)
+    uint32_t position_limit;   // KEEP: positions stay below it (0 with COMPACT and INPLACE)
     int64_t  pos_rope_next;    // the RoPE position the sequence's next token gets
     uint64_t n_repositions;    // KEEP: evictions that compacted positions because the next part would pass the limit
                                // (since the context was made, all its sequences; not in states)

@@ -224,8 +224,48 @@ size_t locret_moves::device_bytes() const {
 void locret_moves::clear() {
     for (auto & l : layer) {
         l.n = 0;
+        l.n_copy = 0;
+    }
+    for (auto & r : in_place) {
+        r.n = 0;
     }
     n_stack = 0;
+}
+
+void locret_moves::allocate_in_place() {
+    in_place.assign(layer.size(), {});
+    for (size_t i = 0; i < layer.size(); ++i) {
+        in_place[i].row.resize(layer[i].cap);
+        in_place[i].delta.resize(layer[i].cap);
+        if (layer[i].kv_src != nullptr) {
+            in_place[i].kv_row.resize(layer[i].cap);
+        }
+    }
+}
+
+void locret_moves::finish() {
+    for (size_t i = 0; i < layer.size(); ++i) {
+        layer_moves & m = layer[i];
+        m.n_copy = m.n;
+        if (i >= in_place.size() || in_place[i].n == 0) {
+            continue;
+        }
+        in_place_rows & r = in_place[i];
+        GGML_ASSERT(m.n + r.n <= m.cap);
+        for (size_t j = 0; j < r.n; ++j) {
+            m.src[m.n + j] = (int32_t) r.row[j];
+            m.dst[m.n + j] = r.row[j];
+        }
+        std::copy(r.delta.begin(), r.delta.begin() + r.n, m.delta + m.n);
+        if (m.kv_src != nullptr) {
+            for (size_t j = 0; j < r.n; ++j) {
+                m.kv_src[m.n + j] = (int32_t) r.kv_row[j];
+                m.kv_dst[m.n + j] = r.kv_row[j];
+            }
+        }
+        m.n += r.n;
+        r.n = 0;
+    }
 }
 
 // A row of `row_bytes` is copied as 4-byte words (no round trip through F32) when it is a whole number of words;
@@ -485,8 +525,16 @@ static void locret_build_compact_stacked(ggml_context * ctx0, ggml_cgraph * gf, 
     const size_t  cap = moves.layer[0].cap;
     ggml_tensor * src = ggml_view_2d(ctx0, moves.t_src, n, L, cap * sizeof(int32_t), 0); // I32 [n, L]
     ggml_tensor * dst = ggml_view_2d(ctx0, moves.t_dst, n, L, cap * sizeof(int64_t), 0); // I64 [n, L]
-    const auto copy = [&](ggml_tensor * rows) {                                           // rows [w, n_rows, L]
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, rows, ggml_get_rows(ctx0, rows, src), dst));
+    // V and the scores: only the entries that move rows (the most of any layer: in the others the range reaches into
+    // in-place rotations or padding, rows copied onto themselves)
+    int64_t n_copy = 0;
+    for (const auto & m : moves.layer) {
+        n_copy = std::max(n_copy, (int64_t) m.n_copy);
+    }
+    ggml_tensor * src_c = ggml_view_2d(ctx0, moves.t_src, n_copy, L, cap * sizeof(int32_t), 0); // I32 [n_copy, L]
+    ggml_tensor * dst_c = ggml_view_2d(ctx0, moves.t_dst, n_copy, L, cap * sizeof(int64_t), 0); // I64 [n_copy, L]
+    const auto copy = [&](ggml_tensor * rows, ggml_tensor * from, ggml_tensor * to) {      // rows [w, n_rows, L]
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, rows, ggml_get_rows(ctx0, rows, from), to));
     };
     if (moves.rotate) {
         const locret_kv_layer   & L0  = layers[0];
@@ -501,12 +549,15 @@ static void locret_build_compact_stacked(ggml_context * ctx0, ggml_cgraph * gf, 
         k_new = ggml_reshape_3d(ctx0, k_new, L0.d_k, n, L);                              // [d_k, n, L]
         ggml_build_forward_expand(gf, ggml_set_rows(ctx0, S.k, k_new, dst));
     } else {
-        copy(S.k_words != nullptr ? S.k_words : S.k);
+        copy(S.k_words != nullptr ? S.k_words : S.k, src, dst);
+    }
+    if (n_copy == 0) {
+        return;
     }
     if (S.score != nullptr) {
-        copy(S.score);
+        copy(S.score, src_c, dst_c);
     }
-    copy(S.v_words != nullptr ? S.v_words : S.v);
+    copy(S.v_words != nullptr ? S.v_words : S.v, src_c, dst_c);
 }
 
 } // namespace
@@ -575,6 +626,18 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
             ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, dst));
         }
 
+        // the scores and V: only the entries that move rows (the rest re-rotate keys where they are)
+        const int64_t n_copy = (int64_t) m.n_copy;
+        if (n_copy == 0) {
+            continue;
+        }
+        if (n_copy < n_moves) {
+            score_src = ggml_view_1d(ctx0, moves.t_src, n_copy, m.at * sizeof(int32_t));
+            score_dst = ggml_view_1d(ctx0, moves.t_dst, n_copy, m.at * sizeof(int64_t));
+            src = m.kv_src == nullptr ? score_src : ggml_view_1d(ctx0, moves.t_kv_src, n_copy, m.at * sizeof(int32_t));
+            dst = m.kv_src == nullptr ? score_dst : ggml_view_1d(ctx0, moves.t_kv_dst, n_copy, m.at * sizeof(int64_t));
+        }
+
         // the units' scores move with them (one float per (cell, KV head) row)
         if (L.score != nullptr) {
             ggml_tensor * s_rows = ggml_view_2d(ctx0, L.score, 1, ggml_nelements(L.score), sizeof(float), 0);
@@ -591,10 +654,10 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
         } else {
             // a transposed V holds each (head, dimension) of a stream as a row of kv_size cells: move single elements,
             // as llama.cpp itself writes such a cache
-            locret_v_trans_elements(m.kv_src != nullptr ? m.kv_src : m.src, m.n, L.n_head_kv, L.d_v, kv_size, li.v_src_data);
-            locret_v_trans_elements(m.kv_dst != nullptr ? m.kv_dst : m.dst, m.n, L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
-            li.v_src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
-            li.v_dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_moves * L.d_v);
+            locret_v_trans_elements(m.kv_src != nullptr ? m.kv_src : m.src, m.n_copy, L.n_head_kv, L.d_v, kv_size, li.v_src_data);
+            locret_v_trans_elements(m.kv_dst != nullptr ? m.kv_dst : m.dst, m.n_copy, L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
+            li.v_src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_copy * L.d_v);
+            li.v_dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_copy * L.d_v);
             ggml_set_input(li.v_src);
             ggml_set_input(li.v_dst);
             ggml_tensor * v_elems = ggml_view_2d(ctx0, L.v, 1, ggml_nelements(L.v), ggml_row_size(L.v->type, 1), 0);

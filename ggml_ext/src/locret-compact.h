@@ -115,10 +115,25 @@ struct locret_moves {
         int32_t * kv_src = nullptr;
         int64_t * kv_dst = nullptr;
         size_t    n     = 0;
+        size_t    n_copy = 0;      // entries [0, n_copy) write rows to other rows (V and the scores go with them);
+                                   // [n_copy, n) re-rotate keys where they are (in-place positions): K only
         size_t    cap   = 0;
         size_t    at    = 0;       // first element of the layer in the tensors
     };
     std::vector<layer_moves> layer; // per layer (index into the layer list)
+
+    // keys re-rotated where they are (--locret-positions inplace), per layer: staged while a turn's sequences are
+    // placed and appended after all of the turn's moves by finish(), so that the entries that move rows come first
+    struct in_place_rows {
+        std::vector<int64_t> row;    // (stream*n_cells + cell)*n_head_kv + head, as src and dst
+        std::vector<int64_t> kv_row; // the same row in the layer's own cache (layer groups), else unused
+        std::vector<int32_t> delta;
+        size_t n = 0;
+    };
+    std::vector<in_place_rows> in_place; // per layer; empty unless allocate_in_place() was called
+    void allocate_in_place();            // room for every layer's worst case (its cap), after allocate()
+    // after a turn's placement: each layer's n_copy set, then its staged in-place rotations appended (and unstaged)
+    void finish();
     bool rotate = true;             // some move re-rotates its key (kept positions mostly copy: no RoPE in the graph)
     // with the layers stacked: entries per layer in the tables, each layer's moves and then copies of a row onto
     // itself that no move writes (a change of 0 positions), so that every layer moves as many rows; 0 = per layer

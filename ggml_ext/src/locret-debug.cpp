@@ -56,7 +56,8 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.n_rows_rotated  = mem->t.n_rows_rotated;
     st.n_rows_kept     = mem->t.n_rows_kept;
     st.n_host_syncs    = mem->t.n_host_syncs;
-    st.positions       = cfg.keep_positions ? LLAMA_LOCRET_POSITIONS_KEEP : LLAMA_LOCRET_POSITIONS_COMPACT;
+    st.positions       = cfg.keep_positions  ? LLAMA_LOCRET_POSITIONS_KEEP :
+                         cfg.rotate_in_place ? LLAMA_LOCRET_POSITIONS_INPLACE : LLAMA_LOCRET_POSITIONS_COMPACT;
     st.position_limit  = cfg.keep_positions ? cfg.position_limit : 0;
     st.pos_rope_next   = s->rope_next;
     st.n_repositions   = mem->repositions();

@@ -54,6 +54,18 @@ struct locret_row_moves {
         moved   += own(from) != to;
         rotated += dlt != 0;
     }
+
+    // a key re-rotated in the cell it stays in (own(c) == c): staged apart, appended after the turn's moves
+    // (locret_moves::finish), so that V and the scores, which do not change, are not copied onto themselves
+    void rotate_here(uint32_t c, int32_t dlt, locret_moves::in_place_rows & r) {
+        r.row[r.n]   = (base + c) * n_head_kv + h;
+        r.delta[r.n] = dlt;
+        if (kv_src != nullptr) {
+            r.kv_row[r.n] = (kv_base + c) * n_head_kv + h;
+        }
+        ++r.n;
+        ++rotated;
+    }
 };
 
 // Compact positions: the kept cells (ascending) in order at cells [0, n_live); cell k sits at physical position
@@ -95,6 +107,51 @@ static void place_in_holes(const uint32_t * kept, uint32_t n_live, const int32_t
         pos_new[c]  = pos[from];
         rope_new[c] = rope[from];
         mv.add(from, c, 0);
+    }
+    GGML_ASSERT(src == n_live);
+}
+
+// In-place positions: the cells as place_in_holes leaves them (the kept units below n_live stay, the chunk's survivors
+// fill the holes in cell order), each unit at the position compact positions would give it: its rank among the kept
+// units by RoPE position, plus shift (the layer's masked cells after it). So the model reads the units at the positions
+// place_compact gives them, in other cells. A unit that stays and changes position is re-rotated where it is (staged
+// in `rot`); one copied into a hole is moved and re-rotated.
+static void place_in_holes_ranked(const uint32_t * kept, uint32_t n_live, int32_t shift, const int32_t * pos,
+        const int32_t * rope, int32_t * pos_new, int32_t * rope_new, std::vector<int32_t> & rank,
+        locret_row_moves & mv, locret_moves::in_place_rows & rot) {
+    // ranks by RoPE position without a sort: a (layer, KV head)'s positions are distinct and below the cells in use
+    int32_t top = -1;
+    for (uint32_t k = 0; k < n_live; ++k) {
+        top = std::max(top, rope[kept[k]]);
+    }
+    rank.assign((size_t) (top + 1), -1);
+    for (uint32_t k = 0; k < n_live; ++k) {
+        rank[rope[kept[k]]] = 0;
+    }
+    int32_t r = 0;
+    for (int32_t & x : rank) {
+        x = x < 0 ? -1 : r++;
+    }
+    GGML_ASSERT(r == (int32_t) n_live); // two kept units at one position would share a rank
+
+    uint32_t m = 0;
+    while (m < n_live && kept[m] < n_live) {
+        ++m;
+    }
+    uint32_t src = m;  // the next kept cell at or above n_live
+    uint32_t next_kept = 0;
+    for (uint32_t c = 0; c < n_live; ++c) {
+        const bool stays = next_kept < m && kept[next_kept] == c;
+        const uint32_t from = stays ? kept[next_kept++] : kept[src++];
+        const int32_t p_new = rank[rope[from]] + shift;
+        const int32_t dlt   = p_new - rope[from];
+        pos_new[c]  = pos[from];
+        rope_new[c] = p_new;
+        if (!stays || !mv.stays(c, c)) {
+            mv.add(from, c, dlt); // into a hole, or a layer group's cache holds it lower
+        } else if (dlt != 0) {
+            mv.rotate_here(c, dlt, rot);
+        }
     }
     GGML_ASSERT(src == n_live);
 }
@@ -209,6 +266,9 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     try {
         // layer groups: K/V rows of caches of their own sizes, in tables of their own, moved layer by layer
         moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer), n_groups() > 1);
+        if (cfg.rotate_in_place) {
+            moves.allocate_in_place();
+        }
         if (n_groups() == 1) {
             moves.make_stack(layers, v_trans, kv->get_size(), kv->get_n_stream());
         }
@@ -229,7 +289,8 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
             std::fill(m.kv_src, m.kv_src + m.cap, 0);
             std::fill(m.kv_dst, m.kv_dst + m.cap, 0);
         }
-        m.n = m.cap;
+        m.n      = m.cap;
+        m.n_copy = m.cap;
     }
     select_idx_cap = select_graph ? n_rows * cfg.budget : 0;
     select_idx = (int32_t *) select_idx_block.reserve(locret_host_buft_for(layers[0].k), select_idx_cap * sizeof(int32_t));
@@ -251,7 +312,7 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     moves.rotate = true;
     bool ok = reserve_slot(GRAPH_COMPACT_ROTATE, compact_graph);
     // (a model without RoPE never re-rotates: its compactions are all copies)
-    const bool copies = cfg.keep_positions || std::any_of(layers.begin(), layers.end(),
+    const bool copies = cfg.holes_filled() || std::any_of(layers.begin(), layers.end(),
             [](const locret_kv_layer & L) { return !L.rot.rope; });
     if (ok && copies) {
         moves.rotate = false;
@@ -644,7 +705,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         const uint32_t n_pin  = prot.n_pin;
         // kept positions fill holes with the chunk's units, so that cells are in position order only from the chunk
         // on: the stabilizers are the chunk's last n_s units (all of a shorter chunk), as the paper words it
-        const uint32_t n_stab = cfg.keep_positions ? std::min(prot.n_stab, s.n_used - s.uniform_from) : prot.n_stab;
+        const uint32_t n_stab = cfg.holes_filled() ? std::min(prot.n_stab, s.n_used - s.uniform_from) : prot.n_stab;
         if (n_pin + n_stab > st.n_keep) {
             // only a state loaded from elsewhere could bring this: the settings checks keep room for both
             locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
@@ -739,7 +800,8 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
             // the layer's moves are written through local pointers and counted once at the end: the layers' headers
             // sit side by side, and a count updated per move from several threads would share their cache lines
             auto & m = moves.layer[i];
-            GGML_ASSERT(m.n + (size_t) n_head_kv * st.n_keep <= m.cap);
+            locret_moves::in_place_rows * rot = moves.in_place.empty() ? nullptr : &moves.in_place[i];
+            GGML_ASSERT(m.n + (rot != nullptr ? rot->n : 0) + (size_t) n_head_kv * st.n_keep <= m.cap);
             locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, base, n_head_kv, 0, 0, 0 };
             if (m.kv_src != nullptr) {
                 mv.kv_src  = m.kv_src + m.n;
@@ -749,13 +811,17 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
                 mv.gap     = s.dead_end - mv.live;
             }
             std::vector<uint32_t> order; // kept positions, compacted: the kept cells by position
+            std::vector<int32_t>  rank;  // in-place positions: each RoPE position's rank among the kept units
             for (uint32_t h = 0; h < n_head_kv; ++h) {
                 const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
                 int32_t        * pos_new = next[i].data()  + (size_t) h * cfg.n_cells;
                 const uint32_t * kept    = evict_keep.data() + (row0[i] + h) * st.n_keep;
                 mv.h = h;
-                if (!cfg.keep_positions) {
+                if (!cfg.holes_filled()) {
                     place_compact(kept, n_live, pos, pos_new, s.live_end[i], old_shift, new_shift, mv);
+                } else if (cfg.rotate_in_place) {
+                    place_in_holes_ranked(kept, n_live, new_shift, pos, s.rope[i].data() + (size_t) h * cfg.n_cells,
+                            pos_new, rnext[i].data() + (size_t) h * cfg.n_cells, rank, mv, *rot);
                 } else if (keep_in_place) {
                     place_in_holes(kept, n_live, pos, s.rope[i].data() + (size_t) h * cfg.n_cells, pos_new,
                             rnext[i].data() + (size_t) h * cfg.n_cells, mv);
@@ -764,7 +830,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
                             pos_new, rnext[i].data() + (size_t) h * cfg.n_cells, order, mv);
                 }
                 std::fill(pos_new + n_live, pos_new + st.n_keep, -1); // masked in this layer until the next eviction
-                if (cfg.keep_positions) {
+                if (cfg.holes_filled()) {
                     std::fill(rnext[i].data() + (size_t) h * cfg.n_cells + n_live,
                               rnext[i].data() + (size_t) h * cfg.n_cells + st.n_keep, -1);
                 }
@@ -792,6 +858,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     t.select_us += (uint64_t) (t_selected_us - t_start_us) - (t.readback_us - readback_before_us) - ubatch_wait_us;
     const uint64_t ubatch_wait_selected_us = ubatch_wait_us;
 
+    moves.finish(); // the in-place rotations after the moves of every sequence of the turn
     moves.rotate = false;
     for (size_t i = 0; i < layers.size(); ++i) {
         moves.rotate = moves.rotate || turn_rotated[i] > 0;

@@ -226,7 +226,7 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
         for (size_t i = 0; i < layers.size(); ++i) {
             s.pos[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, -1);
         }
-        if (cfg.keep_positions) {
+        if (cfg.holes_filled()) {
             s.rope = s.pos;
         }
     }
@@ -250,7 +250,8 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
                 "the cache is sized for the largest");
     }
     const std::string positions = cfg.keep_positions ?
-        format(", positions kept (compacted at %u)", cfg.position_limit) : std::string(", positions compacted");
+        format(", positions kept (compacted at %u)", cfg.position_limit) :
+        std::string(cfg.rotate_in_place ? ", positions compacted in place" : ", positions compacted");
     LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, %s, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
             "cells per sequence, %u sequence(s) (logical context %u)%s%s\n", __func__, llama_locret_policy_name(cfg.policy),
             !has_score_store() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",

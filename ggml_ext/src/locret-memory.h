@@ -431,10 +431,12 @@ private:
     // and scores, the policy's captured queries); one reader for every version, checks before anything is trusted
     void state_write_meta(llama_io_write_i & io, uint32_t id) const;
     void state_write_data(llama_io_write_i & io, uint32_t id) const;
-    uint32_t state_read_header(llama_io_read_i & io, llama_seq_id seq_id) const; // the version
+    // the version; rope_from_cells: a state of compact positions loaded by a context of in-place positions (the same
+    // cells, whose RoPE positions follow from them)
+    uint32_t state_read_header(llama_io_read_i & io, llama_seq_id seq_id, bool & rope_from_cells) const;
     locret_stream_meta state_read_meta(llama_io_read_i & io, uint32_t version) const;
     void state_check_meta(const locret_stream_meta & m) const;
-    void state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id);
+    void state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id, bool rope_from_cells);
     void state_read_groups(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags); // groups 1..
 
     void setup(const llama_cparams & cparams); // the layers, streams and stores, once the caches are known

@@ -230,6 +230,7 @@ const char * llama_locret_positions_name(llama_locret_positions mode) {
     switch (mode) {
         case LLAMA_LOCRET_POSITIONS_COMPACT: return "compact";
         case LLAMA_LOCRET_POSITIONS_KEEP:    return "keep";
+        case LLAMA_LOCRET_POSITIONS_INPLACE: return "inplace";
     }
     return nullptr;
 }
@@ -238,7 +239,8 @@ int32_t llama_locret_positions_parse(const char * text, int32_t * mode, int32_t 
     locret_set_error("");
     const std::string t = text == nullptr ? "" : text;
     *limit = -1;
-    for (llama_locret_positions m : { LLAMA_LOCRET_POSITIONS_COMPACT, LLAMA_LOCRET_POSITIONS_KEEP }) {
+    for (llama_locret_positions m : { LLAMA_LOCRET_POSITIONS_COMPACT, LLAMA_LOCRET_POSITIONS_KEEP,
+                                      LLAMA_LOCRET_POSITIONS_INPLACE }) {
         if (t == llama_locret_positions_name(m)) {
             *mode = m;
             return 0;
@@ -254,7 +256,8 @@ int32_t llama_locret_positions_parse(const char * text, int32_t * mode, int32_t 
             return 0;
         }
     }
-    locret_set_error(format("Locret positions must be compact, keep or keep:N (N the position limit, a whole number); "
+    locret_set_error(format("Locret positions must be compact, inplace, keep or keep:N (N the position limit, a whole "
+            "number); "
             "got '%s'", t.c_str()));
     return -1;
 }
@@ -402,16 +405,18 @@ std::string locret_params_problem(const llama_locret_params & p) {
             return problem;
         }
     }
-    if (p.positions < -1 || p.positions > LLAMA_LOCRET_POSITIONS_KEEP) {
-        return format("unknown Locret positions mode %d (compact or keep)", p.positions);
+    if (p.positions < -1 || p.positions > LLAMA_LOCRET_POSITIONS_INPLACE) {
+        return format("unknown Locret positions mode %d (compact, keep or inplace)", p.positions);
     }
     if (p.position_limit < -1) {
         return format("the Locret position limit must be a number of positions (got %d)", p.position_limit);
     }
-    if (p.positions == LLAMA_LOCRET_POSITIONS_KEEP && scorer->reads_cells_in_order()) {
+    if ((p.positions == LLAMA_LOCRET_POSITIONS_KEEP || p.positions == LLAMA_LOCRET_POSITIONS_INPLACE) &&
+            scorer->reads_cells_in_order()) {
         // the chunk's survivors fill holes anywhere in the cache: cells stop being in position order
-        return format("--locret-positions keep fills the holes an eviction leaves with the chunk's units, out of position "
-                "order; policy %s reads the units in position order (use compact)", policy->name);
+        return format("--locret-positions %s fills the holes an eviction leaves with the chunk's units, out of position "
+                "order; policy %s reads the units in position order (use compact)",
+                llama_locret_positions_name((llama_locret_positions) p.positions), policy->name);
     }
     if (p.position_limit > 0 && p.positions != LLAMA_LOCRET_POSITIONS_KEEP) {
         return "a Locret position limit applies to --locret-positions keep only";
@@ -576,20 +581,32 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     cfg.n_cells = GGML_PAD(cfg.capacity, 256);
 
     // where kept units sit: their own positions until the next part would pass the limit, or compacted at every eviction
-    cfg.keep_positions = p.positions == LLAMA_LOCRET_POSITIONS_KEEP;
-    if (cfg.keep_positions) {
+    // (in their cells, or moved to cells in position order). Not asked for: in place where the policy and the model
+    // take it (the model reads what compact positions give it, and an eviction moves the chunk's survivors instead of
+    // nearly every unit), else compact
+    bool all_swa = hp.swa_type != LLAMA_SWA_TYPE_NONE;
+    for (uint32_t il = 0; il < hp.n_layer() && all_swa; ++il) {
+        all_swa = hp.is_swa(il);
+    }
+    const bool holes_ok = hp.rope_type != LLAMA_ROPE_TYPE_NONE && !all_swa &&
+                          !locret_policy_make(p.policy)->reads_cells_in_order();
+    const int32_t positions = p.positions >= 0 ? p.positions :
+                              holes_ok ? LLAMA_LOCRET_POSITIONS_INPLACE : LLAMA_LOCRET_POSITIONS_COMPACT;
+    cfg.keep_positions  = positions == LLAMA_LOCRET_POSITIONS_KEEP;
+    cfg.rotate_in_place = positions == LLAMA_LOCRET_POSITIONS_INPLACE;
+    if (cfg.holes_filled()) {
+        const char * mode = cfg.keep_positions ? "keep" : "inplace";
         if (hp.rope_type == LLAMA_ROPE_TYPE_NONE) {
-            fail("--locret-positions keep saves re-rotating keys; this model has no RoPE (use compact)");
-        }
-        bool all_swa = hp.swa_type != LLAMA_SWA_TYPE_NONE;
-        for (uint32_t il = 0; il < hp.n_layer() && all_swa; ++il) {
-            all_swa = hp.is_swa(il);
+            fail(format("--locret-positions %s saves moving or re-rotating keys; this model has no RoPE (use compact)",
+                    mode));
         }
         if (all_swa) {
             // a window masks by cell position, which a hole filled with a newer unit no longer tells
-            fail("--locret-positions keep needs full-attention layers to evict; every layer of this model has a sliding "
-                 "window (use compact)");
+            fail(format("--locret-positions %s needs full-attention layers to evict; every layer of this model has a "
+                 "sliding window (use compact)", mode));
         }
+    }
+    if (cfg.keep_positions) {
         cfg.position_limit = p.position_limit > 0 ? (uint32_t) p.position_limit : hp.n_ctx_train;
     }
 

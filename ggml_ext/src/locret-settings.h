@@ -32,6 +32,12 @@ struct locret_config {
     // are compacted to 0..n-1 (as always without it) only when the next part would reach position_limit
     bool     keep_positions = false;
     uint32_t position_limit = 0;
+    // --locret-positions inplace: positions compacted to 0..n-1 at every eviction, as compact does, but the kept units
+    // stay in their cells and the chunk's survivors fill the holes (as with keep): keys are re-rotated where they are
+    bool     rotate_in_place = false;
+    // kept units stay in their cells and the chunk's survivors fill the holes: cells are not in position order and
+    // each (layer, KV head, cell) has its own RoPE position (the streams' rope arrays)
+    bool holes_filled() const { return keep_positions || rotate_in_place; }
 
     // a budget schedule (--locret-budget-schedule): the units each evicting layer keeps (index into the memory's layer
     // list), summing to budget_mean times their count; `budget` is then their largest, which sizes the cache and sets

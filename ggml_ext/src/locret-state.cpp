@@ -36,11 +36,18 @@ static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
 // cells each layer masks (dead_end, then live_end per layer) after its fields; 5: SAGE-KV's pending selection per
 // sequence, and its captured query after the layers' units; 4: LagKV's scored_to per sequence; 3: a sequence's pinned
 // query (Locret-Q). 5, 4, 3 and 2 (read as unpinned) load too, into a context without a schedule.
-// 7: after the schedule, the positions mode (0 compact, 1 kept) and limit; per sequence its next RoPE position after
-// the masks, and with kept positions each (layer, KV head)'s RoPE positions after its scores.
+// 7: after the schedule, the positions mode (0 compact, 1 kept, 2 in place) and limit; per sequence its next RoPE position after
+// the masks, and with kept (or in-place) positions each (layer, KV head)'s RoPE positions after its scores.
 // 8: a policy's captured queries include the rows of a pinned question (SnapKV: LLAMA_LOCRET_SNAPKV_QUESTION rows
 // before its window's); such a policy's state of an earlier version is refused.
 static const uint32_t LOCRET_STATE_VERSION = 8;
+
+// the positions mode a state records (enum llama_locret_positions: 0 compact, 1 kept, 2 in place; the value 2 needs no
+// new version: an older build refuses it as another mode, and both modes with holes write their RoPE positions)
+static uint32_t state_positions_mode(const locret_config & cfg) {
+    return cfg.keep_positions  ? (uint32_t) LLAMA_LOCRET_POSITIONS_KEEP :
+           cfg.rotate_in_place ? (uint32_t) LLAMA_LOCRET_POSITIONS_INPLACE : (uint32_t) LLAMA_LOCRET_POSITIONS_COMPACT;
+}
 
 // what a saved state must agree on with the context that loads it
 struct locret_state_header {
@@ -110,7 +117,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
     io.write(&n_sched, sizeof(n_sched));
     locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
-    const uint32_t positions[2] = { cfg.keep_positions ? 1u : 0u, cfg.keep_positions ? cfg.position_limit : 0u };
+    const uint32_t positions[2] = { state_positions_mode(cfg), cfg.keep_positions ? cfg.position_limit : 0u };
     io.write(positions, sizeof(positions));
     for (uint32_t id : ids) {
         state_write_meta(io, id);
@@ -200,7 +207,8 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
         if (take_fault(LOCRET_FAULT_STATE_READ)) {
             throw std::runtime_error("Locret: state load failed after the KV cells were restored (injected)");
         }
-        const uint32_t version = state_read_header(io, seq_id);
+        bool rope_from_cells = false;
+        const uint32_t version = state_read_header(io, seq_id, rope_from_cells);
         const uint32_t n_streams = seq_id < 0 ? (uint32_t) streams.size() : 1;
         for (uint32_t k = 0; k < n_streams; ++k) {
             locret_stream_meta m = state_read_meta(io, version);
@@ -220,7 +228,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.dead_end        = m.dead_end;
             s.live_end        = m.live_end;
             s.rope_next       = m.rope_next;
-            state_read_data(io, version, m.id);
+            state_read_data(io, version, m.id, rope_from_cells);
         }
         if (n_groups() > 1) {
             state_read_groups(io, seq_id, flags);
@@ -232,7 +240,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
     }
 }
 
-uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_id seq_id) const {
+uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_id seq_id, bool & rope_from_cells) const {
     locret_state_header h;
     try {
         io.read(&h, sizeof(h));
@@ -279,10 +287,18 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
     if (h.version >= 7) {
         io.read(positions, sizeof(positions));
     }
-    if (positions[0] != (cfg.keep_positions ? 1u : 0u) || (cfg.keep_positions && positions[1] != cfg.position_limit)) {
-        throw std::runtime_error(format("Locret: the saved state was made with %s positions, this context keeps %s "
-                "(--locret-positions)", positions[0] == 0 ? "compact" : format("kept (limit %u)", positions[1]).c_str(),
-                cfg.keep_positions ? format("them (limit %u)", cfg.position_limit).c_str() : "them compact"));
+    // compact positions are a case of in-place ones (every unit in its rank's cell): such a state loads into either
+    rope_from_cells = positions[0] == LLAMA_LOCRET_POSITIONS_COMPACT && cfg.rotate_in_place;
+    if (!rope_from_cells &&
+            (positions[0] != state_positions_mode(cfg) || (cfg.keep_positions && positions[1] != cfg.position_limit))) {
+        const auto name = [](uint32_t mode, uint32_t limit) {
+            return mode == LLAMA_LOCRET_POSITIONS_KEEP ? format("keep:%u", limit) :
+                   mode == LLAMA_LOCRET_POSITIONS_INPLACE ? std::string("inplace") :
+                   mode == LLAMA_LOCRET_POSITIONS_COMPACT ? std::string("compact") : format("unknown (%u)", mode);
+        };
+        throw std::runtime_error(format("Locret: the saved state was made with --locret-positions %s, this context "
+                "uses %s", name(positions[0], positions[1]).c_str(),
+                name(state_positions_mode(cfg), cfg.position_limit).c_str()));
     }
     if (sched != cfg.layer_budget) {
         throw std::runtime_error(format("Locret: the saved state was made with %s budget schedule than this context's "
@@ -350,7 +366,7 @@ void llama_locret_memory::state_check_meta(const locret_stream_meta & m) const {
     }
 }
 
-void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id) {
+void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id, bool rope_from_cells) {
     GGML_UNUSED(version); // every version writes the units the same way; the queries' presence was checked
     locret_stream & s = streams[id];
     std::vector<float> block;
@@ -364,7 +380,14 @@ void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version
             int32_t * rope = s.rope.empty() ? nullptr : s.rope[i].data() + (size_t) hd * cfg.n_cells;
             locret_read_span(io, pos, sizeof(int32_t) * s.n_used);
             locret_read_span(io, row.data(), sizeof(float) * s.n_used);
-            if (rope != nullptr) {
+            if (rope != nullptr && rope_from_cells) {
+                // compact positions: cell c sits at position c, after the layer's masked cells when below them
+                const int32_t masked = (int32_t) (s.dead_end - s.live_end[i]);
+                for (uint32_t c = 0; c < s.n_used; ++c) {
+                    rope[c] = c >= s.live_end[i] && c < s.dead_end ? -1 :
+                              (int32_t) c + (c < s.live_end[i] ? masked : 0);
+                }
+            } else if (rope != nullptr) {
                 locret_read_span(io, rope, sizeof(int32_t) * s.n_used);
                 // cells below the last eviction's hold units in any order, each at one position; later ones in order
                 for (const int32_t * v : { pos, rope }) {

@@ -116,12 +116,13 @@ static std::vector<locret_option> locret_make_options() {
           "FILE of per-layer budgets (one whole number per evicting layer) summing to the budget times the layers;\n"
           "the KV cache is sized for the largest layer budget; heads, random and streaming policies (default: uniform)",
           [](locret_options & o, const std::string & v) { o.budget_schedule = v; } },
-        { "--locret-positions", "compact|keep[:N]", "LLAMA_ARG_LOCRET_POSITIONS",
-          "Locret: where kept units sit. compact: positions 0..n-1 after every eviction (the paper's; moves and\n"
-          "re-rotates nearly every key each time); keep: each unit keeps the position it was read at and the chunk's\n"
-          "survivors fill the holes (at most a chunk of rows moved, none re-rotated), positions compacted only when\n"
-          "they would reach N (default: the model's trained context); heads, random and streaming policies\n"
-          "(default: compact)",
+        { "--locret-positions", "inplace|compact|keep[:N]", "LLAMA_ARG_LOCRET_POSITIONS",
+          "Locret: where kept units sit. inplace: positions 0..n-1 after every eviction, each unit re-rotated in its\n"
+          "cell and the chunk's survivors copied into the holes (what compact gives the model, a chunk of rows moved);\n"
+          "compact: the same positions with the units moved to cells 0..n-1 (the paper's layout; moves nearly every\n"
+          "row); keep: each unit keeps the position it was read at and the survivors fill the holes (none\n"
+          "re-rotated), positions compacted only when they would reach N (default: the model's trained context).\n"
+          "inplace and keep: heads, random and streaming policies (default: inplace for those, else compact)",
           [](locret_options & o, const std::string & v) {
               if (llama_locret_positions_parse(v.c_str(), &o.positions, &o.position_limit) != 0) {
                   throw std::invalid_argument(llama_locret_last_error());

@@ -26,7 +26,7 @@ struct locret_options {
     int32_t     draft_budget = -1;
     int32_t     draft_policy = -1;
     std::string draft_heads;
-    int32_t     positions      = -1;            // --locret-positions (-1: compact)
+    int32_t     positions      = -1;            // --locret-positions (-1: the library's default)
     int32_t     position_limit = -1;            // keep:N (-1: the model's trained context)
     std::string query;                          // Locret-Q: placed at the prompt's start and pinned
     bool        query_auto  = false;            // --locret-query auto: the question found in the prompt instead

@@ -137,9 +137,11 @@ def _add_eval(sub) -> None:
                      "the mean of the heads' scores over that many tokens around it (default: none)")
     how.add_argument("--lag", type=int, help="LagKV's partition in units for the method lagkv (default: 128, the "
                      "paper's; the budget must hold 16 sinks, two partitions and the stabilizers)")
-    how.add_argument("--positions", help="where kept units sit for every evicting method: compact (positions 0..n-1 "
-                     "after every eviction, the default), keep or keep:N (the positions they were read at, compacted "
-                     "at N, default the model's trained context; heads, random and streaming policies)")
+    how.add_argument("--positions", help="where kept units sit for every evicting method: inplace (positions 0..n-1 "
+                     "after every eviction, keys re-rotated in their cells; the default for heads, random and "
+                     "streaming), compact (the same positions, units moved to cells 0..n-1; the default for the "
+                     "others), keep or keep:N (the positions they were read at, compacted at N, default the model's "
+                     "trained context; heads, random and streaming policies)")
     how.add_argument("--schedule", help="the budget schedule file of locret-schedule and METHOD@schedule: one budget per "
                      "layer summing to layers x each --budgets value (locret calibrate writes one)")
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")

@@ -261,7 +261,7 @@ def _arg(value: int | None) -> int:
 
 
 def parse_positions(positions: str | None) -> tuple[int, int]:
-    """(mode, limit) of a --locret-positions value ("compact", "keep", "keep:N"; None: the default, (-1, -1)), parsed
+    """(mode, limit) of a --locret-positions value ("compact", "inplace", "keep", "keep:N"; None: the default, (-1, -1)), parsed
     by the library's rule; HeadsError with the reason for another."""
     if positions is None:
         return -1, -1
@@ -269,7 +269,7 @@ def parse_positions(positions: str | None) -> tuple[int, int]:
     if not isinstance(positions, str) or \
             _api().llama_locret_positions_parse(positions.encode(), ctypes.byref(mode), ctypes.byref(limit)) != 0:
         raise HeadsError(_last_error() if isinstance(positions, str) else
-                         f"Locret positions must be compact, keep or keep:N (got {positions!r})")
+                         f"Locret positions must be compact, inplace, keep or keep:N (got {positions!r})")
     return mode.value, limit.value
 
 
@@ -295,7 +295,9 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     partition (policy "lagkv"; None: 128, the paper's). `budget_schedule`: "uniform" (None), "pyramid"
     (PyramidKV's per-layer budgets) or a file of per-layer budgets, summing to `budget` times the evicting
     layers (see `set_budget_schedule`). `positions`: "compact" (None: the paper's positions 0..n-1 after every
-    eviction), "keep" or "keep:N" (units keep the positions they were read at; see `set_positions`). Returns the heads
+    eviction, moved to cells 0..n-1), "inplace" (the same positions, units re-rotated in their cells; the default for
+    heads, random and streaming), "keep" or "keep:N" (units keep the positions they were read at; see
+    `set_positions`). Returns the heads
     loaded (keep them while the contexts live)."""
     out = ctypes.c_void_p()
     heads_path = os.fsencode(heads) if heads is not None else b""
@@ -314,7 +316,9 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
 
 def set_positions(model: int, positions: str) -> None:
     """Where the units an eviction keeps sit, for the contexts created next from `model`, after `configure`:
-    "compact" (positions 0..n-1 after every eviction), "keep" (each keeps the position it was read at; the chunk's
+    "inplace" (positions 0..n-1 after every eviction, each key re-rotated in its cell, the chunk's survivors copied
+    into the holes: the default where the policy takes it), "compact" (the same positions, the units moved to cells
+    0..n-1), "keep" (each keeps the position it was read at; the chunk's
     survivors fill the holes, so an eviction moves at most a chunk of rows and re-rotates none; positions are compacted
     only when the next part would reach the model's trained context) or "keep:N" (that limit N). HeadsError with the
     reason (another word, no budget, a policy that reads units in position order, a limit below b + ubatch at context
@@ -365,7 +369,7 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     t_compact_us, t_readback_us (time spent), n_compactions (compaction graphs run), and what evictions cost since
     the context was made: n_rows_moved (K/V rows written to another cell), n_rows_rotated (keys re-rotated),
     n_rows_kept (units retained; a row is one layer, KV head and unit) and n_host_syncs (times an eviction waited
-    for the backend or read data back); positions ("compact" or "keep"), position_limit, pos_rope_next (the RoPE
+    for the backend or read data back); positions ("inplace", "compact" or "keep"), position_limit, pos_rope_next (the RoPE
     position of the next token) and n_repositions (evictions that compacted kept positions at the limit)."""
     s = _api().llama_locret_get_seq_stats(ctx, seq_id)
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}

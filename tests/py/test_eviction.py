@@ -29,11 +29,20 @@ def prompt_tokens(model_path):
     return llm.tokenize(natural_text().encode(), add_bos=True)
 
 
+def compact_unless_asked(args: dict) -> dict:
+    """Llama arguments with compact positions unless another layout is asked for (None included): the numpy models of
+    the mechanics tests place kept units in cells 0..n-1 in order, as compact positions do. The library's default
+    (in place where the policy takes it) is checked against its own model in test_in_place_positions.py."""
+    if args.get("locret_positions") is None and (args.get("locret_budget") or args.get("locret_budget_mib")):
+        args["locret_positions"] = "compact"
+    return args
+
+
 def make(model_path, heads_file, **kw):
     args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_heads=heads_file, locret_budget=B,
                 locret_stabilizers=NS, locret_local=NLOC, verbose=False, seed=1)
     args.update(kw)
-    return Llama(model_path=str(model_path), **args)
+    return Llama(model_path=str(model_path), **compact_unless_asked(args))
 
 
 def decode(llm, tokens, n_past, output_last):

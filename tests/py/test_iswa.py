@@ -25,7 +25,7 @@ from locret.evaluation import decoding
 from locret.llama import Llama
 
 from conftest import natural_text
-from test_eviction import Algorithm1, decode, last_logits
+from test_eviction import Algorithm1, compact_unless_asked, decode, last_logits
 
 B, UB, NS, NLOC, WINDOW = 512, 64, 16, 8, 512
 
@@ -57,7 +57,7 @@ def make(gemma, heads, **kw):
     args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_heads=str(heads), locret_budget=B, locret_stabilizers=NS,
                 locret_local=NLOC, n_threads=2, verbose=False)
     args.update(kw)
-    return Llama(model_path=str(gemma), **args)
+    return Llama(model_path=str(gemma), **compact_unless_asked(args))
 
 
 def evicting_layers(llm, n_layer):
@@ -113,7 +113,7 @@ def test_gemma_budget_above_the_input_gives_plain_logits(gemma, gemma_heads, tok
 
 # positions "keep:800": kept positions (test_kept_positions.py); the window cache shifts only when positions are
 # compacted (the limit, every few hundred tokens here)
-@pytest.mark.parametrize("positions", [None, "keep:800"])
+@pytest.mark.parametrize("positions", [None, "keep:800", "inplace"])
 def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows(gemma, gemma_heads, tokens, positions):
     llm = make(gemma, gemma_heads, locret_positions=positions)
     heads_api.record_scores(llm)
@@ -123,6 +123,9 @@ def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows
     assert layers == [5, 11, 17], layers  # Gemma 3: every 6th layer attends to everything
     if positions is None:
         ref = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)
+    elif positions == "inplace":
+        from test_in_place_positions import InPlacePositions
+        ref = InPlacePositions(n_layer, n_head_kv, B, UB, NS, NLOC)
     else:
         from test_kept_positions import KeptPositions
         ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=800)
@@ -134,7 +137,8 @@ def test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows
     st = llm.locret_stats()
     assert st["n_evictions"] >= 15 and st["pos_logical"] == n_past
     if positions is not None:
-        assert st["n_repositions"] == ref.repositions >= 2 and st["n_rows_rotated"] > 0
+        assert st["n_repositions"] == ref.repositions >= (2 if positions != "inplace" else 0)
+        assert st["n_rows_rotated"] > 0
         assert all(eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == ref.held(il, h, 2)
                    for il in layers for h in range(n_head_kv))
     llm.close()

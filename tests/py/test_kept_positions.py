@@ -284,12 +284,12 @@ def test_kept_positions_resume_exactly_from_a_saved_state(model_path, heads_file
 
     # a state of kept positions is refused by a context that compacts them, or keeps them under another limit
     assert "positions" in refusal_of(fresh("compact"), data)
-    assert "limit 300" in refusal_of(fresh("keep:400"), data)
+    assert "keep:300, this context uses keep:400" in refusal_of(fresh("keep:400"), data)
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(locret_positions="sideways"), "compact, keep or keep:N"),
-    (dict(locret_positions="keep:0"), "compact, keep or keep:N"),
+    (dict(locret_positions="sideways"), "compact, inplace, keep or keep:N"),
+    (dict(locret_positions="keep:0"), "compact, inplace, keep or keep:N"),
     (dict(locret_positions="keep", locret_policy="lagkv"), "policy lagkv reads the units in position order"),
     (dict(locret_positions="keep", locret_policy="snapkv"), "policy snapkv reads the units in position order"),
     (dict(locret_positions="keep:100"), "position limit (100) must be at least the budget plus the ubatch (128)"),
@@ -311,7 +311,7 @@ def test_the_tools_take_kept_positions(model_path, heads_file, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "positions kept" in out.stderr
     bad = run(base + ["--locret-positions", "keep:abc"], timeout=120)
-    assert bad.returncode != 0 and "compact, keep or keep:N" in bad.stderr
+    assert bad.returncode != 0 and "compact, inplace, keep or keep:N" in bad.stderr
 
 
 @pytest.mark.parametrize("type_kv,flash", [(GGML_TYPE_Q8_0, True), (GGML_TYPE_F16, False)], ids=["q8_0", "f16"])
@@ -475,7 +475,7 @@ def test_a_token_after_an_eviction_reads_what_llama_cpp_would_read(positions, mo
     assert err <= 1e-6, f"{positions}: logits off by {err:.2e} of the largest"
 
 
-@pytest.mark.parametrize("positions", ["compact", "keep", "keep:200"])
+@pytest.mark.parametrize("positions", ["compact", "keep", "keep:200", "inplace"])
 def test_tokens_over_evictions_stay_as_close_to_llama_cpp_as_llama_cpp_to_itself(positions, model_path,
                                                                                  prompt_tokens):
     # Over 6 evictions (with keep:200 a compaction of positions after holes were filled), token by token: the Locret

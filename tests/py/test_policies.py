@@ -18,7 +18,7 @@ from locret import eviction, heads as heads_api
 from locret.llama import Llama
 
 from conftest import natural_text, run, tool
-from test_eviction import Algorithm1, decode, prompt_tokens  # noqa: F401 (shared fixture)
+from test_eviction import Algorithm1, compact_unless_asked, decode, prompt_tokens  # noqa: F401 (shared fixture)
 
 B, UB, NS, NLOC = 96, 32, 16, 8
 SINKS = 4      # StreamingLLM's attention sinks: logical positions 0..3
@@ -62,7 +62,7 @@ def make(model_path, policy, **kw):
     args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_budget=B, locret_stabilizers=NS, locret_local=NLOC,
                 locret_policy=policy, verbose=False, seed=1, n_threads=1, n_threads_batch=1)
     args.update(kw)
-    return Llama(model_path=str(model_path), **args)
+    return Llama(model_path=str(model_path), **compact_unless_asked(args))
 
 
 def shape(llm):

@@ -16,7 +16,7 @@ from locret.heads import HeadsError
 from locret.llama import Llama
 
 from conftest import run, tool
-from test_eviction import Algorithm1, decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
+from test_eviction import Algorithm1, compact_unless_asked, decode, last_logits, prompt_tokens  # noqa: F401 (shared fixture)
 from test_kept_positions import KeptPositions, decode_and_compare
 from test_policies import random_table, shape
 
@@ -116,7 +116,7 @@ def make(model_path, schedule, policy="random", **kw):
                 locret_policy=policy, locret_budget_schedule=schedule, verbose=False, seed=1, n_threads=1,
                 n_threads_batch=1)
     args.update(kw)
-    return Llama(model_path=str(model_path), **args)
+    return Llama(model_path=str(model_path), **compact_unless_asked(args))
 
 
 def schedule_file(tmp_path, budgets, name="schedule.txt"):
@@ -231,15 +231,20 @@ def test_a_pinned_query_pooling_and_kept_positions_with_a_schedule(select, model
                for il in range(n_layer) for h in range(n_head_kv))
 
 
-def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path):
+@pytest.mark.parametrize("positions", ["keep:200", "inplace"])
+def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path, positions):
     # --locret-positions keep with a schedule: each layer's kept sets and key positions as the model says, positions
-    # compacted at a limit of 200 every few parts
+    # compacted at a limit of 200 every few parts; inplace: compact's positions after each layer's masked cells
     probe = make(model_path, None)
     n_layer, n_head_kv = shape(probe)
     del probe
     layer_b = varied(n_layer, B)
-    llm = make(model_path, schedule_file(tmp_path, layer_b), locret_positions="keep:200")
-    ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=200, layer_b=layer_b)
+    llm = make(model_path, schedule_file(tmp_path, layer_b), locret_positions=positions)
+    if positions == "inplace":
+        from test_in_place_positions import InPlacePositions
+        ref = InPlacePositions(n_layer, n_head_kv, B, UB, NS, NLOC, layer_b=layer_b)
+    else:
+        ref = KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=200, layer_b=layer_b)
     prompt, second = prompt_tokens[:520], prompt_tokens[800:880]
     calls = calls_of(prompt, prompt_tokens[600:700], second)
     table = random_table(n_layer, n_head_kv, len(prompt) + 100 + len(second))
@@ -253,7 +258,8 @@ def test_kept_positions_follow_the_schedule(model_path, prompt_tokens, tmp_path)
                 assert llm.locret_retained(il, h).tolist() == ref.held(il, h, 0), where
                 assert eviction.rope_positions(llm._ctx.ctx, il, h).tolist() == ref.held(il, h, 2), where
     st = llm.locret_stats()
-    assert st["n_evictions"] == ref.evictions >= 10 and st["n_repositions"] == ref.repositions >= 3
+    assert st["n_evictions"] == ref.evictions >= 10 and st["n_repositions"] == ref.repositions
+    assert ref.repositions >= 3 if positions != "inplace" else ref.repositions == 0
     assert (st["n_rows_kept"], st["n_rows_moved"], st["n_rows_rotated"]) == \
         (ref.rows_kept, ref.rows_moved, ref.rows_rotated)
 
@@ -286,7 +292,8 @@ def test_layers_are_held_in_groups_of_caches_the_rule_book_sizes(model_path, tmp
 
 
 @pytest.mark.parametrize("select,positions,cache", [("graph", None, None), ("host", None, None),
-                                                    ("host", "keep:300", None), ("graph", None, "q8_0 fa")])
+                                                    ("host", "keep:300", None), ("graph", None, "q8_0 fa"),
+                                                    ("graph", "inplace", None)])
 def test_groups_of_caches_give_the_logits_of_one_masked_cache(model_path, heads_file, prompt_tokens, tmp_path,
                                                               monkeypatch, select, positions, cache):
     # The same schedule held in groups of caches (the default) and in one cache sized for the largest budget whose

@@ -78,10 +78,12 @@ def conversation(tokens, n_seq):
     return calls
 
 
-# layout "keep:200": kept positions (test_kept_positions.py), compacted every few parts of each sequence
+# layout "keep:200": kept positions (test_kept_positions.py), compacted every few parts of each sequence; "inplace":
+# in-place positions (test_in_place_positions.py), whose keys re-rotated where they stay follow a turn's moves
 # (turns of 3 with compact positions ran here too, and 2 sequences in one turn: 4 sequences in turns of 1 and of 4
 # cover what they did)
-@pytest.mark.parametrize("n_seq,compact_seq,layout", [(4, None, None), (4, 1, None), (4, 3, "keep:200")])
+@pytest.mark.parametrize("n_seq,compact_seq,layout", [(4, None, None), (4, 1, None), (4, 3, "keep:200"),
+                                                        (4, 2, "inplace")])
 def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file, prompt_tokens, n_seq, compact_seq,
                                                          layout, monkeypatch):
     # compact_seq: the sequences one compaction moves (LOCRET_DEBUG_COMPACT_SEQ; by default up to 4): a ubatch that
@@ -94,6 +96,9 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
     if layout is None:
         refs = [Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC) for _ in range(n_seq)]
+    elif layout == "inplace":
+        from test_in_place_positions import InPlacePositions
+        refs = [InPlacePositions(n_layer, n_head_kv, B, UB, NS, NLOC) for _ in range(n_seq)]
     else:
         from test_kept_positions import KeptPositions
         refs = [KeptPositions(n_layer, n_head_kv, B, UB, NS, NLOC, limit=int(layout.split(":")[1]))
@@ -138,7 +143,7 @@ def test_every_sequence_evicts_as_algorithm_1_on_its_own(model_path, heads_file,
     assert most_at_once >= 2, most_at_once
     assert llm.locret_stats()["n_compactions"] > 0
     if layout is not None:
-        assert all(r.repositions >= 2 for r in refs) and llm.locret_stats()["n_repositions"] == sum(r.repositions for r in refs)
+        assert all(r.repositions >= (2 if layout != "inplace" else 0) for r in refs) and llm.locret_stats()["n_repositions"] == sum(r.repositions for r in refs)
     single = make(model_path, heads_file)
     for s in range(n_seq):
         st = llm.locret_stats(seq_id=s)

@@ -123,7 +123,8 @@ def _run_evicting(standin, tokens, type_k, flash, track_first=False):
 
 
 def _layer0_error(llm, standin, hf_model, tokens, width):
-    """Largest error of layer 0's retained keys against Hugging Face's RoPE of their pre-RoPE keys at their cells."""
+    """Largest error of layer 0's retained keys against Hugging Face's RoPE of their pre-RoPE keys at the positions the
+    layout reports (the default, in place: each kept unit at its rank, in the cell it stayed in)."""
     d, n_kv, _ = _geometry(hf_model)
     k_pre = ref.pre_rope_qkv(hf_model, tokens)[0][1]  # layer 0's keys depend on the token alone
     st = llm.locret_stats()
@@ -133,7 +134,9 @@ def _layer0_error(llm, standin, hf_model, tokens, width):
     worst, scale = 0.0, 0.0
     for h in range(n_kv):
         logical = llm.locret_retained(0, h)
-        want = ref.rope(k_pre[logical, h * d:(h + 1) * d], np.arange(len(logical)), inv_freq, scaling)
+        rope = eviction.rope_positions(llm._ctx.ctx, 0, h)
+        assert sorted(rope.tolist()) == list(range(len(logical)))  # positions 0..n-1, whatever cells hold them
+        want = ref.rope(k_pre[logical, h * d:(h + 1) * d], rope, inv_freq, scaling)
         want = _from_hf(want, standin.spec.gguf_arch, n_rot)
         got = stored[: len(logical), h * d:(h + 1) * d]
         worst = max(worst, float(np.abs(got - want).max()))
@@ -164,7 +167,8 @@ def test_retained_keys_are_exact_rotations_after_many_evictions(standin, hf_mode
         for h in range(n_kv):
             logical = llm.locret_retained(il, h)
             orig = np.stack([first[il][int(p)][0][h * d:(h + 1) * d] for p in logical])
-            delta = np.arange(len(logical)) - np.array([first[il][int(p)][1] for p in logical])
+            # a unit was placed at its cell's position; it now sits at the position the layout reports
+            delta = eviction.rope_positions(llm._ctx.ctx, il, h) - np.array([first[il][int(p)][1] for p in logical])
             assert (delta != 0).any()
             want = _from_hf(ref.rope(_to_hf(orig, standin.spec.gguf_arch, n_rot), delta, inv_freq, 1.0),
                             standin.spec.gguf_arch, n_rot)
@@ -182,7 +186,8 @@ def test_keys_that_do_not_move_are_not_rewritten(standin, tokens):
     d = width // n_kv
     n_used = llm.locret_stats()["n_cells_used"]
     before = {il: (eviction.read_kv(llm._ctx.ctx, il, n_used, width=width),
-                   [llm.locret_retained(il, h) for h in range(n_kv)]) for il in range(n_layer)}
+                   [(llm.locret_retained(il, h), eviction.rope_positions(llm._ctx.ctx, il, h)) for h in range(n_kv)])
+              for il in range(n_layer)}
     evictions = llm.locret_stats()["n_evictions"]
     decode(llm, tokens[UB * 8: UB * 9], UB * 8, False)
     assert llm.locret_stats()["n_evictions"] == evictions + 1
@@ -190,10 +195,11 @@ def test_keys_that_do_not_move_are_not_rewritten(standin, tokens):
     for il in range(n_layer):
         after = eviction.read_kv(llm._ctx.ctx, il, B, width=width)
         for h in range(n_kv):
-            kept_before = before[il][1][h]
+            kept_before, rope_before = before[il][1][h]
             kept_after = llm.locret_retained(il, h)[:B]
+            rope_after = eviction.rope_positions(llm._ctx.ctx, il, h)[:B]
             for c in range(B):
-                if kept_after[c] == kept_before[c]:  # the unit stayed in its cell
+                if kept_after[c] == kept_before[c] and rope_after[c] == rope_before[c]:  # same cell, same position
                     assert np.array_equal(after[c, h * d:(h + 1) * d], before[il][0][c, h * d:(h + 1) * d]), (il, h, c)
                     unmoved += 1
                 else:

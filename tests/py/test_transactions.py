@@ -149,8 +149,9 @@ def test_a_failed_ubatch_with_a_schedule_is_taken_back_in_every_layers_cache(mod
         llm.close()
 
 
-@pytest.mark.parametrize("fail_at,pair", [(2, None), (6, None), (6, "keep")], indirect=["pair"],
-                         ids=["no-eviction-before", "after-an-eviction", "after-an-eviction-kept-positions"])
+@pytest.mark.parametrize("fail_at,pair", [(2, None), (6, None), (6, "keep"), (6, "inplace")], indirect=["pair"],
+                         ids=["no-eviction-before", "after-an-eviction", "after-an-eviction-kept-positions",
+                              "after-an-eviction-in-place-positions"])
 def test_a_failed_ubatch_is_taken_back_in_the_clients_positions(pair, prompt_tokens, fail_at):
     # the ubatch is placed (its positions mapped to cells) and computed, then counts as failed: llama_decode takes it
     # back with seq_rm in the client's positions. After an eviction, the eviction stands and the retry does not

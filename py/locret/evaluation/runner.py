@@ -55,7 +55,7 @@ class EvalConfig:
     local: int | None = None
     pool: int | None = None        # score pooling window of the heads methods (None: none)
     lag: int | None = None         # LagKV's partition (None: the paper's 128)
-    positions: str | None = None   # where kept units sit ("compact", "keep", "keep:N"; None: the library's default)
+    positions: str | None = None   # where kept units sit ("inplace", "compact", "keep", "keep:N"; None: the default)
     schedule: str | None = None    # the budget schedule file of locret-schedule and METHOD@schedule
     ubatch: int | None = None      # None: the device profile's, else 512
     threads: int = 2
