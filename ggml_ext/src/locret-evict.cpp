@@ -83,10 +83,11 @@ static void place_compact(const uint32_t * kept, uint32_t n_live, const int32_t 
     }
 }
 
-// Kept positions: the kept cells below n_live stay; the others (the chunk's survivors, in cell order) fill the holes
-// below n_live in cell order. At most the chunk's units move, as copies: none is re-rotated.
-static void place_in_holes(const uint32_t * kept, uint32_t n_live, const int32_t * pos, const int32_t * rope,
-        int32_t * pos_new, int32_t * rope_new, locret_row_moves & mv) {
+// The cells of the layouts with holes (kept and in-place positions): the kept cells below n_live stay; the others (the
+// chunk's survivors, in cell order) fill the holes below n_live in cell order. place(c, from, stays) for each cell c
+// of [0, n_live), with the cell its unit comes from. kept: ascending.
+template <typename F>
+static void fill_holes(const uint32_t * kept, uint32_t n_live, F && place) {
     uint32_t m = 0;
     while (m < n_live && kept[m] < n_live) {
         ++m;
@@ -94,28 +95,29 @@ static void place_in_holes(const uint32_t * kept, uint32_t n_live, const int32_t
     uint32_t src = m;  // the next kept cell at or above n_live
     uint32_t next_kept = 0;
     for (uint32_t c = 0; c < n_live; ++c) {
-        if (next_kept < m && kept[next_kept] == c) {
-            pos_new[c]  = pos[c];
-            rope_new[c] = rope[c];
-            ++next_kept;
-            if (!mv.stays(c, c)) {
-                mv.add(c, c, 0); // a layer group's cache holds it lower
-            }
-            continue;
-        }
-        const uint32_t from = kept[src++];
-        pos_new[c]  = pos[from];
-        rope_new[c] = rope[from];
-        mv.add(from, c, 0);
+        const bool stays = next_kept < m && kept[next_kept] == c;
+        place(c, stays ? kept[next_kept++] : kept[src++], stays);
     }
     GGML_ASSERT(src == n_live);
 }
 
-// In-place positions: the cells as place_in_holes leaves them (the kept units below n_live stay, the chunk's survivors
-// fill the holes in cell order), each unit at the position compact positions would give it: its rank among the kept
-// units by RoPE position, plus shift (the layer's masked cells after it). So the model reads the units at the positions
-// place_compact gives them, in other cells. A unit that stays and changes position is re-rotated where it is (staged
-// in `rot`); one copied into a hole is moved and re-rotated.
+// Kept positions: fill_holes' cells, each unit at its own position. At most the chunk's units move, as copies: none is
+// re-rotated.
+static void place_in_holes(const uint32_t * kept, uint32_t n_live, const int32_t * pos, const int32_t * rope,
+        int32_t * pos_new, int32_t * rope_new, locret_row_moves & mv) {
+    fill_holes(kept, n_live, [&](uint32_t c, uint32_t from, bool stays) {
+        pos_new[c]  = pos[from];
+        rope_new[c] = rope[from];
+        if (!stays || !mv.stays(c, c)) {
+            mv.add(from, c, 0); // into a hole, or a layer group's cache holds it lower
+        }
+    });
+}
+
+// In-place positions: fill_holes' cells, each unit at the position compact positions would give it: its rank among the
+// kept units by RoPE position, plus shift (the layer's masked cells after it). So the model reads the units at the
+// positions place_compact gives them, in other cells. A unit that stays and changes position is re-rotated where it
+// is (staged in `rot`); one copied into a hole is moved and re-rotated.
 static void place_in_holes_ranked(const uint32_t * kept, uint32_t n_live, int32_t shift, const int32_t * pos,
         const int32_t * rope, int32_t * pos_new, int32_t * rope_new, std::vector<int32_t> & rank,
         locret_row_moves & mv, locret_moves::in_place_rows & rot) {
@@ -134,26 +136,17 @@ static void place_in_holes_ranked(const uint32_t * kept, uint32_t n_live, int32_
     }
     GGML_ASSERT(r == (int32_t) n_live); // two kept units at one position would share a rank
 
-    uint32_t m = 0;
-    while (m < n_live && kept[m] < n_live) {
-        ++m;
-    }
-    uint32_t src = m;  // the next kept cell at or above n_live
-    uint32_t next_kept = 0;
-    for (uint32_t c = 0; c < n_live; ++c) {
-        const bool stays = next_kept < m && kept[next_kept] == c;
-        const uint32_t from = stays ? kept[next_kept++] : kept[src++];
+    fill_holes(kept, n_live, [&](uint32_t c, uint32_t from, bool stays) {
         const int32_t p_new = rank[rope[from]] + shift;
         const int32_t dlt   = p_new - rope[from];
         pos_new[c]  = pos[from];
         rope_new[c] = p_new;
         if (!stays || !mv.stays(c, c)) {
-            mv.add(from, c, dlt); // into a hole, or a layer group's cache holds it lower
+            mv.add(from, c, dlt);
         } else if (dlt != 0) {
             mv.rotate_here(c, dlt, rot);
         }
-    }
-    GGML_ASSERT(src == n_live);
+    });
 }
 
 // Kept positions at their limit: the kept units in RoPE-position order at cells [0, n_live), re-rotated to positions

@@ -16,7 +16,8 @@ from locret import eviction, heads as heads_api
 
 from conftest import run, tool
 from test_eviction import B, NLOC, NS, UB, decode, last_logits, make, prompt_tokens  # noqa: F401  (the fixture)
-from test_kept_positions import KeptPositions, decode_and_compare, mirror_run, rel_err, session, shape
+from test_kept_positions import KeptPositions, decode_and_compare, kv_snapshot, mirror_run, rel_err, session, shape, \
+    units_rotated_by_their_position_change
 
 
 class InPlacePositions(KeptPositions):
@@ -123,13 +124,13 @@ def test_every_key_is_rotated_where_it_stays_and_values_do_not_move(type_k, flas
     # engine reports, and its value is unchanged, whether it stayed in its cell (re-rotated there; V not written) or
     # was copied into a hole; stacked and per-layer compaction graphs, transposed V, a quantized cache
     import llama_cpp
-    from test_eviction import hadamard, rope_norm
+    from test_eviction import hadamard
 
     if per_layer:
         monkeypatch.setenv("LOCRET_DEBUG_COMPACT_PER_LAYER", "1")
     llm = make(model_path, heads_file, type_k=type_k, type_v=type_k, flash_attn=flash, locret_positions="inplace")
     model = llm._model.model
-    n_layer, n_head_kv = shape(llm)
+    n_head_kv = shape(llm)[1]
     d_head = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
     width = n_head_kv * d_head
     buf = llama_cpp.ctypes.create_string_buffer(64)
@@ -139,38 +140,17 @@ def test_every_key_is_rotated_where_it_stays_and_values_do_not_move(type_k, flas
     rot = hadamard(d_head) if quantized else np.eye(d_head)
     tol = {0: 2e-5, 1: 2e-3, 8: 0.02}[type_k]
 
-    def snapshot():
-        n = llm.locret_stats()["n_cells_used"]
-        return {il: (eviction.read_kv(llm._ctx.ctx, il, n, width=width),
-                     eviction.read_kv(llm._ctx.ctx, il, n, values=True, width=width),
-                     [(llm.locret_retained(il, h), eviction.rope_positions(llm._ctx.ctx, il, h))
-                      for h in range(n_head_kv)])
-                for il in (0, 13, n_layer - 1)}
-
     n_past, stayed, moved, rotated_here = 0, 0, 0, 0
     for i in range(0, 480, UB):
-        before = snapshot() if n_past else None
+        before = kv_snapshot(llm, width) if n_past else None
         n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
         if before is None or llm.locret_stats()["n_evictions"] == 0:
             continue
-        for il, (k1, v1, held1) in snapshot().items():
-            k0, v0, held0 = before[il]
-            for h in range(n_head_kv):
-                (pos0, rope0), (pos1, rope1) = held0[h], held1[h]
-                where0 = {int(p): c for c, p in enumerate(pos0)}
-                cols = slice(h * d_head, (h + 1) * d_head)
-                for c, p in enumerate(pos1):
-                    if int(p) not in where0:
-                        continue  # placed by this ubatch
-                    c0 = where0[int(p)]
-                    delta = np.array([rope1[c] - rope0[c0]])
-                    want = rope_norm(k0[c0:c0 + 1, cols] @ rot, delta, base, d_head) @ rot
-                    err = np.abs(k1[c, cols] - want[0]).max() / max(np.abs(want).max(), 1e-6)
-                    assert err < tol, f"layer {il} head {h} unit {p}: key off by {err:.2e}"
-                    assert np.array_equal(v1[c, cols], v0[c0, cols]), f"layer {il} head {h} unit {p}: value changed"
-                    stayed += c == c0
-                    moved += c != c0
-                    rotated_here += c == c0 and delta[0] != 0
+        for c0, c, delta in units_rotated_by_their_position_change(before, kv_snapshot(llm, width), d_head, rot, base,
+                                                                   key_tol=tol, value_tol=0.0):
+            stayed += c == c0
+            moved += c != c0
+            rotated_here += c == c0 and delta != 0
     assert llm.locret_stats()["n_evictions"] >= 5
     assert moved > 0 and rotated_here > 0 and stayed > 2 * moved, (stayed, moved, rotated_here)
 

@@ -119,6 +119,44 @@ def shape(llm):
     return llama_cpp.llama_model_n_layer(model), llama_cpp.llama_model_n_head_kv(model)
 
 
+def kv_snapshot(llm, width):
+    """Layers 0, 13 and the last: (K [n_used, width], V, per KV head (logical positions, RoPE positions) in cell
+    order)."""
+    n = llm.locret_stats()["n_cells_used"]
+    n_layer, n_head_kv = shape(llm)
+    return {il: (eviction.read_kv(llm._ctx.ctx, il, n, width=width),
+                 eviction.read_kv(llm._ctx.ctx, il, n, values=True, width=width),
+                 [(llm.locret_retained(il, h), eviction.rope_positions(llm._ctx.ctx, il, h)) for h in range(n_head_kv)])
+            for il in (0, 13, n_layer - 1)}
+
+
+def units_rotated_by_their_position_change(before, after, d_head, rot, base, *, key_tol, value_tol):
+    """Every unit held in two kv_snapshots (around an eviction): its key after equals its key before rotated by numpy's
+    RoPE by the position change the engine reports (relative error below key_tol; `rot`: the Hadamard rotation of a
+    quantized cache, else the identity), and its value is unchanged (within value_tol of the largest value; 0: bit for
+    bit). Returns (cell before, cell after, position change) per unit."""
+    out = []
+    for il, (k1, v1, held1) in after.items():
+        k0, v0, held0 = before[il]
+        for h, ((pos0, rope0), (pos1, rope1)) in enumerate(zip(held0, held1)):
+            where0 = {int(p): c for c, p in enumerate(pos0)}
+            cols = slice(h * d_head, (h + 1) * d_head)
+            for c, p in enumerate(pos1):
+                if int(p) not in where0:
+                    continue  # placed by the last ubatch
+                c0 = where0[int(p)]
+                delta = int(rope1[c] - rope0[c0])
+                want = rope_norm(k0[c0:c0 + 1, cols] @ rot, np.array([delta]), base, d_head) @ rot
+                err = np.abs(k1[c, cols] - want[0]).max() / max(np.abs(want).max(), 1e-6)
+                assert err < key_tol, f"layer {il} head {h} unit {p}: key off by {err:.2e}"
+                if value_tol == 0:
+                    assert np.array_equal(v1[c, cols], v0[c0, cols]), f"layer {il} head {h} unit {p}: value changed"
+                else:
+                    np.testing.assert_allclose(v1[c, cols], v0[c0, cols], rtol=0, atol=value_tol * np.abs(v0).max())
+                out.append((c0, c, delta))
+    return out
+
+
 def decode_and_compare(llm, ref, tokens, n_past, output_last):
     """Decode one call, place it in the model with the heads' recorded scores, and check every (layer, KV head)'s
     kept units and key positions against the model. Returns the new n_past."""
@@ -195,7 +233,7 @@ def test_every_retained_key_is_rotated_at_the_position_the_layout_says(type_k, f
     llm = make(model_path, heads_file, type_k=type_k, type_v=type_k, flash_attn=flash,
                locret_positions="keep" if limit is None else f"keep:{limit}")
     model = llm._model.model
-    n_layer, n_head_kv = shape(llm)
+    n_head_kv = shape(llm)[1]
     d_head = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
     width = n_head_kv * d_head
     buf = ctypes.create_string_buffer(64)
@@ -204,43 +242,17 @@ def test_every_retained_key_is_rotated_at_the_position_the_layout_says(type_k, f
     quantized = type_k == GGML_TYPE_Q8_0
     rot = hadamard(d_head) if quantized else np.eye(d_head)
 
-    def snapshot():
-        n = llm.locret_stats()["n_cells_used"]
-        out = {}
-        for il in (0, 13, n_layer - 1):
-            k = eviction.read_kv(llm._ctx.ctx, il, n, width=width)
-            v = eviction.read_kv(llm._ctx.ctx, il, n, values=True, width=width)
-            out[il] = (k, v, [(llm.locret_retained(il, h), eviction.rope_positions(llm._ctx.ctx, il, h))
-                              for h in range(n_head_kv)])
-        return out
-
-    n_past, worst, moved, rotated = 0, 0.0, 0, 0
-    before = None
+    n_past, moved, rotated = 0, 0, 0
     for i in range(0, 480, UB):
-        before = snapshot() if n_past else None
+        before = kv_snapshot(llm, width) if n_past else None
         n_past = decode(llm, prompt_tokens[i:i + UB], n_past, False)
         if before is None or llm.locret_stats()["n_evictions"] == 0:
             continue
-        after = snapshot()
-        for il, (k1, v1, held1) in after.items():
-            k0, v0, held0 = before[il]
-            for h in range(n_head_kv):
-                (pos0, rope0), (pos1, rope1) = held0[h], held1[h]
-                where0 = {int(p): c for c, p in enumerate(pos0)}
-                cols = slice(h * d_head, (h + 1) * d_head)
-                for c, p in enumerate(pos1):
-                    if int(p) not in where0:
-                        continue  # placed by this ubatch
-                    c0 = where0[int(p)]
-                    delta = np.array([rope1[c] - rope0[c0]])
-                    want = rope_norm(k0[c0:c0 + 1, cols] @ rot, delta, base, d_head) @ rot
-                    err = np.abs(k1[c, cols] - want[0]).max() / max(np.abs(want).max(), 1e-6)
-                    worst = max(worst, err)
-                    assert err < (0.02 if quantized else 2e-3), f"layer {il} head {h} unit {p}: off by {err:.2e}"
-                    np.testing.assert_allclose(v1[c, cols], v0[c0, cols], rtol=0,
-                                               atol=(0.02 if quantized else 0) * np.abs(v0).max() + 1e-6)
-                    moved += c != c0
-                    rotated += delta[0] != 0
+        for c0, c, delta in units_rotated_by_their_position_change(
+                before, kv_snapshot(llm, width), d_head, rot, base, key_tol=0.02 if quantized else 2e-3,
+                value_tol=0.02 if quantized else 0.0):
+            moved += c != c0
+            rotated += delta != 0
     st = llm.locret_stats()
     assert st["n_evictions"] >= 5 and moved > 0
     assert (rotated > 0) == (limit is not None) and (st["n_repositions"] > 0) == (limit is not None)
