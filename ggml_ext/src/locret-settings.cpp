@@ -571,9 +571,10 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     cfg.n_ubatch    = n_ubatch;
     cfg.capacity    = budget + n_ubatch;
     // the policy's own rules and fields (LagKV's partition, SAGE-KV's split of the budget and its whole-prompt cache)
+    const std::unique_ptr<locret_policy> scorer = locret_policy_make(p.policy);
     {
         std::string err;
-        locret_policy_make(p.policy)->configure(p, cparams.n_ctx_seq, cfg, err);
+        scorer->configure(p, cparams.n_ctx_seq, cfg, err);
         if (!err.empty()) {
             fail(err);
         }
@@ -589,7 +590,7 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
         all_swa = hp.is_swa(il);
     }
     const bool holes_ok = hp.rope_type != LLAMA_ROPE_TYPE_NONE && !all_swa &&
-                          !locret_policy_make(p.policy)->reads_cells_in_order();
+                          !scorer->reads_cells_in_order();
     const int32_t positions = p.positions >= 0 ? p.positions :
                               holes_ok ? LLAMA_LOCRET_POSITIONS_INPLACE : LLAMA_LOCRET_POSITIONS_COMPACT;
     cfg.keep_positions  = positions == LLAMA_LOCRET_POSITIONS_KEEP;
