@@ -14,10 +14,9 @@ import pytest
 
 from locret import eviction, heads as heads_api
 
-from conftest import run, tool
 from test_eviction import B, NLOC, NS, UB, decode, last_logits, make, prompt_tokens  # noqa: F401  (the fixture)
-from test_kept_positions import KeptPositions, decode_and_compare, kv_snapshot, mirror_run, rel_err, session, shape, \
-    units_rotated_by_their_position_change
+from test_kept_positions import KeptPositions, completion_with_positions, decode_and_compare, kv_snapshot, mirror_run, \
+    rel_err, session, shape, units_rotated_by_their_position_change
 
 
 class InPlacePositions(KeptPositions):
@@ -242,13 +241,8 @@ def test_refusals_and_the_tools(model_path, heads_file, tmp_path):
     for policy in ("lagkv", "snapkv"):
         with pytest.raises((HeadsError, ValueError), match=f"positions inplace fills the holes .* policy {policy} reads"):
             make(model_path, heads_file, locret_positions="inplace", locret_policy=policy)
-    text = " ".join(f"Line {i}: the archive keeps record {i * 7} in box {i % 13}." for i in range(45))  # ~700 tokens
-    prompt = tmp_path / "p.txt"
-    prompt.write_text(text)
-    base = [tool("llama-completion"), "-m", str(model_path), "--locret-heads", str(heads_file), "--locret-budget", "256",
-            "-c", "4096", "-ub", "128", "-b", "128", "-n", "4", "-f", str(prompt), "--temp", "0", "-no-cnv"]
-    out = run(base + ["--locret-positions", "inplace", "-v"], timeout=300)
+    out = completion_with_positions(model_path, heads_file, tmp_path, "inplace", "-v")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "positions compacted in place" in out.stderr
-    bad = run(base + ["--locret-positions", "in-place"], timeout=120)
+    bad = completion_with_positions(model_path, heads_file, tmp_path, "in-place", timeout=120)
     assert bad.returncode != 0 and "compact, inplace, keep or keep:N" in bad.stderr

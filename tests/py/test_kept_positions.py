@@ -311,18 +311,23 @@ def test_kept_positions_refusals(kw, message, model_path, heads_file):
         make(model_path, heads_file, **kw)
 
 
+def completion_with_positions(model_path, heads_file, tmp_path, positions: str, *extra: str, timeout: int = 300):
+    """llama-completion over a ~700-token document with a 256-unit budget and --locret-positions `positions`."""
+    text = " ".join(f"Line {i}: the archive keeps record {i * 7} in box {i % 13}." for i in range(45))
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(text)
+    return run([tool("llama-completion"), "-m", str(model_path), "--locret-heads", str(heads_file),
+                "--locret-budget", "256", "-c", "4096", "-ub", "128", "-b", "128", "-n", "4", "-f", str(prompt),
+                "--temp", "0", "-no-cnv", "--locret-positions", positions, *extra], timeout=timeout)
+
+
 def test_the_tools_take_kept_positions(model_path, heads_file, tmp_path):
     # llama-completion reads a document longer than its cache with kept positions and says so in its log; a bad
     # value stops it with the reason
-    text = " ".join(f"Line {i}: the archive keeps record {i * 7} in box {i % 13}." for i in range(45))  # ~700 tokens
-    prompt = tmp_path / "p.txt"
-    prompt.write_text(text)
-    base = [tool("llama-completion"), "-m", str(model_path), "--locret-heads", str(heads_file), "--locret-budget", "256",
-            "-c", "4096", "-ub", "128", "-b", "128", "-n", "4", "-f", str(prompt), "--temp", "0", "-no-cnv"]
-    out = run(base + ["--locret-positions", "keep", "-v"], timeout=300)
+    out = completion_with_positions(model_path, heads_file, tmp_path, "keep", "-v")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "positions kept" in out.stderr
-    bad = run(base + ["--locret-positions", "keep:abc"], timeout=120)
+    bad = completion_with_positions(model_path, heads_file, tmp_path, "keep:abc", timeout=120)
     assert bad.returncode != 0 and "compact, inplace, keep or keep:N" in bad.stderr
 
 
