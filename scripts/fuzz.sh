@@ -85,6 +85,12 @@ export LOCRET_TEST_MODEL LOCRET_TEST_HEADS="$ROOT/heads/smollm2-135m-instruct.gg
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:halt_on_error=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 
+# the targets write each input to a file in a scratch folder (in memory where /dev/shm is writable); removed at exit,
+# whatever way a target ended
+SCRATCH="$(mktemp -d "$( [[ -w /dev/shm ]] && echo /dev/shm || echo "${TMPDIR:-/tmp}")/locret-fuzz.XXXXXX")" || exit 1
+trap 'rm -rf "$SCRATCH"' EXIT
+export LOCRET_FUZZ_SCRATCH="$SCRATCH"
+
 run_target() {  # name -> OUT/log/NAME.log; the corpus in OUT/corpus/NAME, findings in OUT/findings/NAME
     local t="$1" corpus="$OUT/corpus/$1" seeds="$OUT/seeds/$1" findings="$OUT/findings/$1" log="$OUT/log/$1.log"
     mkdir -p "$corpus" "$seeds" "$findings" "$OUT/log"

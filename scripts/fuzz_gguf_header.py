@@ -19,7 +19,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
-_INPUT = Path("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()) / f"fuzz-gguf-{os.getpid()}.gguf"
+# scripts/fuzz.sh names a scratch folder it removes afterwards: libFuzzer ends the process without returning, so the
+# `finally` in main() does not run at the end of a timed run
+_SCRATCH = os.environ.get("LOCRET_FUZZ_SCRATCH") or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+_INPUT = Path(_SCRATCH) / f"fuzz-gguf-{os.getpid()}.gguf"
 
 
 def check_one(data: bytes, path: Path = _INPUT) -> None:

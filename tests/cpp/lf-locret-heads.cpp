@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 static llama_model * g_model = nullptr;
-static std::string   g_input;  // where an input is written (the loader reads a path); in /dev/shm when there is one
+static std::string   g_input;  // where an input is written (the loader reads a path): in fuzz.sh's scratch folder, else /dev/shm when there is one
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
     const char * model_path = std::getenv("LOCRET_TEST_MODEL");
@@ -35,7 +35,10 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
         std::fprintf(stderr, "lf-locret-heads: cannot load %s\n", model_path);
         std::exit(2);
     }
-    const std::string dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
+    // scripts/fuzz.sh names a scratch folder it removes afterwards (a crash skips the atexit removal below)
+    const char * scratch = std::getenv("LOCRET_FUZZ_SCRATCH");
+    const std::string dir = scratch != nullptr && *scratch ? scratch :
+            access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp");
     g_input = dir + "/lf-locret-heads-" + std::to_string((long) getpid()) + ".gguf";
     if (const char * seeds = std::getenv("LOCRET_FUZZ_SEED_DIR")) {
         size_t meta = 0;
