@@ -102,7 +102,8 @@ def main() -> int:
           f"({len(document)} characters)\nquestion: {args.question}\nLocret-Q: {'yes (the question is pinned at the start)' if use_query else 'no'}\n"
           f"pooling:  {f'mean over {args.pool} tokens' if args.pool > 1 else 'none'}\n---", flush=True)
     t0 = time.time()
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    # errors="replace": an answer cut by -n can end inside a character (an emoji's first bytes)
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL)
     seconds = time.time() - t0
     os.unlink(prompt_file)
     print(proc.stdout.strip())

@@ -96,8 +96,9 @@ def natural_text() -> str:
 
 
 def run(cmd: list, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    """Run a command with captured text output and a hard time limit (never hang a test run)."""
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+    """Run a command with captured text output and a hard time limit (never hang a test run). Undecodable bytes are
+    replaced: a generation cut by -n can end inside a character (an emoji's first bytes), which is not a failure."""
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace", timeout=timeout,
                           stdin=subprocess.DEVNULL, **kw)
 
 

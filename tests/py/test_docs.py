@@ -126,7 +126,8 @@ def test_example_runs_as_written(block: Block, tmp_path, long_text_file):
         cmd = [sys.executable, str(script)]
     else:
         cmd = ["bash", "-c", "set -eo pipefail\n" + block.text]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL)
+    # errors="replace": an example's generation cut by -n can end inside a character (an emoji's first bytes)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
+                          timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, (f"{block.name} failed (exit {proc.returncode}):\n{block.text}\n--- stdout\n"
                                   f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
