@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run
 
 RUNNABLE_LANGS = {"bash", "sh", "shell", "python", "py"}
 LONG_TEXT_CHARS = 3_200  # about 900 tokens of the bundled document: more than b + B = 768 cells, so examples at b = 512 evict
@@ -126,8 +125,6 @@ def test_example_runs_as_written(block: Block, tmp_path, long_text_file):
         cmd = [sys.executable, str(script)]
     else:
         cmd = ["bash", "-c", "set -eo pipefail\n" + block.text]
-    # errors="replace": an example's generation cut by -n can end inside a character (an emoji's first bytes)
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, errors="replace",
-                          timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    proc = run(cmd, timeout=BLOCK_TIMEOUT_S, cwd=cwd, env=env)
     assert proc.returncode == 0, (f"{block.name} failed (exit {proc.returncode}):\n{block.text}\n--- stdout\n"
                                   f"{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
