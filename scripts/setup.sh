@@ -109,6 +109,12 @@ for tool in git:git cmake:cmake ninja:ninja-build ccache:ccache g++:g++ gcc:gcc 
     command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
 done
 "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# the real-text haystack family "man" (py/locret/tasks/realtext): the Linux man-pages project's pages, rendered by groff
+if command -v dpkg-query >/dev/null 2>&1; then
+    for pkg in manpages manpages-dev groff-base; do
+        [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" == "install ok installed" ]] || missing+=("$pkg")
+    done
+fi
 if [[ -n "$CUDA_ARCH" ]] && ! command -v nvcc >/dev/null 2>&1; then
     echo "setup.sh: --cuda needs the CUDA toolkit (nvcc on PATH)" >&2; exit 1
 fi
