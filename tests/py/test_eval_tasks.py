@@ -38,7 +38,8 @@ def filler_before(sample, piece_index: int) -> int:
 
 def test_registry_and_interface():
     assert set(tasks.TASKS) == {"passkey", "niah", "niah_single", "niah_code", "niah_quote", "niah_name",
-                                "variable_tracking", "common_words", "long_qa"}
+                                "variable_tracking", "common_words", "long_qa", "real_number", "real_code",
+                                "real_lookalike"}
     for name in tasks.TASKS:
         task = tasks.get(name)
         assert task.NAME == name and callable(task.generate) and callable(task.score)

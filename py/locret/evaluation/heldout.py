@@ -5,6 +5,9 @@ heads/<name>.run/ beside heads/<name>.gguf). Its config names the built-in gener
 haystack families plus `pydoc`; "pydoc" alone when the key is absent, the trainer's default), the data files it read
 (`data`) and the heads it started from (`init_heads`), whose families count too. A family is held out from a heads
 file when none of that names it. When the log cannot tell (no log, data files of unknown text) nothing is held out.
+
+The real-text families (info, man, pysource: tasks/realtext) are no context of the trainer, so no log of the shipped
+heads names them and they are held out from all of them; a log that names one refuses it like any other family.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from typing import Iterator, Sequence
 
 from .. import benchmarks, tasks
 from ..tasks import haystacks as haystack_families
+from ..tasks import realtext
 from . import decoding
 
 BENCHMARK_MAX_NEW_TOKENS = 64  # default answer length for benchmark records (--max-new-tokens overrides)
@@ -33,6 +34,9 @@ class Item:
     # placed at the start (empty when none)
     auto_query: str = ""
     auto_query_tokens: tuple[int, ...] = ()
+    # the sample's metadata, for tasks that judge an answer beyond its score (the real-text needle tasks' confusions:
+    # `outcome`); kept out of the per-sample records (a haystack's numbers can run to hundreds)
+    metadata: dict = field(default_factory=dict)
 
 
 class ItemError(ValueError):
@@ -96,10 +100,10 @@ def task_samples(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequ
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ItemError(f"depth {d} is outside [0, 1] (a share of the filler before the needle)")
-    unknown = [h for h in haystacks if h not in haystack_families.FAMILIES]
+    known = haystack_families.FAMILIES + realtext.FAMILIES
+    unknown = [h for h in haystacks if h not in known]
     if unknown or not haystacks:
-        raise ItemError(f"unknown haystack family {', '.join(unknown) or '(none given)'}; "
-                        f"valid: {', '.join(haystack_families.FAMILIES)}")
+        raise ItemError(f"unknown haystack family {', '.join(unknown) or '(none given)'}; valid: {', '.join(known)}")
     modules = []
     for name in names:
         try:
@@ -108,7 +112,24 @@ def task_samples(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequ
             raise ItemError(str(e)) from None
         if any(h != "prose" for h in haystacks) and "haystack" not in inspect.signature(modules[-1].generate).parameters:
             raise ItemError(f"task {name} has no haystack (only prose applies): run it without --haystacks")
+        takes = families_of(modules[-1])
+        if wrong := [h for h in haystacks if h not in takes]:
+            raise ItemError(f"task {name} does not take the haystack famil{'y' if len(wrong) == 1 else 'ies'} "
+                            f"{', '.join(wrong)}: {_takes_what(name, takes)}")
     return _generate(llm, modules, lengths, depths, samples, seed, haystacks)
+
+
+def families_of(task) -> tuple[str, ...]:
+    """The haystack families a task module takes: its HAYSTACKS (the real-text needle tasks: only real text), else
+    prose and the generated families (whose tasks rely on a haystack without digits: every number a needle's)."""
+    return tuple(getattr(task, "HAYSTACKS", ("prose",) + tuple(f for f in haystack_families.FAMILIES if f != "prose")))
+
+
+def _takes_what(name: str, takes: Sequence[str]) -> str:
+    if set(takes) <= set(realtext.FAMILIES):
+        return f"it hides its needles in real text, give --haystacks {','.join(takes)}"
+    return (f"its needles rely on generated text without digits ({', '.join(takes)}); the real-text families take "
+            f"{', '.join(n for n in tasks.TASKS if set(families_of(tasks.get(n))) <= set(realtext.FAMILIES))}")
 
 
 def _generate(llm, modules, lengths, depths, samples, seed, haystacks) -> Iterator[TaskSample]:
@@ -138,12 +159,20 @@ def task_items(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequen
         found = auto_question(sample, chat)
         out.append(Item(id=ts.id, source=ts.source, length=ts.length, depth=ts.depth, tokens=tuple(sample.tokens),
                         max_new_tokens=max_new_tokens or ts.task.MAX_NEW_TOKENS, answers=tuple(sample.answers),
-                        extra={"seed": seed, "index": ts.index, "needles": spans}, query=sample.question,
+                        extra={"seed": seed, "index": ts.index, "needles": spans, **sources_of(sample)},
+                        query=sample.question,
                         query_tokens=query_prompt(sample, tokenize, chat), auto_query=found,
-                        auto_query_tokens=query_prompt(sample, tokenize, chat, found) if found else ()))
+                        auto_query_tokens=query_prompt(sample, tokenize, chat, found) if found else (),
+                        metadata=sample.metadata if hasattr(ts.task, "judge") else {}))
         if progress is not None:
             progress.update(1)
     return out
+
+
+def sources_of(sample) -> dict:
+    """What a sample's record names of the real text it was cut from: the corpus, and each document's name and
+    sha256 ({} for generated text)."""
+    return {k: sample.metadata[k] for k in ("corpus", "documents") if k in sample.metadata}
 
 
 _MARK = "\u0001"  # stands for the document in a user turn, to find the text the template puts around it
@@ -218,6 +247,20 @@ def benchmark_items(llm, benchmark: str, paths: Sequence[str | Path], task: str 
     if not items:
         raise ItemError("the dataset files hold no records")
     return items, records
+
+
+def outcome(item: Item, prediction: str) -> dict:
+    """For tasks that tell a confusion from a miss (a `judge` of their own: the real-text needle tasks), the record's
+    fields: {"outcome": "right" | "confusion" | "miss", "confused_with": the other needle's value or the document's
+    number the answer gave (None unless a confusion), "confused_source": "needle" | "document" | None}; {} for every
+    other task and for benchmark records."""
+    if not item.metadata or "/" in item.source:
+        return {}
+    task = tasks.get(item.source.split("@")[0])
+    if not hasattr(task, "judge"):
+        return {}
+    judged = task.judge(prediction, item)
+    return {"outcome": judged.outcome, "confused_with": judged.confused_with, "confused_source": judged.source}
 
 
 def score(item: Item, prediction: str, records: dict) -> float:

@@ -28,10 +28,14 @@ def summarize(samples: list[dict], runs: list[dict], skipped: list[dict]) -> lis
             if s.get("depth") is not None:
                 by_depth[f"{s['depth']:.2f}"].append(s["score"])
         mem = memory.get(run, {})
+        judged = [s for s in group if "outcome" in s]
         rows.append({
             "source": source, "method": method, "budget": budget, "length": length, "run": run,
             "samples": len(group), "accuracy": _mean(s["score"] for s in group),
             "accuracy_by_depth": {d: _mean(v) for d, v in sorted(by_depth.items())},
+            # wrong answers that gave another needle's value or a number of the document (tasks that tell them from
+            # misses: the real-text needle tasks); None for the other tasks
+            "confusions": sum(s["outcome"] == "confusion" for s in judged) if judged else None,
             "prompt_tokens_mean": _mean(s["prompt_tokens"] for s in group),
             "prefill_tok_s": _mean(s["prefill_tok_s"] for s in group),
             "decode_tok_s": _mean(s["decode_tok_s"] for s in group),
@@ -51,12 +55,16 @@ def _num(x, fmt="{:.2f}") -> str:
 
 
 def markdown(rows: list[dict], skipped: list[dict], memory_notes: list[str]) -> str:
-    lines = ["| task | method | budget | length | n | score | by depth | prefill tok/s | decode tok/s | max cells | KV MiB | peak RSS MiB |",
-             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    # the confusions column only where a row counts them, so that tables of the other tasks read as before
+    confusions = any(r.get("confusions") is not None for r in rows)
+    lines = ["| task | method | budget | length | n | score | " + ("confusions | " if confusions else "") +
+             "by depth | prefill tok/s | decode tok/s | max cells | KV MiB | peak RSS MiB |",
+             "|---|---|---:|---:|---:|---:|" + ("---:|" if confusions else "") + "---|---:|---:|---:|---:|---:|"]
     for r in rows:
         depth = " / ".join(f"{v:.2f}" for v in r["accuracy_by_depth"].values()) or "-"
+        confused = f"{'-' if r.get('confusions') is None else r['confusions']} | " if confusions else ""
         lines.append(f"| {r['source']} | {r['method']} | {r['budget'] or '-'} | {r['length'] or 'all'} | {r['samples']} | "
-                     f"{_num(r['accuracy'])} | {depth} | {_num(r['prefill_tok_s'], '{:.0f}')} | "
+                     f"{_num(r['accuracy'])} | {confused}{depth} | {_num(r['prefill_tok_s'], '{:.0f}')} | "
                      f"{_num(r['decode_tok_s'], '{:.1f}')} | {r['cells_used_max'] if r['cells_used_max'] is not None else '-'} | "
                      f"{_mib(r['kv_bytes'])} | {_mib(r['peak_rss_bytes'])} |")
     if rows and any(r["accuracy_by_depth"] for r in rows):

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import AUTO_QUERY_METHODS, HEADS_METHODS, QUERY_METHODS, decoding
-from .items import Item
+from .items import Item, outcome
 
 HEATMAP_BINS = 128  # logical-position bins of a retained-unit heatmap
 
@@ -193,6 +193,8 @@ def run_item(llm, spec: RunSpec, item: Item, evicting: bool) -> dict:
                evictions=int(stats["n_evictions"]) if evicting else 0,
                pinned=int(stats["n_pinned"]) if evicting else 0, pool=int(stats["pool"]) if evicting else 0,
                kv_bytes=int(stats["kv_bytes"]) if evicting else None, extra=item.extra)
+    # the real-text needle tasks: right, a confusion (another needle's value, a number of the document) or a miss
+    out.update(outcome(item, answer))
     if spec.method in AUTO_QUERY_METHODS:
         # what the auto rule found, and whether it is the task's own question
         out["query_found"] = item.auto_query

@@ -34,13 +34,18 @@ is the evaluation. haystack.py explains the placement rules.
 
 Filler is our own plain sentences (filler.py; passkey keeps its own), not Python's documentation, which
 the head trainer learns from. The needle tasks (all but common_words) take ``haystack=FAMILY`` for another kind of long text (haystacks.FAMILIES: code, legal, logs, recipes, ...;
-``"prose"``, the default, is the plain sentences).
+``"prose"``, the default, is the plain sentences). The real_* tasks take real text instead (realtext.FAMILIES: info,
+man, pysource: GNU info manuals, Linux man pages, the Python standard library's source), and only that; a task's
+``HAYSTACKS``, where it has one, lists the families it takes.
 
 Tasks: passkey (passkey.py: the original module with its own runner passkey_eval.py; passkey_task.py
 puts it in this interface), niah (several keys and values), niah_single (one key, one number, no
 distractors: the needle task the default model can do in its window), niah_code, niah_quote and niah_name (the
 same with another needle form: a code of capitals and digits, a sentence to quote, a person's name), variable_tracking (chains of assignments),
-common_words (most frequent words), long_qa (facts about invented people, F1-scored).
+common_words (most frequent words), long_qa (facts about invented people, F1-scored); over real text (realneedle.py):
+real_number (a number shaped like the document's own), real_code (a code of capitals and digits) and real_lookalike
+(four alike needles, one asked), whose modules also ``classify`` a wrong answer as a confusion or a miss
+(confusion.py).
 """
 from __future__ import annotations
 
@@ -57,6 +62,9 @@ TASKS = {
     "variable_tracking": "variable_tracking",
     "common_words": "common_words",
     "long_qa": "long_qa",
+    "real_number": "real_number",
+    "real_code": "real_code",
+    "real_lookalike": "real_lookalike",
 }
 
 

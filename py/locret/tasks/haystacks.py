@@ -14,7 +14,11 @@ prose, so the same needles and question can be asked over prose, source code, li
   words and the level in lower case; each unit is one or two lines ending with a newline.
 - ``recipes``, ``weather``, ``manual``, ``minutes``: cooking steps, weather bulletins, an appliance manual and
   meeting minutes, one line each (ending with a newline), of our own wording from templates and word lists. No
-  training run has used them: they are the held-out families of the evaluation.
+  training run has used them: they are held out too.
+
+Real documents (info manuals, man pages, Python source: ``info``, ``man``, ``pysource``) are the families of
+realtext/, for the real_* needle tasks; they are the held-out families the evaluation recommends, since their own
+numbers make a needle one fact among many. The families here stay what they were.
 
 Every unit is whole: haystack.assemble joins units with a space and places needles only between them.
 Like filler.py, the generated families carry nothing a task asks about: no digits anywhere (needles carry

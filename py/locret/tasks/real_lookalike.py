@@ -1,0 +1,54 @@
+"""Four look-alike needles in real text, one asked (real-text families: info, man, pysource).
+
+The four needles state the same fact (one sentence of realneedle.FACTS) about four made-up subjects, with values
+of one shape (the shape of the document's numbers near the asked needle): "Support for the quenmoor option first
+appeared in version 2.6.31.", "... the draixel option ... 3.1.17.", ... The question names one subject; the asked
+needle goes at `depth`, the three others at seeded depths at least a tenth of the haystack away from it and from
+each other. What a cache that keeps the wrong one of four alike sentences answers is a confusion with another
+needle's value, which `classify` reports as such (confusion.py), apart from a miss.
+
+Score (`score`): 1.0 when the asked value stands in the answer as a whole token, else 0.0.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import confusion, numbers, realneedle, realtext
+from .haystack import ChatFormat, Sample, Tokenize
+
+NAME = "real_lookalike"
+USES_DEPTH = True
+MAX_NEW_TOKENS = realneedle.MAX_NEW_TOKENS
+HAYSTACKS = realtext.FAMILIES
+N_NEEDLES = 4
+
+
+def _fact(shape, rng) -> realneedle.Fact:
+    return rng.choice(realneedle.FACTS[shape.kind])
+
+
+def _values(shape, rng, n, taken) -> list[str]:
+    return numbers.draw(shape, rng, n, taken)
+
+
+def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float = 0.5,
+             chat_format: ChatFormat | None = None, haystack: str = "man") -> Sample:
+    """One sample of at most `n_tokens` prompt tokens: four alike needles in a stretch of the real-text family
+    `haystack`, the asked one at `depth`."""
+    return realneedle.generate(task=NAME, seed=seed, index=index, tokenize=tokenize, n_tokens=n_tokens, depth=depth,
+                               chat_format=chat_format, family=haystack, n_needles=N_NEEDLES, uses_shape=True,
+                               fact_for=_fact, values_for=_values)
+
+
+def score(prediction: str, answers: Sequence[str]) -> float:
+    return realneedle.score(prediction, answers)
+
+
+def classify(prediction: str, sample) -> str:
+    """"right", "confusion" or "miss" (confusion.py)."""
+    return confusion.classify(prediction, sample)
+
+
+def judge(prediction: str, sample) -> confusion.Judgement:
+    """classify's outcome with the value a confusion gave, and where that value stands (a needle, the document)."""
+    return confusion.judge_sample(prediction, sample)
