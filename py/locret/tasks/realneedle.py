@@ -8,7 +8,7 @@ A needle must read like the document around it and still be the only place its a
   the family writes: a paragraph of its own in the manuals, a comment line in the Python source;
 - its value has the shape of the document's own numbers near the insertion point (numbers.nearest_shape: a version
   among versions, a mode among modes), drawn fresh so that it is not in the haystack, neither as a number nor
-  inside one.
+  inside one (where a short shape cannot miss every substring of a long haystack: at least none of its numbers).
 
 How a sample is built (two passes of haystack.assemble over the same stretch of the corpus): the first, with
 provisional needles of the same length class, finds where the asked needle lands and the numbers around it; the
@@ -81,12 +81,13 @@ DEFAULT_SHAPE = Shape("integer", "99999")   # for a stretch without a usable num
 _PROVISIONAL = Fact("By default the {subject} driver reserves {value} bytes for its buffer.", "", "number")
 
 
-def make_subjects(rng: random.Random, corpus: realtext.Corpus, n: int, avoid: Sequence[str] = ()) -> list[str]:
-    """`n` distinct made-up names that the corpus holds nowhere (in any case, not even inside a word)."""
+def make_subjects(rng: random.Random, corpus: realtext.Corpus, n: int) -> list[str]:
+    """`n` distinct made-up names that the corpus holds nowhere (in any case, not even inside a word; so neither
+    do the instructions and questions, whose words are all common ones the corpus has)."""
     out: list[str] = []
     while len(out) < n:
         name = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(2))
-        if len(name) < 6 or name in out or any(name in a or a in name for a in avoid):
+        if len(name) < 6 or any(name in o or o in name for o in out):
             continue
         if not corpus.contains(name):
             out.append(name)
