@@ -142,9 +142,10 @@ fi
 PIP=("$VPY" -m pip --disable-pip-version-check)
 # third-party requirements first (llama-cpp-python comes later, from the pinned sdist)
 req_stamp="$VENV/.locret-requirements"
-req_hash=$(sha256sum scripts/requirements.txt | cut -c1-64)
+req_hash=$(cat scripts/requirements.txt scripts/requirements-nodeps.txt | sha256sum | cut -c1-64)
 if [[ "$(cat "$req_stamp" 2>/dev/null)" != "$req_hash" ]]; then
     "${PIP[@]}" install -q -r scripts/requirements.txt
+    "${PIP[@]}" install -q --no-deps -r scripts/requirements-nodeps.txt
     echo "$req_hash" > "$req_stamp"
 else
     echo "requirements up to date"
@@ -209,6 +210,23 @@ fi
 # first); the instrumented builds are second builds for their check scripts and leave the hook as it is
 if [[ $SANITIZE -eq 0 && $COVERAGE -eq 0 ]]; then
     "$VPY" -c 'from locret._library import install_site_hook; print("llama_cpp in .venv loads this build through", install_site_hook().name)'
+fi
+
+# --- 5b. the peer's environment (kvpress) ---------------------------------------------------------
+# kvpress 0.5.5 reads transformers' attention arguments of releases below 5.3; the tools above need 5.23: the peer
+# gets a venv of its own, which `locret eval --suite ruler --methods kvpress:...` and LocretPress's tests call
+step "kvpress environment (.venv-kvpress)"
+KVENV="$ROOT/.venv-kvpress"
+kv_stamp="$KVENV/.locret-requirements"
+kv_hash=$(cat scripts/requirements-kvpress.txt py/pyproject.toml | sha256sum | cut -c1-64)
+if [[ "$(cat "$kv_stamp" 2>/dev/null)" != "$kv_hash" ]] || ! "$KVENV/bin/python" -c 'import kvpress, locret' >/dev/null 2>&1; then
+    [[ -x "$KVENV/bin/python" ]] || "$PYTHON" -m venv "$KVENV"
+    "$KVENV/bin/python" -m pip install -q --disable-pip-version-check -r scripts/requirements-kvpress.txt
+    "$KVENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps kvpress==0.5.5
+    "$KVENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e py
+    echo "$kv_hash" > "$kv_stamp"
+else
+    echo "kvpress environment up to date"
 fi
 
 # --- 6. default model ----------------------------------------------------------------------------
