@@ -75,3 +75,30 @@ def check_held_out(families: list[str], heads_by_method: dict[str, str | None]) 
                              f"its heads were trained on {', '.join(sorted(t.families))} ({t.why})")
         out[method] = sorted(t.families)
     return out
+
+
+def held_out_data_problem(heads_file: str | Path | None, *, _seen: frozenset[str] = frozenset()) -> str | None:
+    """Why results of `heads_file` cannot be reported on a benchmark whose data is held out (RULER): its training log,
+    or the log of the heads it started from, names a data file that the rule book holds out (holdout.py: by path, or
+    by the sha256 the log recorded); None when no log names one (or there is no log to read)."""
+    from .. import holdout
+
+    if heads_file is None:
+        return None
+    log = run_log(heads_file)
+    try:
+        data = json.loads(log.read_text())
+    except (OSError, ValueError):
+        return None
+    config = data.get("config") or {}
+    digests = {s.get("path"): s.get("sha256") for s in data.get("sources") or [] if isinstance(s, dict)}
+    for path in config.get("data") or []:
+        problem = holdout.why_not_training_data(path, digests.get(path))
+        if problem:
+            return f"{heads_file} was trained on {problem} (its log: {log})"
+    init = config.get("init_heads")
+    if init:
+        for candidate in (Path(init), Path(heads_file).parent / Path(init).name):
+            if candidate.is_file() and str(candidate.resolve()) not in _seen:
+                return held_out_data_problem(candidate, _seen=_seen | {str(Path(heads_file).resolve())})
+    return None

@@ -36,6 +36,7 @@ from ..convert.gguf_output import Recommended
 from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
 from .synthetic import CONTEXTS, DEFAULT_CONTEXTS, DEFAULT_TASKS, TASKS, SyntheticData
+from .. import holdout
 from .training_data import Example, TokenizedExample, read_examples, tokenize, with_query
 
 BETAS = (0.9, 0.95)
@@ -117,6 +118,9 @@ def check_config(config: TrainConfig) -> None:
     for path in config.data:
         if not Path(path).is_file():
             raise ConversionError(f"training data {path}: no such file")
+        held_out = holdout.why_not_training_data(path)
+        if held_out:
+            raise ConversionError(f"training data {held_out}: heads must never learn from it")
     if config.init_heads and not Path(config.init_heads).exists():
         raise ConversionError(f"--init-heads {config.init_heads}: no such file or directory")
     if not (math.isfinite(config.rank_weight) and config.rank_weight >= 0):
@@ -341,6 +345,9 @@ def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = 
         "config": asdict(config),
         "command": command,
         "data": source.describe(),
+        # every data file by path and content, so that an evaluation can tell what the heads learned from
+        # (RULER's refuses heads whose log names its package's data: holdout.why_not_training_data)
+        "sources": [{"path": str(p), "sha256": holdout.sha256_of(p)} for p in config.data],
         "backbone": {"source": str(config.base), "architecture": backbone.gguf_architecture,
                      "n_layer": backbone.n_layer, "n_head": backbone.n_head, "n_head_kv": backbone.n_head_kv,
                      "head_dim": backbone.head_dim},

@@ -10,7 +10,6 @@ The file lists are sorted, so the corpus built from them is the same for the sam
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -19,9 +18,11 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-FORBIDDEN_ROOTS = (Path("/usr/share/doc"), Path("/usr/share/common-licenses"))
-# a path with one of these folders in it is the RULER package's (its data sits beside its code)
-FORBIDDEN_PACKAGE_DIRS = ("long_context_eval",)
+from ... import holdout
+
+# the held-out text is the rule book's (locret/holdout.py): the same roots refuse training data
+FORBIDDEN_ROOTS = holdout.HELD_OUT_ROOTS
+FORBIDDEN_PACKAGE_DIRS = holdout.HELD_OUT_PACKAGE_DIRS
 
 INFO_ROOT = Path("/usr/share/info")
 MAN_ROOT = Path("/usr/share/man")
@@ -51,16 +52,8 @@ class SourceFile:
 
 
 def forbidden_roots() -> tuple[Path, ...]:
-    """FORBIDDEN_ROOTS, and the RULER package's folder where it is installed (found without importing it)."""
-    roots = list(FORBIDDEN_ROOTS)
-    for package in FORBIDDEN_PACKAGE_DIRS:
-        try:
-            spec = importlib.util.find_spec(package)
-        except (ImportError, ValueError):
-            spec = None
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            roots.append(Path(location))
-    return tuple(roots)
+    """The held-out roots, the RULER package's folder among them where it is installed (holdout.held_out_roots)."""
+    return holdout.held_out_roots()
 
 
 def _under(path: Path, root: Path) -> bool:
@@ -73,15 +66,9 @@ def check_allowed(path: str | Path, allowed_roots: tuple[Path, ...]) -> Path:
     Links are followed first, so a link under an allowed root that points into a forbidden one is refused too."""
     given = Path(path)
     real = Path(given).resolve()
-    for candidate in (given.absolute(), real):
-        for root in forbidden_roots():
-            if _under(candidate, root.resolve()) or _under(candidate, root):
-                raise ForbiddenSource(f"{given} is under {root}, which no haystack may read (held out for the "
-                                      "team's own checks: Debian's package documentation and licence texts, and "
-                                      "RULER's data)")
-        if any(part in FORBIDDEN_PACKAGE_DIRS for part in candidate.parts):
-            raise ForbiddenSource(f"{given} is inside the RULER package ({', '.join(FORBIDDEN_PACKAGE_DIRS)}), "
-                                  "whose data no haystack may read")
+    problem = holdout.why_held_out(given)
+    if problem:
+        raise ForbiddenSource(f"{problem}: no haystack may read it")
     resolved_roots = [r.resolve() for r in allowed_roots]
     if not any(_under(real, r) for r in resolved_roots):
         raise ForbiddenSource(f"{given} is outside this family's sources "
