@@ -102,7 +102,9 @@ def _add_eval(sub) -> None:
                        "(--benchmark, --dataset). Writes samples.jsonl (resumable), summary.json, summary.md and "
                        "PNG plots to -o. Exit 1 on a bad input, 3 when a run exceeds --device's memory.")
     what = p.add_argument_group("what to ask")
-    what.add_argument("--tasks", help=f"comma-separated: {', '.join(TASKS)}")
+    what.add_argument("--tasks", help=f"comma-separated: {', '.join(TASKS)}; with --suite ruler, RULER's own (default "
+                      "all 13: niah_single_1..3, niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, cwe, fwe, "
+                      "qa_1, qa_2)")
     what.add_argument("--lengths", help="prompt lengths in tokens, comma-separated: 4096, 16k, ...")
     what.add_argument("--haystacks", default="prose",
                       help="the long text the tasks hide their needles in, comma-separated: generated (prose, code, "
@@ -115,6 +117,14 @@ def _add_eval(sub) -> None:
     what.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
     what.add_argument("--samples", type=int, default=1, help="prompts per (task, length, depth) (default 1)")
     what.add_argument("--seed", type=int, default=0)
+    what.add_argument("--suite", help="ruler: RULER's 13 tasks (or --tasks of them) from NVIDIA's package "
+                      "(nvidia-long-context-eval), offline, with the model's tokenizer, sent through llama-server's "
+                      "OpenAI API by the package's own client and scored with its metrics; --samples per task and length")
+    what.add_argument("--ruler-mode", default="chat", help="how RULER's samples are sent: chat (one user message, as "
+                      "NVIDIA's launcher does; default) or completion (the model's template around RULER's, the answer "
+                      "prefix in the assistant's turn)")
+    what.add_argument("--ruler-first-words", action="store_true", help="cut every essay haystack from the essays' "
+                      "first word, as the package does (default: from a seeded random word per sample)")
     what.add_argument("--benchmark", help="longbench, infinitebench or leval (with --dataset)")
     what.add_argument("--dataset", action="append", help="a benchmark JSONL file you have locally (repeatable)")
     what.add_argument("--benchmark-task", help="the benchmark task when the file name does not say it")
@@ -127,6 +137,15 @@ def _add_eval(sub) -> None:
                      "a heads method with per-layer budgets: METHOD@pyramid or METHOD@schedule (the --schedule "
                      "file's), e.g. locret-q-auto@pyramid")
     how.add_argument("--budgets", default="", help="Locret budgets b, comma-separated (default: the --device profile's)")
+    how.add_argument("--ratios", default="", help="compression ratios instead of --budgets: each length L gets budgets "
+                     "round((1 - ratio) x L), the KV units a kvpress press keeps at that ratio (e.g. 0.5,0.75,0.875)")
+    how.add_argument("--presses", default="", help="kvpress's presses on the same RULER samples, at --ratios, in "
+                     "kvpress's environment (.venv-kvpress): snapkv, expected, tova, streaming, knorm, pyramidkv, "
+                     "adakv-snapkv, adakv-expected, kvzip, locret (our heads as a press); rows kvpress:PRESS")
+    how.add_argument("--press-question", default="outside", help="outside (kvpress's default: the question after what "
+                     "is compressed), compressed (query-aware: compressed with the context; rows kvpress:PRESS+q), or "
+                     "both, comma-separated")
+    how.add_argument("--press-heads", help="the heads file of the press 'locret' (default: the model's shipped heads)")
     how.add_argument("--heads", help="trained heads for 'locret' and 'locret-q' (default: embedded in the model, or "
                      "shipped in heads/, for locret-q the Locret-Q heads where shipped); locret-q places each task's "
                      "question at the start of the prompt and pins it, locret-q-auto the question the auto rule "

@@ -13,7 +13,8 @@ from ..tasks import haystacks as haystack_families
 from ..tasks import realtext
 from . import decoding
 
-BENCHMARK_MAX_NEW_TOKENS = 64  # default answer length for benchmark records (--max-new-tokens overrides)
+BENCHMARK_MAX_NEW_TOKENS = 64
+RULER_PREFIX = "ruler/"  # an item's source for a RULER task: "ruler/niah_single_1"  # default answer length for benchmark records (--max-new-tokens overrides)
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class VocabOnly:
 
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = True
+        self.model_path = model_path
         self._model = _internals.LlamaModel(path_model=model_path, params=params, verbose=False)
         self.metadata = self._model.metadata()
 
@@ -267,4 +269,47 @@ def score(item: Item, prediction: str, records: dict) -> float:
     """The task's or the benchmark's own score of a prediction, in [0, 1]."""
     if item.id in records:
         return float(benchmarks.score(records[item.id], prediction))
+    if item.source.startswith(RULER_PREFIX):
+        from ..ruler import package
+
+        return package.score(item.source[len(RULER_PREFIX):], prediction, item.answers)
     return float(tasks.get(item.source.split("@")[0]).score(prediction, item.answers))
+
+
+def ruler_items(llm, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int, *, mode: str,
+                random_start: bool, cache: Path, progress=None) -> list[Item]:
+    """RULER's samples, written by the package's own generators with the model's tokenizer (ruler.package), as
+    items: the text the server is sent, the ids it reads (ruler.prompts), where the question starts (kvpress's
+    split). The samples of a (task, length, seed) are kept in `cache`, so a resumed or extended run reuses them."""
+    from ..ruler import RulerError, TASKS, package, prompts
+
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ItemError(f"unknown RULER task {', '.join(unknown) or '(none given)'}; the package's tasks: {', '.join(TASKS)}")
+    tokenize, chat = decoding.tokenizer(llm), decoding.chat_format(llm)
+    template = prompts.model_template(chat) if mode == "completion" else "{task_template}"
+    model_path = llm.model_path
+    tokenizer = package.GGUFTokenizer(model_path)
+    out: list[Item] = []
+    try:
+        for task in tasks:
+            for length in lengths:
+                try:
+                    drawn = prompts.cached_samples(cache, task, model_path=model_path, length=length, samples=samples,
+                                                   seed=seed, model_template_text=template, random_start=random_start,
+                                                   tokenizer=tokenizer)
+                    for s in drawn:
+                        p = prompts.build(s, mode=mode, chat=chat, tokenize=tokenize)
+                        out.append(Item(id=f"{RULER_PREFIX}{task}/{length}/{s.index}", source=RULER_PREFIX + task, length=length,
+                                        depth=None, tokens=p.tokens, max_new_tokens=s.tokens_to_generate,
+                                        answers=s.outputs, query=p.question,
+                                        extra={"mode": mode, "prompt_text": p.text, "question_at": p.question_at,
+                                               "input_end": p.input_end, "ruler_length": s.length, "seed": seed,
+                                               "index": s.index}))
+                except RulerError as e:
+                    raise ItemError(str(e)) from None
+                if progress is not None:
+                    progress.update(1)
+    finally:
+        tokenizer.close()
+    return out

@@ -27,6 +27,7 @@ from .worker import RunSpec
 
 EXIT_OVER_MEMORY = 3   # as `locret plan`: the settings ran, but the device's memory was exceeded
 N_CTX_PAD = 256
+RULER_MIN_LENGTH = 4096
 
 
 class EvalError(ValueError):
@@ -67,6 +68,13 @@ class EvalConfig:
     max_minutes: float | None = None
     plots: bool = True
     held_out: bool = False         # refuse families the evaluated heads were trained on (heldout.py)
+    suite: str | None = None       # "ruler": RULER's tasks from its own package, through llama-server (ruler/)
+    ruler_mode: str = "chat"       # how RULER's samples are sent: "chat" (NVIDIA's launcher) or "completion"
+    ruler_random_start: bool = True  # each essay haystack read from a random word (the package: always the first)
+    ratios: list[float] = field(default_factory=list)  # compression ratios: budgets round((1 - r) x length) per length
+    presses: list[str] = field(default_factory=list)   # kvpress's presses beside ours (kvpress_backend)
+    press_settings: list[str] = field(default_factory=lambda: ["outside"])  # the question outside / compressed too
+    press_heads: str | None = None  # the heads file of kvpress's LocretPress (default: the model's shipped heads)
 
     def fingerprint(self) -> dict:
         """What decides the samples' results (not where they go, nor the time limit or plotting)."""
@@ -79,6 +87,11 @@ class EvalConfig:
             d.pop("lag")        # likewise for runs from before LagKV
         if d["positions"] is None:
             d.pop("positions")  # and from before kept positions
+        for key, default in (("suite", None), ("ratios", []), ("presses", []), ("press_settings", ["outside"]),
+                             ("press_heads", None),
+                             ("ruler_mode", "chat"), ("ruler_random_start", True)):
+            if d[key] == default:
+                d.pop(key)      # and from before RULER and the kvpress side by side
         if d["schedule"] is None:
             d.pop("schedule")   # and from before schedule files
         else:
@@ -119,13 +132,14 @@ def validate(cfg: EvalConfig) -> None:
         raise EvalError(f"a method is given twice in --methods {','.join(cfg.methods)}")
     if bool(cfg.tasks) == bool(cfg.benchmark):
         raise EvalError("give either --tasks (generated tasks) or --benchmark with --dataset files, not both")
+    validate_suite(cfg)
     if cfg.benchmark and not cfg.datasets:
         raise EvalError(f"--benchmark {cfg.benchmark} needs --dataset FILE.jsonl (the benchmark's own files, local)")
     if cfg.tasks and not cfg.lengths:
         raise EvalError("--tasks needs --lengths (prompt lengths in tokens, e.g. 4k,16k)")
     evicting = [m for m in cfg.methods if m != "full"]
-    if evicting and not cfg.budgets:
-        raise EvalError(f"{', '.join(evicting)} need --budgets (retained units per layer and KV head)")
+    if evicting and not cfg.budgets and not cfg.ratios:
+        raise EvalError(f"{', '.join(evicting)} need --budgets (retained units per layer and KV head) or --ratios")
     if any(x <= 0 for x in cfg.lengths + cfg.budgets) or cfg.samples <= 0 or cfg.ubatch <= 0 or cfg.threads <= 0:
         raise EvalError("lengths, budgets, samples, ubatch and threads must be positive")
     if cfg.heatmaps < 0 or (cfg.limit is not None and cfg.limit <= 0):
@@ -148,6 +162,50 @@ def validate(cfg: EvalConfig) -> None:
     for d in cfg.datasets:
         if not Path(d).is_file():
             raise EvalError(f"dataset file {d} does not exist")
+
+
+def validate_suite(cfg: EvalConfig) -> None:
+    """The rules of RULER (--suite) and of the kvpress side by side (--presses, --ratios)."""
+    from ..peers.kvpress_side import PRESSES, SETTINGS
+    from ..ruler import SUITES
+    from ..ruler.prompts import MODES
+
+    if cfg.suite is not None and cfg.suite not in SUITES:
+        raise EvalError(f"unknown suite {cfg.suite!r}; known: {', '.join(SUITES)}")
+    if cfg.suite and any(n < RULER_MIN_LENGTH for n in cfg.lengths):
+        # RULER's smallest length; below it the package's qa generator loops forever (no document count fits)
+        raise EvalError(f"RULER's lengths start at {RULER_MIN_LENGTH} tokens (its 4K); got {','.join(map(str, cfg.lengths))}")
+    if cfg.suite and cfg.benchmark:
+        raise EvalError("--suite ruler generates its own prompts: drop --benchmark")
+    if cfg.ruler_mode not in MODES:
+        raise EvalError(f"unknown --ruler-mode {cfg.ruler_mode!r}; valid: {', '.join(MODES)}")
+    if cfg.suite and "locret-q" in cfg.methods:
+        raise EvalError("locret-q gives the server the task's question in a field of its own, which RULER's client does "
+                        "not send: use locret-q-auto (the question the server finds at the end of the request)")
+    if cfg.budgets and cfg.ratios:
+        raise EvalError("give --budgets or --ratios (budgets of round((1 - ratio) x length) per length), not both")
+    if any(not 0 < r < 1 for r in cfg.ratios):
+        raise EvalError(f"compression ratios are in (0, 1), got {','.join(map(str, cfg.ratios))}")
+    unknown = [p for p in cfg.presses if p not in PRESSES]
+    if unknown:
+        raise EvalError(f"unknown kvpress press {', '.join(unknown)}; known: {', '.join(PRESSES)}")
+    if cfg.presses and not cfg.suite:
+        raise EvalError("--presses runs kvpress on RULER's samples: give --suite ruler")
+    if cfg.presses and not cfg.ratios:
+        raise EvalError("kvpress's presses compress by a ratio: give --ratios (ours then gets the same KV memory)")
+    bad = [x for x in cfg.press_settings if x not in SETTINGS]
+    if bad or not cfg.press_settings:
+        raise EvalError(f"unknown --press-question {','.join(bad) or '(none)'}; valid: {', '.join(SETTINGS)}")
+
+
+def budgets_for(cfg: EvalConfig, length: int) -> list[tuple[int, float | None]]:
+    """(budget, compression ratio or None) of the evicting runs of a length group: --budgets as given, or the budget
+    at each --ratios value for that length (kvpress_backend.budget_at: the units a press keeps of such a context)."""
+    from .kvpress_backend import budget_at
+
+    if cfg.ratios:
+        return [(budget_at(r, length), r) for r in cfg.ratios]
+    return [(b, None) for b in cfg.budgets]
 
 
 def pool_problem(pool: int | None, methods) -> str | None:
@@ -190,6 +248,21 @@ def _held_out(cfg: EvalConfig, heads: dict) -> dict:
         raise EvalError(f"--held-out: {e}") from None
 
 
+def _refuse_trained_on_suite_data(cfg: EvalConfig, heads: dict) -> None:
+    """RULER results are refused for heads whose training log names the package's data (heldout.held_out_data_problem)."""
+    if not cfg.suite:
+        return
+    from .heldout import held_out_data_problem
+
+    files = dict(heads)
+    if "locret" in cfg.presses:
+        files["kvpress:locret"] = cfg.press_heads
+    for method, heads_file in sorted(files.items()):
+        problem = held_out_data_problem(heads_file)
+        if problem:
+            raise EvalError(f"{method}: no {cfg.suite} result for these heads: {problem}")
+
+
 def _heads_used(heads: dict, random_heads: str | None) -> dict:
     """The heads each method ran with, by file name and content (sha256): `--heads` as given is in the settings,
     but what a method resolves to without it (the shipped heads, re-trained in place or a Locret-Q file added
@@ -216,8 +289,8 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
     heat_ids_per_group = {g: tuple(it.id for it in its[:cfg.heatmaps]) for g, its in groups.items()}
     for entry in cfg.methods:
         method, variant = split_method(entry)
-        for budget in ([None] if method == "full" else cfg.budgets):
-            for group, its in sorted(groups.items()):
+        for group, its in sorted(groups.items()):
+            for budget, ratio in ([(None, None)] if method == "full" else budgets_for(cfg, group)):
                 chosen = its
                 if method == "full":
                     window = facts.n_ctx_train or 1 << 62
@@ -241,10 +314,19 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                stabilizers=None if method == "sage" else cfg.stabilizers,
                                local=None if method == "sage" else cfg.local, n_ctx=_pad(longest + 16),
                                ubatch=cfg.ubatch, threads=cfg.threads, kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers,
-                               heatmap_ids=heat_ids_per_group[group] if method != "full" else (),
+                               heatmap_ids=heat_ids_per_group[group] if method != "full" and not cfg.suite else (),
                                heatmap_dir=str(out_dir / "heatmaps"))
                 run_name = f"{spec.name}/{group}" if cfg.tasks else spec.name
-                runs.append((replace(spec, labels={"method": entry, "budget": budget, "run": run_name}), chosen))
+                labels = {"method": entry, "budget": budget, "run": run_name}
+                if ratio is not None:
+                    labels["compression_ratio"] = ratio
+                runs.append((replace(spec, labels=labels), chosen))
+    if cfg.presses:
+        # kvpress: one run per length group, every press, ratio and question setting on each item (kvpress_backend)
+        for group, its in sorted(groups.items()):
+            spec = RunSpec(model_path=str(model_path), method="kvpress", budget=None, heads=None, stabilizers=None,
+                           local=None, n_ctx=0, ubatch=0, threads=cfg.threads)
+            runs.append((replace(spec, labels={"method": "kvpress", "budget": None, "run": f"kvpress/{group}"}), its))
     return runs, skipped
 
 
@@ -263,7 +345,7 @@ def check_runs(runs: list[tuple[RunSpec, list[Item]]]) -> None:
     from .worker import locret_settings
 
     for spec, _ in runs:
-        if spec.method == "full":
+        if spec.method in ("full", "kvpress"):
             continue
         settings = {k.removeprefix("locret_"): v for k, v in locret_settings(spec).items()}
         try:
@@ -324,6 +406,35 @@ def execute(spec: RunSpec, todo: list[Item], records: dict, samples_path: Path, 
         proc.join(timeout=30)
 
 
+def dispatch(cfg: EvalConfig, spec: RunSpec, todo: list[Item], records: dict, samples_path: Path, bar,
+             deadline: float | None) -> dict | None:
+    """One run by its backend: RULER through llama-server, kvpress in its own environment, else a worker process."""
+    if not cfg.suite:
+        return execute(spec, todo, records, samples_path, bar, deadline)
+    by_id = {it.id: it for it in todo}
+
+    def on_sample(records_of_item) -> None:
+        batch = records_of_item if isinstance(records_of_item, list) else [records_of_item]
+        for r in batch:
+            r["score"] = items_module.score(by_id[r["item"]], r["answer"], records)
+        with open(samples_path, "a") as f:  # an item's records together: a resumed run finds it whole or not at all
+            f.write("".join(json.dumps(r) + "\n" for r in batch))
+        bar.update(1)
+        bar.set_postfix(run=spec.labels["run"], score=f"{sum(r['score'] for r in batch) / len(batch):.2f}")
+
+    try:
+        if spec.method == "kvpress":
+            from . import kvpress_backend
+
+            return kvpress_backend.execute(spec, todo, on_sample, deadline, cfg.output / "logs", presses=cfg.presses,
+                                           ratios=cfg.ratios, settings=cfg.press_settings, heads=cfg.press_heads)
+        from . import server_backend
+
+        return server_backend.execute(spec, todo, on_sample, deadline, cfg.output / "logs")
+    except RuntimeError as e:
+        raise EvalError(str(e)) from None
+
+
 def run(cfg: EvalConfig) -> int:
     model_path = models.resolve(cfg.model)
     facts = planner.read_model(model_path)
@@ -331,6 +442,10 @@ def run(cfg: EvalConfig) -> int:
     validate(cfg)
     heads, random_heads = _heads_for(cfg, model_path, facts)
     trained_on = _held_out(cfg, heads)
+    if "locret" in cfg.presses and cfg.press_heads is None:  # LocretPress reads the model's shipped (plain) heads
+        found, _ = planner.resolve_heads(cfg.model, model_path, facts, None, query=False)
+        cfg.press_heads = str(found) if found is not None else None
+    _refuse_trained_on_suite_data(cfg, heads)
     out = cfg.output
     (out / "heatmaps").mkdir(parents=True, exist_ok=True)
     config_path, fingerprint = out / "config.json", cfg.fingerprint()
@@ -350,7 +465,12 @@ def run(cfg: EvalConfig) -> int:
     vocab = items_module.vocab_model(str(model_path))
     records: dict = {}
     try:
-        if cfg.tasks:
+        if cfg.suite:
+            with tqdm(total=len(cfg.tasks) * len(cfg.lengths), desc="RULER samples", unit="task") as bar:
+                items = items_module.ruler_items(vocab, cfg.tasks, cfg.lengths, cfg.samples, cfg.seed,
+                                                 mode=cfg.ruler_mode, random_start=cfg.ruler_random_start,
+                                                 cache=out / "ruler-samples", progress=bar)
+        elif cfg.tasks:
             n = len(cfg.tasks) * len(cfg.haystacks) * len(cfg.lengths) * len(cfg.depths) * cfg.samples
             with tqdm(total=n, desc="building prompts", unit="prompt") as bar:
                 items = items_module.task_items(vocab, cfg.tasks, cfg.lengths, cfg.depths, cfg.samples, cfg.seed,
@@ -384,7 +504,7 @@ def run(cfg: EvalConfig) -> int:
             if not todo:
                 todo = its[:1]  # samples done but no memory record: measure it again on one item
                 _drop_samples(samples_path, run_name, todo[0].id)
-            end = execute(spec, todo, records, samples_path, bar, deadline)
+            end = dispatch(cfg, spec, todo, records, samples_path, bar, deadline)
             if end is None:
                 stopped = True
                 break
@@ -438,7 +558,14 @@ def run_cli(args) -> int:
                      threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
                      max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,
-                     max_minutes=args.max_minutes, plots=not args.no_plots, held_out=args.held_out)
+                     max_minutes=args.max_minutes, plots=not args.no_plots, held_out=args.held_out,
+                     suite=args.suite, ruler_mode=args.ruler_mode, ruler_random_start=not args.ruler_first_words,
+                     ratios=[float(x) for x in _split(args.ratios)], presses=_split(args.presses),
+                     press_settings=_split(args.press_question) or ["outside"], press_heads=args.press_heads)
+    if cfg.suite and not cfg.tasks:
+        from ..ruler import TASKS as RULER_TASKS
+
+        cfg.tasks = list(RULER_TASKS)  # all 13, as RULER's average is over
     return run(cfg)
 
 

@@ -1,0 +1,290 @@
+"""kvpress's presses on the evaluation's own prompts: the peer's side of `locret eval --presses ...`.
+
+Runs in kvpress's environment (.venv-kvpress; see this package's docstring) as a process of its own:
+
+    .venv-kvpress/bin/python -m locret.peers.kvpress_side SPEC.json ITEMS.jsonl
+
+SPEC names the model (its GGUF: transformers loads and dequantizes the same weights llama.cpp reads), the presses,
+the compression ratios and the question settings; each line of ITEMS is one prompt as token ids with where its
+question starts (`question_at`) and where the user's input ends (`input_end`). For every item it prints one JSON line
+to stdout: the answers of every (press, ratio, setting), greedy, by kvpress's own `generate_answer`.
+
+Two settings, as kvpress reports them:
+
+- ``outside`` (kvpress's default): the context (tokens before `question_at`) is compressed, the question, the chat
+  template's end and the answer come after, uncompressed;
+- ``compressed`` (query-aware): the context and the question (tokens before `input_end`) are compressed together,
+  only the template's closing tokens come after.
+
+One prefill serves every press. A kvpress prefill press compresses each attention layer after the layer has run over
+the full, uncompressed context (its forward hook rewrites the layer's cache; the layer's output, which the next layer
+reads, is untouched), so the states every press sees are the same whatever the press. The prefill runs once over the
+tokens before `input_end`, with a hook that keeps each layer's inputs; each press then gets, layer by layer, exactly
+the call its own hook would have had (`press.forward_hook` with the layer's inputs cut to the setting's context, by
+causality what a prefill of that context alone computes), inside `with press(model)` as the pipeline runs it. Presses
+that run the model themselves (KVzip) cannot be replayed and go through kvpress's pipeline as they are.
+tests/py/test_kvpress_side.py checks the replay against the pipeline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+# the presses by the names the evaluation gives them; ratio-free settings are kvpress's defaults
+PRESSES = {
+    "snapkv": ("SnapKVPress", {}),
+    "expected": ("ExpectedAttentionPress", {}),
+    "tova": ("TOVAPress", {}),
+    "streaming": ("StreamingLLMPress", {}),
+    "knorm": ("KnormPress", {}),
+    "pyramidkv": ("PyramidKVPress", {}),
+    "adakv-snapkv": ("AdaKVPress", {"inner": "SnapKVPress"}),
+    "adakv-expected": ("AdaKVPress", {"inner": "ExpectedAttentionPress"}),
+    "kvzip": ("KVzipPress", {}),
+    "locret": ("LocretPress", {}),
+}
+SETTINGS = ("outside", "compressed")
+NOT_REPLAYABLE = ("kvzip",)  # runs the model itself inside its context manager
+
+
+@dataclass
+class Spec:
+    model_path: str
+    presses: list[str]
+    ratios: list[float]
+    settings: list[str] = field(default_factory=lambda: ["outside"])
+    heads: str | None = None        # LocretPress's heads file
+    threads: int = 2
+    replay: bool = True             # False: every press through kvpress's pipeline (slow; the check of the replay)
+
+
+def check_spec(spec: Spec) -> None:
+    unknown = [p for p in spec.presses if p not in PRESSES]
+    if unknown:
+        raise ValueError(f"unknown kvpress press {', '.join(unknown)}; known: {', '.join(PRESSES)}")
+    bad = [s for s in spec.settings if s not in SETTINGS]
+    if bad or not spec.settings:
+        raise ValueError(f"unknown question setting {', '.join(bad) or '(none)'}; known: {', '.join(SETTINGS)}")
+    if not spec.ratios or any(not 0 < r < 1 for r in spec.ratios):
+        raise ValueError(f"compression ratios must be in (0, 1), got {spec.ratios}")
+
+
+def make_press(name: str, ratio: float, heads: str | None):
+    import kvpress
+
+    cls_name, options = PRESSES[name]
+    if name == "locret":
+        from .locret_press import LocretPress
+
+        return LocretPress(compression_ratio=ratio, **({"heads": heads} if heads else {}))
+    if "inner" in options:
+        return getattr(kvpress, cls_name)(getattr(kvpress, options["inner"])(compression_ratio=ratio))
+    return getattr(kvpress, cls_name)(compression_ratio=ratio)
+
+
+ATTENTION = "sdpa_bottom_right"
+
+
+def _register_attention() -> None:
+    """PyTorch's SDPA with the causal mask cut to each layer's own key count from the right. A press that keeps
+    different counts per layer (PyramidKV) leaves layers of different lengths; transformers 5.2 builds one mask from
+    layer 0's length, which SDPA refuses for the other layers (its eager path cuts the mask from the left, which lets
+    the question's tokens see each other's future). With no padding every cached key is visible to every new token,
+    so the mask's last columns, the new tokens' causal block among them, are the right ones for any key count.
+    Identical to SDPA when all layers keep the same count. kvpress's head-wise masking patch (AdaKV) is applied to it
+    as kvpress applies it to transformers' own attention functions."""
+    from kvpress.attention_patch import attention_patch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def sdpa_bottom_right(module, query, key, value, attention_mask, *args, **kwargs):
+        if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] != key.shape[-2]:
+            attention_mask = attention_mask[..., -key.shape[-2]:]
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+
+    AttentionInterface.register(ATTENTION, attention_patch(sdpa_bottom_right))
+
+
+def load(model_path: str, threads: int):
+    """transformers' model and tokenizer from the GGUF (dequantized to float32), and kvpress's pipeline on them."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from kvpress import KVPressTextGenerationPipeline
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+    _register_attention()
+    folder, name = os.path.dirname(model_path), os.path.basename(model_path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, attn_implementation=ATTENTION)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return model, tokenizer, KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
+
+
+def _attention_layers(model):
+    language = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    return [layer.self_attn for layer in language.layers]
+
+
+class Capture:
+    """The inputs and outputs of every attention layer in one prefill, as their forward hooks see them."""
+
+    def __init__(self, model):
+        self.calls: dict[int, tuple[dict, tuple]] = {}
+        self._handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in _attention_layers(model)]
+
+    def _hook(self, module, args, kwargs, output):
+        self.calls[module.layer_idx] = (dict(kwargs), tuple(output))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def prefill(model, tokens: list[int]):
+    """One forward over `tokens` (no LM head), capturing each attention layer's call; (capture, cache)."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    capture = Capture(model)
+    try:
+        with torch.no_grad():
+            model.model(input_ids=torch.tensor([tokens]), past_key_values=cache)
+    finally:
+        capture.remove()
+    return capture, cache
+
+
+def _cut(value, n: int, length: int):
+    """A captured hook argument cut to the first `n` of `length` positions (tensors whose sequence axis is 1, or the
+    last two axes of a square mask); anything else as it is."""
+    import torch
+
+    if isinstance(value, tuple):
+        return tuple(_cut(v, n, length) for v in value)
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dim() == 1 and value.shape[0] == length:        # cache_position
+        return value[:n]
+    if value.dim() == 4 and value.shape[-1] == length and value.shape[-2] == length:  # a causal mask
+        return value[..., :n, :n]
+    if value.dim() >= 2 and value.shape[1] == length:          # hidden states, position ids and embeddings
+        return value[:, :n]
+    return value
+
+
+def replay(press, model, capture: Capture, full_cache, n: int):
+    """The cache `press` leaves after a prefill of the first `n` captured tokens: each layer's own hook call, cut to
+    `n`, on a cache holding that layer's keys and values of those tokens."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    layers = _attention_layers(model)
+    length = full_cache.layers[0].keys.shape[2]
+    with torch.no_grad(), press(model):
+        for module in layers:
+            module.masked_key_indices = None  # what the attention patch does at a prefill (AdaKV's head-wise masks)
+            i = module.layer_idx
+            keys, values = full_cache.layers[i].keys[:, :, :n], full_cache.layers[i].values[:, :, :n]
+            cache.update(keys.clone(), values.clone(), i)
+            kwargs, output = capture.calls[i]
+            kw = {k: _cut(v, n, length) for k, v in kwargs.items()}
+            kw["past_key_values"] = cache
+            out = tuple(_cut(o, n, length) for o in output)
+            press.forward_hook(module, (), kw, out)
+    return cache
+
+
+def answer_after(pipe, cache, question_ids: list[int], context_length: int, max_new_tokens: int) -> str:
+    import torch
+
+    with torch.no_grad():
+        return pipe.generate_answer(question_ids=torch.tensor([question_ids]), cache=cache,
+                                    context_length=context_length, max_new_tokens=max_new_tokens)
+
+
+def pipeline_answer(pipe, press, context_ids: list[int], question_ids: list[int], max_new_tokens: int) -> tuple[str, int]:
+    """kvpress's own pipeline on ids (its `_forward`, after its text preprocessing): (answer, cache length)."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.no_grad():
+        answers = pipe._forward({"context_ids": torch.tensor([context_ids]), "questions_ids": [torch.tensor([question_ids])]},
+                                max_new_tokens=max_new_tokens, press=press, cache=cache)
+    return answers[0], cache.get_seq_length()
+
+
+def kept_units(cache) -> int:
+    """KV units the compressed context holds, summed over layers and KV heads (AdaKV masks instead of removing:
+    its masked units are not counted)."""
+    total = 0
+    for layer in cache.layers:
+        b, h, n, _ = layer.keys.shape
+        total += b * h * n
+    return total
+
+
+def run_item(spec: Spec, model, pipe, item: dict) -> dict:
+    tokens, q_at, end = item["tokens"], item["question_at"], item["input_end"]
+    cuts = {"outside": q_at, "compressed": end}
+    records = []
+    capture, full_cache = prefill(model, tokens[:end]) if spec.replay else (None, None)
+    for name in spec.presses:
+        for ratio in spec.ratios:
+            for setting in spec.settings:
+                n = cuts[setting]
+                press = make_press(name, ratio, spec.heads)
+                t0 = time.perf_counter()
+                if spec.replay and name not in NOT_REPLAYABLE:
+                    cache = replay(press, model, capture, full_cache, n)
+                    units = kept_units(cache)
+                    masked = _masked_units(model)
+                    answer = answer_after(pipe, cache, tokens[n:], n, item["max_new_tokens"])
+                else:
+                    answer, _ = pipeline_answer(pipe, press, tokens[:n], tokens[n:], item["max_new_tokens"])
+                    units, masked = None, None
+                records.append({"press": name, "ratio": ratio, "setting": setting, "answer": answer,
+                                "context_tokens": n, "kept_units": units, "masked_units": masked,
+                                "seconds": round(time.perf_counter() - t0, 3)})
+    return {"item": item["id"], "records": records}
+
+
+def _masked_units(model) -> int | None:
+    """Units AdaKV masked (head-wise budgets by masking, kvpress's way: memory is not saved), None if none."""
+    total = 0
+    for module in _attention_layers(model):
+        idx = getattr(module, "masked_key_indices", None)
+        if idx is not None:
+            total += int(idx[0].numel())
+    return total or None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m locret.peers.kvpress_side SPEC.json ITEMS.jsonl", file=sys.stderr)
+        return 2
+    spec = Spec(**json.loads(open(argv[0]).read()))
+    try:
+        check_spec(spec)
+    except ValueError as e:
+        print(f"kvpress_side: {e}", file=sys.stderr)
+        return 1
+    from tqdm import tqdm
+
+    items = [json.loads(line) for line in open(argv[1]) if line.strip()]
+    model, _, pipe = load(spec.model_path, spec.threads)
+    for item in tqdm(items, desc="kvpress", unit="prompt", file=sys.stderr):
+        print(json.dumps(run_item(spec, model, pipe, item)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
