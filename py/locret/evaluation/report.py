@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
+from .items import RULER_PREFIX
+
 MIB = 1 << 20
 
 
@@ -18,7 +20,7 @@ def summarize(samples: list[dict], runs: list[dict], skipped: list[dict]) -> lis
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for s in samples:
         # benchmark records ("benchmark/task") have lengths of their own: one group for all of them
-        length = None if "/" in s["source"] else s["length"]
+        length = None if "/" in s["source"] and not s["source"].startswith(RULER_PREFIX) else s["length"]
         groups[(s["source"], s["method"], s["budget"], length, s["run"])].append(s)
     rows = []
     for (source, method, budget, length, run), group in sorted(groups.items(), key=lambda kv: (
@@ -37,6 +39,10 @@ def summarize(samples: list[dict], runs: list[dict], skipped: list[dict]) -> lis
             # misses: the real-text needle tasks); None for the other tasks
             "confusions": sum(s["outcome"] == "confusion" for s in judged) if judged else None,
             "prompt_tokens_mean": _mean(s["prompt_tokens"] for s in group),
+            "compression_ratio": group[0].get("compression_ratio"),
+            # through a server: the request's time from outside; in a worker: its prefill and decode
+            "seconds_per_sample": _mean(s["wall_s"] if s.get("wall_s") is not None else
+                                        (s.get("prefill_s") or 0) + (s.get("decode_s") or 0) for s in group),
             "prefill_tok_s": _mean(s["prefill_tok_s"] for s in group),
             "decode_tok_s": _mean(s["decode_tok_s"] for s in group),
             "cells_used_max": max((s["cells_used_max"] for s in group if s["cells_used_max"] is not None), default=None),

@@ -175,6 +175,11 @@ def validate_suite(cfg: EvalConfig) -> None:
     if cfg.suite and any(n < RULER_MIN_LENGTH for n in cfg.lengths):
         # RULER's smallest length; below it the package's qa generator loops forever (no document count fits)
         raise EvalError(f"RULER's lengths start at {RULER_MIN_LENGTH} tokens (its 4K); got {','.join(map(str, cfg.lengths))}")
+    from ..ruler import TASKS as RULER_TASKS
+
+    unknown_tasks = [t for t in cfg.tasks if t not in RULER_TASKS] if cfg.suite else []
+    if unknown_tasks:
+        raise EvalError(f"unknown RULER task {', '.join(unknown_tasks)}; the package's tasks: {', '.join(RULER_TASKS)}")
     if cfg.suite and cfg.benchmark:
         raise EvalError("--suite ruler generates its own prompts: drop --benchmark")
     if cfg.ruler_mode not in MODES:
@@ -526,6 +531,8 @@ def run(cfg: EvalConfig) -> int:
     (out / "summary.json").write_text(json.dumps({"settings": settings, "summary": summary, "skipped": skipped,
                                                   "memory": memory_notes}, indent=1, default=str))
     table = report.markdown(summary, skipped, memory_notes)
+    if cfg.suite:
+        table = _ruler_report(cfg, summary, out, samples) + "\n\n" + table
     (out / "summary.md").write_text(table + "\n")
     print(table)
     if cfg.plots:
@@ -540,6 +547,25 @@ def run(cfg: EvalConfig) -> int:
             print(f"locret eval: error: {line}")
         return EXIT_OVER_MEMORY
     return 0
+
+
+def _ruler_report(cfg: EvalConfig, summary: list[dict], out: Path, samples: list[dict]) -> str:
+    """RULER's table (per task, the average), the side by side against compression ratio and its plot; ruler.json."""
+    from ..ruler import report as ruler_report
+
+    entries = ruler_report.table(summary, cfg.tasks)
+    mismatched = sum(1 for s in samples if s.get("tokens_match") is False)
+    text = ruler_report.markdown(entries, cfg.tasks)
+    side = ruler_report.side_by_side(entries)
+    if side:
+        text += "\n\nAverage against compression ratio (budget = (1 - ratio) x length):\n" + side
+    text += (f"\n\ntoken ids: the server read {'the same ids as kvpress is fed for every' if not mismatched else f'other ids than kvpress is fed for {mismatched} of the'} "
+             f"{sum(1 for s in samples if 'tokens_match' in s)} server requests")
+    (out / "ruler.json").write_text(json.dumps({"tasks": cfg.tasks, "entries": entries,
+                                                "tokens_mismatched": mismatched}, indent=1))
+    if cfg.plots:
+        ruler_report.plot(entries, out / "plots" / "ruler.png")
+    return text
 
 
 def _drop_samples(path: Path, run_name: str, item_id: str) -> None:

@@ -94,11 +94,12 @@ def _register_attention() -> None:
     layer 0's length, which SDPA refuses for the other layers (its eager path cuts the mask from the left, which lets
     the question's tokens see each other's future). With no padding every cached key is visible to every new token,
     so the mask's last columns, the new tokens' causal block among them, are the right ones for any key count.
-    Identical to SDPA when all layers keep the same count. kvpress's head-wise masking patch (AdaKV) is applied to it
+    Identical to SDPA (masks included) when all layers keep the same count. kvpress's head-wise masking patch (AdaKV) is applied to it
     as kvpress applies it to transformers' own attention functions."""
     from kvpress.attention_patch import attention_patch
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     def sdpa_bottom_right(module, query, key, value, attention_mask, *args, **kwargs):
         if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] != key.shape[-2]:
@@ -106,6 +107,9 @@ def _register_attention() -> None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
 
     AttentionInterface.register(ATTENTION, attention_patch(sdpa_bottom_right))
+    # SDPA's own masks: an implementation without a registered mask function gets none at all, and SDPA then aligns
+    # its causal flag to the top left, so new tokens after a cache would see only the cache's first keys
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 def load(model_path: str, threads: int):

@@ -132,8 +132,9 @@ def _load_module(path: Path, name: str):
 
 
 @contextlib.contextmanager
-def _stand_ins(tokenizer: GGUFTokenizer):
-    """The package's tokenizer chooser and nltk's sentence splitter replaced while a generator is loaded and run;
+def _stand_ins(tokenizer):
+    """The package's tokenizer chooser (giving `tokenizer`, or what the factory `tokenizer` makes) and nltk's sentence
+    splitter replaced while a generator is loaded and run;
     the script folders on sys.path as a script run has them (data/ for `tokenizer`, data/synthetic/ for
     `constants`)."""
     import nltk.tokenize
@@ -145,7 +146,9 @@ def _stand_ins(tokenizer: GGUFTokenizer):
     sys.path[:0] = added
     import tokenizer as script_tokenizer  # the same file, as the scripts that say `from tokenizer import` see it
 
-    chooser = lambda tokenizer_type, tokenizer_path: tokenizer  # noqa: E731
+    # a factory is called where the script asks for its tokenizer, as the package's own chooser builds one there
+    chooser = (lambda tokenizer_type, tokenizer_path: tokenizer if hasattr(tokenizer, "text_to_tokens")  # noqa: E731
+               else tokenizer())
     saved = [(package_tokenizer, "select_tokenizer", package_tokenizer.select_tokenizer),
              (script_tokenizer, "select_tokenizer", script_tokenizer.select_tokenizer),
              (nltk.tokenize, "sent_tokenize", nltk.tokenize.sent_tokenize)]
@@ -198,9 +201,14 @@ def task_template(task: str, model_template: str = "{task_template}") -> str:
 
 def generate(task: str, *, model_path: str | Path, length: int, samples: int, seed: int = 0,
              model_template: str = "{task_template}", random_start: bool = True,
-             tokenizer: GGUFTokenizer | None = None, log: Callable[[str], None] | None = None) -> list[Sample]:
+             tokenizer=None, log: Callable[[str], None] | None = None) -> list[Sample]:
     """`samples` samples of `task` at `length` tokens (the package's max_seq_length: input plus tokens to generate),
-    written by the package's own generator. Samples of one (task, length, seed) are a prefix of a longer run's."""
+    written by the package's own generator. Samples of one (task, length, seed) are a prefix of a longer run's.
+
+    `tokenizer`: the GGUF's (made here when None), or a factory the script's chooser calls. The scripts seed Python's
+    global random generator before they build their tokenizer, so a tokenizer whose construction draws from it (the
+    package's HFTokenizer: importing transformers does) shifts every sample; a tokenizer built beforehand draws
+    nothing, as a script given a tokenizer that needs no import would."""
     config = task_config(task)
     script = root() / "data" / "synthetic" / f"{config['task']}.py"
     own = tokenizer is None
