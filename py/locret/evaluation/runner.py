@@ -94,6 +94,9 @@ class EvalConfig:
                 d.pop(key)      # and from before RULER and the kvpress side by side
         if d["schedule"] is None:
             d.pop("schedule")   # and from before schedule files
+        if d.get("suite"):
+            # RULER's samples of a (task, length, seed) are a prefix of a longer run's: more samples extend a run
+            d.pop("samples")
         else:
             d["schedule"] = {"file": d["schedule"], "sha256": sha256_file(d["schedule"])}  # its budgets decide
         return d
