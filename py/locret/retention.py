@@ -162,9 +162,26 @@ def _rounded(by_label: dict) -> dict:
             for lab, v in by_label.items()}
 
 
+def answer_spans(pieces: list[bytes], answers, limit: int = 8) -> list[tuple[str, int, int]]:
+    """("answer", first, end) token spans of every occurrence of each answer string in the prompt whose tokens
+    detokenize to `pieces` (at most `limit` occurrences each: a RULER common-words answer is everywhere)."""
+    text = b"".join(pieces)
+    starts = np.concatenate(([0], np.cumsum([len(p) for p in pieces])))
+    out = []
+    for answer in answers:
+        needle, at, seen = str(answer).encode(), 0, 0
+        while seen < limit and (at := text.find(needle, at)) >= 0:
+            first = int(np.searchsorted(starts, at, side="right") - 1)
+            end = int(np.searchsorted(starts, at + len(needle), side="left"))
+            out.append(("answer", first, max(end, first + 1)))
+            at, seen = at + len(needle), seen + 1
+    return out
+
+
 def inspect_task(*, model: str, task: str, length: int, method: str, budget: int, ubatch: int, heads: str | None,
                  haystacks: list[str], depth: float, samples: int, seed: int, pool: int | None = None,
-                 stabilizers: int | None = None, local: int | None = None, threads: int = 2) -> dict:
+                 stabilizers: int | None = None, local: int | None = None, threads: int = 2,
+                 suite: str | None = None) -> dict:
     """The task-mode report (see the module's docstring): the evaluation's prompts of `task`, prefilled with the
     method's eviction (Locret-Q: the question in front and pinned, as `locret eval` does), then every needle's
     retention read from the cache."""
@@ -173,11 +190,21 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
     from .evaluation import items as items_module
     from .evaluation.worker import RunSpec, _prefill, evicting_layers, kv_heads, make_llm, prompt_of
 
-    if method not in ("locret", "locret-q"):
-        raise ValueError(f"--method must be locret or locret-q, got {method!r}")
+    allowed = ("locret", "locret-q-auto") if suite else ("locret", "locret-q")
+    if method not in allowed:
+        raise ValueError(f"--method must be {' or '.join(allowed)}, got {method!r}")
     vocab = items_module.vocab_model(model)
     try:
-        items = items_module.task_items(vocab, [task], [length], [depth], samples, seed, haystacks=tuple(haystacks))
+        if suite:
+            from . import models
+
+            items = items_module.ruler_items(vocab, [task], [length], samples, seed, mode="chat", random_start=True,
+                                             cache=models.cache_dir() / "ruler-samples")
+            for it in items:  # RULER names its answers, not its needles: follow every place an answer is written
+                pieces = [vocab.detokenize([t]) for t in it.tokens]
+                it.extra["needles"] = answer_spans(pieces, it.answers)
+        else:
+            items = items_module.task_items(vocab, [task], [length], [depth], samples, seed, haystacks=tuple(haystacks))
     except items_module.ItemError as e:
         raise ValueError(str(e)) from None
     finally:
@@ -256,13 +283,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-file", type=Path, help="the document (text); or --task")
     p.add_argument("--needle", help="with --prompt-file: text whose tokens to follow (its first occurrence)")
     task = p.add_argument_group("the evaluation's prompts (instead of --prompt-file)")
-    task.add_argument("--task", help="a `locret eval` task whose needles to follow (e.g. niah, niah_single)")
+    task.add_argument("--task", help="a `locret eval` task whose needles to follow (e.g. niah, niah_single); with "
+                      "--suite ruler a RULER task, whose answers are followed wherever the prompt writes them")
+    task.add_argument("--suite", choices=("ruler",), help="ruler: --task is one of RULER's (its samples, chat mode, "
+                      "as `locret eval --suite ruler` sends them); --method locret or locret-q-auto")
     task.add_argument("--length", type=int, help="prompt length in tokens")
     task.add_argument("--haystacks", default="prose", help="haystack families, comma-separated (default prose)")
     task.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
     task.add_argument("--samples", type=int, default=1, help="prompts per haystack family (default 1)")
     task.add_argument("--seed", type=int, default=0)
-    task.add_argument("--method", default="locret", choices=("locret", "locret-q"),
+    task.add_argument("--method", default="locret", choices=("locret", "locret-q", "locret-q-auto"),
                       help="locret-q: the question in front and pinned, and the Locret-Q heads without --heads")
     p.add_argument("--question", help="appended after the document (\"\\n\\nQuestion: ...\")")
     p.add_argument("--query", help="Locret-Q: placed at the start and pinned (give the question again); without "
@@ -302,7 +332,7 @@ def run_cli(args: argparse.Namespace) -> int:
     model = models.resolve(args.model)
     heads = args.heads
     if heads is None:
-        query = bool(args.query) or args.method == "locret-q"
+        query = bool(args.query) or args.method in ("locret-q", "locret-q-auto")
         found, _ = planner.resolve_heads(args.model, model, planner.read_model(model), None, query=query)
         heads = str(found) if found is not None else None
     if args.task is not None:
@@ -310,7 +340,7 @@ def run_cli(args: argparse.Namespace) -> int:
                               budget=args.budget, ubatch=args.ubatch, heads=heads,
                               haystacks=[h for h in args.haystacks.split(",") if h], depth=args.depth,
                               samples=args.samples, seed=args.seed, pool=args.pool, stabilizers=args.stabilizers,
-                              local=args.local, threads=args.threads)
+                              local=args.local, threads=args.threads, suite=args.suite)
         print_task_report(report)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))

@@ -276,6 +276,19 @@ def score(item: Item, prediction: str, records: dict) -> float:
     return float(tasks.get(item.source.split("@")[0]).score(prediction, item.answers))
 
 
+def _ruler_auto_query(text: str, mode: str, chat, tokenize) -> tuple[str, tuple[int, ...]]:
+    """Locret-Q auto on a RULER prompt as the server finds it (the library's rule on the user message in a chat, on
+    the whole prompt in a completion): the question, and the prompt with it placed at the start ("", () if none)."""
+    from ..query import find_question, place_query
+
+    found = find_question(text)
+    if not found:
+        return "", ()
+    if mode == "chat" and chat is not None:
+        return found, tuple(tokenize(chat(place_query(found, text)), True))
+    return found, tuple(tokenize(place_query(found, text), True))
+
+
 def ruler_items(llm, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int, *, mode: str,
                 random_start: bool, cache: Path, progress=None) -> list[Item]:
     """RULER's samples, written by the package's own generators with the model's tokenizer (ruler.package), as
@@ -300,9 +313,11 @@ def ruler_items(llm, tasks: Sequence[str], lengths: Sequence[int], samples: int,
                                                    tokenizer=tokenizer)
                     for s in drawn:
                         p = prompts.build(s, mode=mode, chat=chat, tokenize=tokenize)
+                        found, found_tokens = _ruler_auto_query(p.text, mode, chat, tokenize)
                         out.append(Item(id=f"{RULER_PREFIX}{task}/{length}/{s.index}", source=RULER_PREFIX + task, length=length,
                                         depth=None, tokens=p.tokens, max_new_tokens=s.tokens_to_generate,
-                                        answers=s.outputs, query=p.question,
+                                        answers=s.outputs, query=p.question, auto_query=found,
+                                        auto_query_tokens=found_tokens,
                                         extra={"mode": mode, "prompt_text": p.text, "question_at": p.question_at,
                                                "input_end": p.input_end, "ruler_length": s.length, "seed": seed,
                                                "index": s.index}))
