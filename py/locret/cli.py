@@ -153,8 +153,10 @@ def _add_eval(sub) -> None:
     how.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
     how.add_argument("--stabilizers", type=int, help="stabilizers n_s for every evicting method (default: the heads file's)")
     how.add_argument("--local", type=int, help="local tail length (default: the heads file's)")
-    how.add_argument("--pool", type=int, help="score pooling window (odd) for the heads methods: each unit scores "
-                     "the mean of the heads' scores over that many tokens around it (default: none)")
+    how.add_argument("--pool", help="score pooling window (odd) for the heads methods: each unit scores the mean of "
+                     "the heads' scores over that many tokens around it; auto: each heads file's recommended window "
+                     "(the shipped Locret-Q heads 15, the plain heads none), the defaults as the tools ship them "
+                     "(default: none)")
     how.add_argument("--lag", type=int, help="LagKV's partition in units for the method lagkv (default: 128, the "
                      "paper's; the budget must hold 16 sinks, two partitions and the stabilizers)")
     how.add_argument("--positions", help="where kept units sit for every evicting method: inplace (positions 0..n-1 "

@@ -224,3 +224,21 @@ def test_the_trainer_refuses_rulers_data(tmp_path):
                              run_dir=str(tmp_path / "run"), data=[str(data)])
         with pytest.raises(ConversionError, match="held out"):
             check_config(config)
+
+
+def test_pool_auto_leaves_each_heads_file_its_recommended_window(model_path):
+    """--pool auto: the server gets no --locret-pool, so each heads file's recommendation holds (the shipped
+    defaults); a number is passed as it is, and no --pool means none."""
+    from locret.evaluation import server_backend
+    from locret.evaluation.runner import _pool
+    from locret.evaluation.worker import RunSpec
+
+    def pool_flags(pool):
+        spec = RunSpec(model_path=str(model_path), method="locret-q-auto", budget=512, heads="h.gguf",
+                       stabilizers=None, local=None, n_ctx=8192, ubatch=512, threads=2, pool=pool)
+        cmd = server_backend.command(spec, 1)
+        return cmd[cmd.index("--locret-pool") + 1] if "--locret-pool" in cmd else None
+
+    assert pool_flags(_pool("auto")) is None
+    assert pool_flags(_pool("15")) == "15"
+    assert pool_flags(_pool(None)) == "0"

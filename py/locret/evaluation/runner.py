@@ -582,7 +582,7 @@ def run_cli(args) -> int:
                      depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
-                     stabilizers=args.stabilizers, local=args.local, pool=args.pool, lag=args.lag,
+                     stabilizers=args.stabilizers, local=args.local, pool=_pool(args.pool), lag=args.lag,
                      positions=args.positions, schedule=args.schedule, ubatch=args.ubatch,
                      threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
@@ -596,6 +596,20 @@ def run_cli(args) -> int:
 
         cfg.tasks = list(RULER_TASKS)  # all 13, as RULER's average is over
     return run(cfg)
+
+
+def _pool(text: str | None) -> int | None:
+    """--pool: a window, or "auto" (each heads file's recommended window, as the tools use it)."""
+    from .worker import POOL_RECOMMENDED
+
+    if text is None:
+        return None
+    if text == "auto":
+        return POOL_RECOMMENDED
+    try:
+        return int(text)
+    except ValueError:
+        raise EvalError(f"--pool takes an odd window or auto, got {text!r}") from None
 
 
 def _split(text: str | None) -> list[str]:

@@ -20,7 +20,8 @@ import numpy as np
 from . import AUTO_QUERY_METHODS, HEADS_METHODS, QUERY_METHODS, decoding
 from .items import Item, outcome
 
-HEATMAP_BINS = 128  # logical-position bins of a retained-unit heatmap
+HEATMAP_BINS = 128
+POOL_RECOMMENDED = -1  # --pool auto: each heads file's recommended window (the Locret-Q heads 15, the plain ones none)  # logical-position bins of a retained-unit heatmap
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class RunSpec:
     heatmap_ids: tuple[str, ...] = ()
     heatmap_dir: str | None = None
     labels: dict = field(default_factory=dict)  # copied into every sample record
-    pool: int | None = None      # score pooling window of the heads methods (None: none)
+    pool: int | None = None      # score pooling window of the heads methods (None: none; POOL_RECOMMENDED: the heads
+                                 # file's recommendation)
     lag: int | None = None       # LagKV's partition (method lagkv; None: the paper's 128)
     positions: str | None = None # where kept units sit (locret_positions; None: the library's default)
     schedule: str | None = None  # the budget schedule: a file (locret-schedule, METHOD@schedule) or "pyramid"
@@ -74,7 +76,8 @@ def locret_settings(spec: RunSpec) -> dict:
     if spec.method in HEADS_METHODS:
         # what the run asks for and nothing the heads recommend: no pooling unless --pool (and no query but
         # locret-q's own, pinned by the worker: make_llm), so that a run means the same whatever heads file it reads
-        return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=spec.pool or 0,
+        pool = None if spec.pool == POOL_RECOMMENDED else spec.pool or 0  # None: the library takes the heads' own
+        return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=pool,
                           locret_budget_schedule=spec.schedule)
     if spec.method == "lagkv":
         return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
