@@ -18,8 +18,12 @@ from transformers import DynamicCache
 
 from locret.peers import kvpress_side as side
 
+# the presses whose replay could go wrong in its own way: SnapKV in both settings (its window is the context's end),
+# AdaKV (head-wise masks on the modules), PyramidKV (layers of different lengths), ExpectedAttention (query statistics
+# through the rotary embedding the press context sets); TOVA, Knorm and StreamingLLM score like SnapKV from the same
+# arguments (checked once by hand: same answers, same kept keys)
 CASES = [("snapkv", "outside"), ("snapkv", "compressed"), ("adakv-snapkv", "outside"), ("pyramidkv", "outside"),
-         ("expected", "compressed"), ("tova", "outside"), ("knorm", "outside"), ("streaming", "outside")]
+         ("expected", "compressed")]
 RATIO = 0.5
 
 
