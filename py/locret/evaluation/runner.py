@@ -94,11 +94,11 @@ class EvalConfig:
                 d.pop(key)      # and from before RULER and the kvpress side by side
         if d["schedule"] is None:
             d.pop("schedule")   # and from before schedule files
+        else:
+            d["schedule"] = {"file": d["schedule"], "sha256": sha256_file(d["schedule"])}  # its budgets decide
         if d.get("suite"):
             # RULER's samples of a (task, length, seed) are a prefix of a longer run's: more samples extend a run
             d.pop("samples")
-        else:
-            d["schedule"] = {"file": d["schedule"], "sha256": sha256_file(d["schedule"])}  # its budgets decide
         return d
 
 
@@ -374,6 +374,23 @@ def _append(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def recorder(spec: RunSpec, todo: list[Item], records: dict, samples_path: Path, bar):
+    """What a run does with the record(s) of each answered item: score them by the item's own rule, append them to
+    the journal together (a resumed run finds an item whole or not at all), advance the progress bar."""
+    by_id = {it.id: it for it in todo}
+
+    def on_sample(records_of_item: dict | list[dict]) -> None:
+        batch = records_of_item if isinstance(records_of_item, list) else [records_of_item]
+        for r in batch:
+            r["score"] = items_module.score(by_id[r["item"]], r["answer"], records)
+        with open(samples_path, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in batch))
+        bar.update(1)
+        bar.set_postfix(run=spec.labels["run"], score=f"{sum(r['score'] for r in batch) / len(batch):.2f}")
+
+    return on_sample
+
+
 def execute(spec: RunSpec, todo: list[Item], records: dict, samples_path: Path, bar, deadline: float | None) -> dict | None:
     """Run one worker process over `todo`; append each scored sample; return its end record (None when the
     deadline stopped it). EvalError if the worker fails."""
@@ -383,8 +400,7 @@ def execute(spec: RunSpec, todo: list[Item], records: dict, samples_path: Path, 
     q = ctx.Queue()
     proc = ctx.Process(target=worker.main, args=(spec, todo, q), daemon=True)
     proc.start()
-    by_id = {it.id: it for it in todo}
-    seen = 0
+    on_sample, seen = recorder(spec, todo, records, samples_path, bar), 0
     try:
         while True:
             try:
@@ -399,11 +415,8 @@ def execute(spec: RunSpec, todo: list[Item], records: dict, samples_path: Path, 
             if kind == "error":
                 raise EvalError(payload)
             if kind == "sample":
-                payload["score"] = items_module.score(by_id[payload["item"]], payload["answer"], records)
-                _append(samples_path, payload)
+                on_sample(payload)
                 seen += 1
-                bar.update(1)
-                bar.set_postfix(run=spec.labels["run"], score=f"{payload['score']:.2f}")
                 if deadline is not None and time.monotonic() > deadline and seen < len(todo):
                     return None
             elif kind == "done":
@@ -419,17 +432,7 @@ def dispatch(cfg: EvalConfig, spec: RunSpec, todo: list[Item], records: dict, sa
     """One run by its backend: RULER through llama-server, kvpress in its own environment, else a worker process."""
     if not cfg.suite:
         return execute(spec, todo, records, samples_path, bar, deadline)
-    by_id = {it.id: it for it in todo}
-
-    def on_sample(records_of_item) -> None:
-        batch = records_of_item if isinstance(records_of_item, list) else [records_of_item]
-        for r in batch:
-            r["score"] = items_module.score(by_id[r["item"]], r["answer"], records)
-        with open(samples_path, "a") as f:  # an item's records together: a resumed run finds it whole or not at all
-            f.write("".join(json.dumps(r) + "\n" for r in batch))
-        bar.update(1)
-        bar.set_postfix(run=spec.labels["run"], score=f"{sum(r['score'] for r in batch) / len(batch):.2f}")
-
+    on_sample = recorder(spec, todo, records, samples_path, bar)
     try:
         if spec.method == "kvpress":
             from . import kvpress_backend
