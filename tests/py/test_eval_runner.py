@@ -330,14 +330,18 @@ def test_the_auto_rule_finds_every_generated_tasks_question(model_path):
     from locret.evaluation import items as items_module, worker
     from locret.tasks import haystacks
 
+    with_depth = [t for t in tasks.TASKS if tasks.get(t).USES_DEPTH]
+    real = [t for t in with_depth if "prose" not in items_module.families_of(tasks.get(t))]  # real text only
     vocab = items_module.vocab_model(str(model_path))
     try:
-        found = items_module.task_items(vocab, [t for t in tasks.TASKS if tasks.get(t).USES_DEPTH], [1200], [0.5], 1, 0)
+        found = items_module.task_items(vocab, [t for t in with_depth if t not in real], [1200], [0.5], 1, 0)
         found += items_module.task_items(vocab, ["passkey"], [1200], [0.5], 1, 0,
                                          haystacks=tuple(f for f in haystacks.FAMILIES if f != "prose"))
+        found += items_module.task_items(vocab, real, [1200], [0.5], 1, 0, haystacks=("man",))
     finally:
         vocab.close()
-    assert len(found) == 8 + 7   # every task with a depth (niah_name the eighth), and passkey in each other family
+    # every generated task with a depth (niah_name the eighth), passkey in each other family, each real-text task
+    assert len(real) == 3 and len(found) == 8 + 7 + 3
     for item in found:
         assert item.auto_query == item.query and item.auto_query_tokens == item.query_tokens, item.id
     spec = worker.RunSpec(model_path=str(model_path), method="locret-q-auto", budget=256, heads=None,
