@@ -10,10 +10,10 @@ Score (`score`): 1.0 when the asked value stands in the answer as a whole token,
 """
 from __future__ import annotations
 
-from typing import Sequence
 
-from . import confusion, numbers, realneedle, realtext
+from . import numbers, realneedle, realtext
 from .haystack import ChatFormat, Sample, Tokenize
+from .realneedle import classify, judge, score  # noqa: F401  (the real-text needles' common rules)
 
 NAME = "real_number"
 USES_DEPTH = True
@@ -37,16 +37,3 @@ def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth:
                                chat_format=chat_format, family=haystack, n_needles=1, uses_shape=True,
                                fact_for=_fact, values_for=_values)
 
-
-def score(prediction: str, answers: Sequence[str]) -> float:
-    return realneedle.score(prediction, answers)
-
-
-def classify(prediction: str, sample) -> str:
-    """"right", "confusion" or "miss" (confusion.py)."""
-    return confusion.classify(prediction, sample)
-
-
-def judge(prediction: str, sample) -> confusion.Judgement:
-    """classify's outcome with the value a confusion gave, and where that value stands (a needle, the document)."""
-    return confusion.judge_sample(prediction, sample)

@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from . import numbers, realtext
+from . import confusion, numbers, realtext
 from .haystack import ChatFormat, Needle, Sample, Tokenize, assemble, rng_for
 from .numbers import Shape
 
@@ -222,3 +222,13 @@ def _draw(shape: Shape | None, rng: random.Random, n: int, seen_filler: str,
 def score(prediction: str, answers: Sequence[str]) -> float:
     """1.0 when the asked value stands in the prediction as a whole token (not inside a longer number), else 0.0."""
     return float(bool(answers) and numbers.stands_in(prediction, answers[0]))
+
+
+def classify(prediction: str, sample) -> str:
+    """"right", "confusion" or "miss" (confusion.py)."""
+    return confusion.classify(prediction, sample)
+
+
+def judge(prediction: str, sample) -> confusion.Judgement:
+    """classify's outcome with the value a confusion gave, and where that value stands (a needle, the document)."""
+    return confusion.judge_sample(prediction, sample)
