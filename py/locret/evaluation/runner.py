@@ -579,10 +579,21 @@ def _drop_samples(path: Path, run_name: str, item_id: str) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in keep))
 
 
+def _samples(args) -> int:
+    """--samples as given; else RULER's default (10 a task on the CPU, 100 on a GPU) or one prompt per cell."""
+    if args.samples is not None:
+        return args.samples
+    if args.suite:
+        from ..ruler import default_samples
+
+        return default_samples(planner.parse_gpu_layers(args.gpu_layers))
+    return 1
+
+
 def run_cli(args) -> int:
     cfg = EvalConfig(model=args.model, output=Path(args.output), heads=args.heads, random_heads=args.random_heads,
                      tasks=_split(args.tasks), haystacks=_split(args.haystacks) or ["prose"], lengths=[planner.parse_context(x) for x in _split(args.lengths)],
-                     depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
+                     depths=[float(x) for x in _split(args.depths)], samples=_samples(args), seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
                      stabilizers=args.stabilizers, local=args.local, pool=_pool(args.pool), lag=args.lag,
