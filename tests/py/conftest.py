@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO / "scripts"))  # llama_tree is a script, imported by
 # server_faults 56, models 52; snapkv and auto_query about 60 each, kept_positions about 100 and gpu_scripts about 40 (estimates),
 # speculative about 60 (three servers), rpc about 60 (two rpc-servers, five runs) and budget_mib about 40; the rest
 # under 50; kvpress_side about 700 (two runs in kvpress's environment, one a 4K RULER prompt through both engines),
-# ruler about 150 and locret_press about 75 (2026-12-02, beside other work). Files not listed follow in their usual order. This orders the files
-# only: nothing is selected or skipped.
+# ruler about 150 and locret_press about 75 (2026-12-02, beside other work). Files not listed follow in their usual
+# order. This orders the files only: nothing is selected or skipped.
 LONGEST_FIRST = ["test_kvpress_side.py", "test_docs.py", "test_eviction.py", "test_eval_runner.py", "test_ruler.py", "test_locret_q.py", "test_sequences.py", "test_kept_positions.py",
                  "test_sage.py", "test_api_long_inputs.py", "test_iswa.py", "test_lagkv.py", "test_transactions.py",
                  "test_schedule.py", "test_locret_press.py", "test_inspect.py", "test_trainer.py", "test_devices_planner.py", "test_passkey.py",

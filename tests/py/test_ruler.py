@@ -240,18 +240,18 @@ def test_pool_auto_leaves_each_heads_file_its_recommended_window(model_path):
     assert pool_flags(_pool(None)) == "0"
 
 
-def test_ruler_runs_ten_samples_a_task_unless_told(model_path):
+def test_ruler_runs_ten_samples_a_task_unless_told(tmp_path):
     """--samples not given: 10 a task for RULER on the CPU, 100 with layers on a GPU; one prompt a cell otherwise;
     a given count is kept as it is."""
-    import argparse
+    from locret.evaluation.runner import EvalConfig, apply_device
 
-    from locret.evaluation.runner import _samples
+    def samples(**kw):
+        cfg = EvalConfig(model="smollm2-135m", output=tmp_path, **{"samples": None, **kw})
+        apply_device(cfg, None)
+        return cfg.samples
 
-    def args(**kw):
-        return argparse.Namespace(**{"samples": None, "suite": None, "gpu_layers": None, **kw})
-
-    assert _samples(args(suite="ruler")) == 10
-    assert _samples(args(suite="ruler", gpu_layers="all")) == 100
-    assert _samples(args(suite="ruler", gpu_layers="0")) == 10
-    assert _samples(args()) == 1
-    assert _samples(args(suite="ruler", samples=3)) == 3
+    assert samples(suite="ruler") == 10
+    assert samples(suite="ruler", gpu_layers=-1) == 100
+    assert samples(suite="ruler", gpu_layers=0) == 10
+    assert samples() == 1
+    assert samples(suite="ruler", samples=3) == 3

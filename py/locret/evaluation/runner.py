@@ -44,7 +44,7 @@ class EvalConfig:
     haystacks: list[str] = field(default_factory=lambda: ["prose"])  # the tasks' filler families
     lengths: list[int] = field(default_factory=list)
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
-    samples: int = 1
+    samples: int | None = 1        # None: RULER's default (10 a task, 100 with layers on a GPU), else 1
     seed: int = 0
     benchmark: str | None = None
     datasets: list[str] = field(default_factory=list)
@@ -108,17 +108,23 @@ def _pad(n: int) -> int:
 
 def apply_device(cfg: EvalConfig, facts: planner.ModelFacts) -> devices.Device | None:
     """Fill unset settings from the device profile's size class (as `locret plan` does) and check every
-    budget against the profile (PlanError saying what cannot work). Without a device: ubatch 512, CPU."""
+    budget against the profile (PlanError saying what cannot work). Without a device: ubatch 512, CPU. Then the
+    samples a cell, if not given."""
+    dev = None
     if cfg.device is None:
         cfg.ubatch = 512 if cfg.ubatch is None else cfg.ubatch
         cfg.gpu_layers = 0 if cfg.gpu_layers is None else cfg.gpu_layers
-        return None
-    dev = devices.load(cfg.device)
-    for b in sorted(cfg.budgets, reverse=True) or [None]:  # the smallest last: its stabilizers fit all
-        s = planner.resolve_settings(dev, facts, budget=b, ubatch=cfg.ubatch, stabilizers=cfg.stabilizers,
-                                     kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers)
-    cfg.budgets = cfg.budgets or [s.budget]
-    cfg.ubatch, cfg.stabilizers, cfg.kv_type, cfg.gpu_layers = s.ubatch, s.stabilizers, s.kv_type, s.gpu_layers
+    else:
+        dev = devices.load(cfg.device)
+        for b in sorted(cfg.budgets, reverse=True) or [None]:  # the smallest last: its stabilizers fit all
+            s = planner.resolve_settings(dev, facts, budget=b, ubatch=cfg.ubatch, stabilizers=cfg.stabilizers,
+                                         kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers)
+        cfg.budgets = cfg.budgets or [s.budget]
+        cfg.ubatch, cfg.stabilizers, cfg.kv_type, cfg.gpu_layers = s.ubatch, s.stabilizers, s.kv_type, s.gpu_layers
+    if cfg.samples is None:  # decided once the layers' place is known (a profile may put them on its GPU)
+        from ..ruler import default_samples
+
+        cfg.samples = default_samples(cfg.gpu_layers) if cfg.suite else 1
     return dev
 
 
@@ -579,21 +585,10 @@ def _drop_samples(path: Path, run_name: str, item_id: str) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in keep))
 
 
-def _samples(args) -> int:
-    """--samples as given; else RULER's default (10 a task on the CPU, 100 on a GPU) or one prompt per cell."""
-    if args.samples is not None:
-        return args.samples
-    if args.suite:
-        from ..ruler import default_samples
-
-        return default_samples(planner.parse_gpu_layers(args.gpu_layers))
-    return 1
-
-
 def run_cli(args) -> int:
     cfg = EvalConfig(model=args.model, output=Path(args.output), heads=args.heads, random_heads=args.random_heads,
                      tasks=_split(args.tasks), haystacks=_split(args.haystacks) or ["prose"], lengths=[planner.parse_context(x) for x in _split(args.lengths)],
-                     depths=[float(x) for x in _split(args.depths)], samples=_samples(args), seed=args.seed,
+                     depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
                      stabilizers=args.stabilizers, local=args.local, pool=_pool(args.pool), lag=args.lag,
