@@ -272,7 +272,7 @@ def check_agreement(model, attention, gguf: Path, vocab, threads: int, n_new: in
         llm.eval(prompt)
         ours, logits_llama = [], []
         for _ in range(n_new):
-            logits = decoding.last_logits(llm).copy()
+            logits = decoding.last_logits(llm)
             token = int(np.argmax(logits))
             if is_eog(token):
                 break

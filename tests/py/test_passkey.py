@@ -70,6 +70,9 @@ def test_prefix_reuse_is_exact_under_eviction(model_path, tmp_path):
     setup = passkey_eval.Setup(model_path=str(model_path), heads=None, random_heads=None, n_ubatch=128)
     single, reused = passkey_eval.check_prefix_reuse(setup, "streaming", length=800, budget=256, seed=0,
                                                      return_logits=True)
+    # Two arrays of their own, finite after the context is gone (views of llama.cpp's buffer were neither).
+    assert not np.shares_memory(single, reused)
+    assert np.isfinite(single).all() and np.isfinite(reused).all()
     assert np.abs(single - reused).max() <= 1e-4 * np.abs(single).max()
 
 

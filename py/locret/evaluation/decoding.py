@@ -26,7 +26,9 @@ def chat_format(llm) -> Callable[[str], str] | None:
 
 
 def last_logits(llm) -> np.ndarray:
-    return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
+    """The next-token logits of the last evaluated token, copied: llama.cpp reuses (and frees on close) the buffer
+    they live in, so a view would silently change under the next eval."""
+    return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).copy()
 
 
 def greedy(llm, max_new: int) -> tuple[str, int]:
