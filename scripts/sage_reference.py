@@ -429,7 +429,8 @@ VARIANTS = ("full", "torch-SAGE", "torch-SAGE compact", "ours")
 
 
 def markdown_table(rows: list[Row]) -> str:
-    """The rows as the table docs/results.md shows (answers shortened; the whole answers are printed above it)."""
+    """The rows as the table of docs/experiments/results-history.md shows (answers shortened; the whole answers are
+    printed above it)."""
     head = ("| prompt | needle | overlap mean / min | needle held torch / ours | " +
             " | ".join(f"answer {v}" for v in VARIANTS) + " |")
     lines = [head, "|" + "---|" * (4 + len(VARIANTS))]

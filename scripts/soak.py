@@ -42,7 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "py"))
 
 # libllama is loaded before numpy: on the lent H200's Python image, a CUDA build's model load segfaulted whenever
-# numpy had been imported first (any order with libllama first ran; see docs/results.md, "Soak with the real model")
+# numpy had been imported first (any order with libllama first ran; see docs/experiments/results-history.md, "Soak with
+# the real model")
 import locret  # noqa: E402,F401  (points llama_cpp at our library)
 import llama_cpp  # noqa: E402,F401
 import numpy as np  # noqa: E402

@@ -156,7 +156,7 @@ LLAMA_API const char * llama_locret_policies_help(void);
 // names are valid).
 LLAMA_API int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out);
 
-// Where the units an eviction keeps sit in RoPE's positions (docs/policies.md, "Positions").
+// Where the units an eviction keeps sit in RoPE's positions (docs/memory.md, "Cells, positions and compaction").
 enum llama_locret_positions {
     LLAMA_LOCRET_POSITIONS_COMPACT = 0, // the paper's: the kept units get positions 0..n-1 in their order, so every
                                         // eviction re-rotates (and moves) nearly every key; positions never pass b + B

@@ -1,6 +1,9 @@
-// Compaction: after a selection, retained units move to cells 0..n-1 of their (layer, KV head) and their keys are
-// re-rotated by the change of their position. Only rows that move are read or written (stacked layers also copy a
-// padding row onto itself in the layers that move fewer rows than the most).
+// Compaction: after a selection, the rows of the retained units are moved to the cells the layout gives them and
+// their keys are re-rotated by the change of their RoPE position (locret-memory.h: compact positions put the kept
+// units in cells 0..n-1 in order; in-place and kept positions copy the chunk's survivors into the holes, and in place
+// re-rotates the keys that stay where they are). A move carries the unit's K row, V row and score; re-rotation touches
+// K only. Only rows that move or re-rotate are read or written (stacked layers also copy a padding row onto itself in
+// the layers that move fewer rows than the most).
 #pragma once
 
 #include "ggml.h"

@@ -1,5 +1,8 @@
 // A context's Locret state and the hooks around its ubatches: attached heads, the score recorder, the Locret memory's
-// creation, and the eviction before / scores after each ubatch.
+// creation, and the eviction before / scores after each ubatch. Also the calls the tools make around a context: the
+// default heads (llama_locret_configure_default, llama_locret_attach_default), a pinned query (llama_locret_pin_query),
+// and the sizes read from a model file before it is loaded (llama_locret_resolve_file, llama_locret_budget_for_mib,
+// llama_locret_fit_n_ctx: locret-size.h's rules).
 
 #include "llama-locret-debug.h"
 #include "locret-context.h"

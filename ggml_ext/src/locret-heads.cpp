@@ -1,4 +1,6 @@
-// Loading and validating retaining heads (convert/HEADS-FORMAT.md) for a loaded model.
+// Loading and validating retaining heads (convert/HEADS-FORMAT.md) for a loaded model, and reading a heads file's
+// recommended settings without a model. Also the library's last-error string (locret_set_error,
+// llama_locret_last_error), which every part of the extension writes.
 
 #include "locret-heads.h"
 #include "locret-hooks.h"

@@ -33,9 +33,11 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
                                 const llama_locret_heads * heads, const llama_memory_context_i * mctx,
                                 ggml_tensor * q, ggml_tensor * k, ggml_tensor * v, const llama_ubatch & ubatch, int il);
 
-// llm_graph_context::build_attn with a KV cache (patches/0010): when mctx belongs to a memory evicting with the SAGE-KV
-// policy, write the post-RoPE query of each sequence's last token of the ubatch into the memory's query store, and
-// remember the layer's attention scale (locret-sage.h). q: [d_head_k, n_head, n_tokens].
+// llm_graph_context::build_attn with a KV cache (patches/0010): when mctx belongs to a memory whose policy reads
+// queries (locret_policy::query_rows: SAGE-KV, SnapKV), write the post-RoPE queries of the last tokens of each
+// sequence's run in the ubatch (SAGE-KV: the last one; SnapKV: its window, and a pinned question's tokens when read)
+// into the memory's query store, and remember the layer's attention scale (locret-sage.h, locret-policy-snapkv.cpp).
+// q: [d_head_k, n_head, n_tokens].
 void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
                                   const llama_memory_context_i * mctx, ggml_tensor * q, float kq_scale,
                                   const llama_ubatch & ubatch, int il);
@@ -49,9 +51,10 @@ llm_graph_input_attn_kv * llama_locret_graph_attn_input(ggml_context * ctx, llm_
                                                         llm_graph_input_attn_kv * inp, int il);
 
 // llm_graph_context::build_attn with a KV cache (patches/0011): the attention mask of layer il, given its input's mask
-// (its group's). When mctx belongs to a memory with a budget schedule, kq_mask with the cells this layer no longer
-// reads blocked (one add per distinct layer budget below its group's largest, shared by its layers); otherwise kq_mask
-// itself. kq_mask: [n_kv, n_tokens/n_stream, 1, n_stream].
+// (its group's). When mctx belongs to a memory whose budget schedule holds every layer in one cache
+// (locret_layer_groups: an iSWA or ALiBi model, or LOCRET_DEBUG_ALLOC=masked), kq_mask with the cells this layer no
+// longer reads blocked (one add per distinct layer budget below the largest, shared by its layers); otherwise (no
+// schedule, or a cache per budget) kq_mask itself. kq_mask: [n_kv, n_tokens/n_stream, 1, n_stream].
 ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result * res,
                                             const llama_memory_context_i * mctx, ggml_tensor * kq_mask, int il);
 
@@ -59,8 +62,9 @@ ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result
 // yet (they may be attached after the context made its scheduler)
 uint32_t llama_locret_graph_n_nodes(uint32_t n_layer);
 
-// llama_context (patches/0004): its Locret state, made in the constructor (NULL when the model has no Locret
-// settings; llama_locret_set_heads makes one later) and freed with the context (llama_locret_context_deleter)
+// llama_context constructor (patches/0007; patches/0004 adds the member that holds it): its Locret state (NULL when
+// the model has no Locret settings; llama_locret_set_heads makes one later), freed with the context
+// (llama_locret_context_deleter, patches/0004)
 llama_locret_context * llama_locret_context_create(const llama_model & model);
 
 // heads that score this context's ubatches: the attached heads when an eviction or the recorder reads the scores, else

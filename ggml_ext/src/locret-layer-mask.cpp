@@ -5,9 +5,9 @@
 // sees, so only the cells from the dead end on, where the ubatch goes, differ, and they differ by the gap). One wide
 // input holds the first group's mask extended by blocked cells; each run of consecutive layers of a group copies its
 // window out of it (a copy ggml frees after the run), so the masks cost about two of llama.cpp's, not one per group.
-// Without groups (one cache for every layer: an iSWA model, or LOCRET_DEBUG_ALLOC=masked) a layer below the largest
-// budget has the cells it no longer reads (locret_stream::live_end .. dead_end) blocked, from one bias input shared by
-// the layers of equal budget.
+// Without groups (one cache for every layer: an iSWA or ALiBi model, or LOCRET_DEBUG_ALLOC=masked) a layer below the
+// largest budget has the cells it no longer reads (locret_stream::live_end .. dead_end) blocked, from one bias input
+// shared by the layers of equal budget.
 
 #include "locret-hooks.h"
 #include "locret-memory.h"

@@ -9,15 +9,39 @@
 //     would not fit in b + B: every unit is scored like any other;
 //   - a batch whose last token of a sequence asks for an output is a prompt end: its last n_loc tokens form their own
 //     ubatch, processed after the compression and never evicted while the prompt is processed (a prompt that fits in
-//     the budget with what the sequence holds evicts nothing: its tail is not split off, locret_plan_tail_alone);
-// Retained units keep their order and move to cells 0..n-1 with physical positions 0..n-1 (the same in every layer and
-// head); their keys are re-rotated by their position change (locret-compact). Clients keep their own (logical)
-// positions: the memory reports them (seq_pos_min/max), takes them in seq_rm/seq_add, and gives the graph ubatches
-// whose positions are the physical ones, as copies: the client's batch is never changed.
+//     the budget with what the sequence holds evicts nothing: its tail is not split off, locret_plan_tail_alone).
+//
+// Where units sit. Every sequence has a stream of n_cells cells; each part (the sequence's tokens of one ubatch) goes
+// to the cells right after the ones in use, so every (layer, KV head) holds its units in cells [0, n_used). The cells
+// of the parts placed since the last eviction hold the same tokens in every layer and head, in order, at consecutive
+// RoPE (physical) positions; below them each (layer, KV head) holds the units it kept, and the layout
+// (--locret-positions, locret_config) decides their cells and positions:
+//   - compact (the paper's; the default for the policies that read cells in position order, lagkv, sage and snapkv,
+//     and for models without RoPE or without a full-attention layer): an eviction moves the kept units, in order, to
+//     cells 0..n-1 and re-rotates their keys to positions 0..n-1, so cell c holds position c (a schedule aside);
+//   - in place (the default elsewhere; locret_config::rotate_in_place): the same positions 0..n-1 in the kept units'
+//     order, but a kept unit in a cell below n stays there (its key re-rotated in place) and the chunk's survivors
+//     are copied into the holes in cell order: the model reads what compact gives it, from other cells;
+//   - keep (locret_config::keep_positions): kept units keep the positions they were read at, the chunk's survivors
+//     are copied into the holes without rotation, and positions grow with the input. When a part would pass
+//     position_limit, the eviction before it repositions: the kept units in position order at cells and positions
+//     0..n-1, as compact places them.
+// In every layout the kept units' positions keep their order and lie below every later token's. With in-place and kept
+// positions the cells below the last eviction are not in position order, and each (layer, KV head, cell) records its
+// own RoPE position (locret_stream::rope). A budget schedule masks cells in its smaller layers and shifts their
+// positions (locret_stream::live_end). Keys whose position changes are re-rotated by the change (locret-compact).
+//
+// Clients keep their own (logical) positions: the memory reports them (seq_pos_min/max), takes them in seq_rm/seq_add,
+// and gives the graph ubatches whose positions are the physical (RoPE) ones, as copies: the client's batch is never
+// changed. The cells of llama.cpp's own cache (the largest budget's, with a schedule), whose positions its causal
+// mask and seq_rm read, hold their index (compact, in place), or below the budget their index and above it the
+// position they were placed at (keep); the other layer groups' caches hold positions that grow with the cell too.
+// So a new token's position is above that of every cell it may read.
 //
 // With an iSWA model the window layers keep llama.cpp's own window cache; it follows the global cache's physical frame:
-// when a compaction moves the next position back by d, the window cache's positions are shifted by -d (K-shift), so
-// the window layers see the true distances.
+// when an eviction moves the next RoPE position back by d (every eviction with compact or in-place positions; with
+// kept positions only a repositioning), the window cache's positions are shifted by -d (K-shift), so the window layers
+// see the true distances.
 #pragma once
 
 #include "llama-locret-debug.h"
@@ -53,33 +77,43 @@ enum locret_fault {
 
 // locret_step and locret_ubatch_plan (a ubatch's plan) are in locret-plan.h, with the planning rules
 
-// one sequence's units: the invariant is that every (layer, KV head) holds its units in cells [0, n_used), in their
-// original order, and cell c has physical position c
+// One sequence's units. Every (layer, KV head) holds its units in cells [0, n_used), less a budget schedule's masked
+// cells (below). Cells [uniform_from, n_used) hold the parts placed since the last eviction: the same tokens in every
+// layer and head, in order, cell c at RoPE position rope_next - (n_used - c). Cells below uniform_from hold each
+// (layer, KV head)'s kept units: with compact positions in position order, cell c at position c; with in-place
+// positions at positions 0..uniform_from-1 in any cell order; with kept positions at the positions they were read at,
+// in any cell order (as compact after a repositioning). A schedule's smaller layers differ (dead_end below). The
+// layouts are described at the top of this file.
 struct locret_stream {
     uint32_t  n_used       = 0;
     uint32_t  uniform_from = 0;     // cells >= this were placed after the last eviction: the same token in every head
     bool      prev_output  = true;  // the last part placed asked for an output
     llama_pos logical_next = 0;     // the client's position of the sequence's next token
-    uint32_t  rope_next    = 0;     // the RoPE position of its next token (== n_used with compact positions)
+    uint32_t  rope_next    = 0;     // the RoPE position of its next token: n_used with compact and in-place positions;
+                                    // with kept positions n_used plus the units (of the largest layer) evicted since
+                                    // the last repositioning
     uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
     locret_policy_state policy_state; // what the policy keeps per sequence (locret-policy.h)
 
-    // a budget schedule: after an eviction layer i holds its units in cells [0, live_end[i]) and cells
-    // [live_end[i], dead_end) hold nothing it reads (its attention masks them out); its units are rotated to physical
-    // positions [dead_end - live_end[i], dead_end), right before the next cell. Without a schedule, or before the first
-    // eviction, live_end[i] == dead_end (0 before the first eviction).
+    // A budget schedule: after an eviction the largest layers keep dead_end units (the eviction's n_keep) and layer i
+    // keeps live_end[i] <= dead_end of them in cells [0, live_end[i]); cells [live_end[i], dead_end) hold nothing it
+    // reads (its attention masks them out, or its layer group's cache does not hold them), and later parts go from
+    // dead_end on. With compact and in-place positions layer i's kept units sit at RoPE positions
+    // [dead_end - live_end[i], dead_end), right before the next part's (in cell order with compact positions, cell c
+    // at c + dead_end - live_end[i]); with kept positions they keep their own until a repositioning places them so.
+    // Without a schedule, or before the first eviction, live_end[i] == dead_end (0 before the first eviction).
     uint32_t              dead_end = 0;
     std::vector<uint32_t> live_end; // per evicting layer
 
     uint64_t n_evictions     = 0;
     uint64_t n_units_evicted = 0;   // summed over layers and KV heads
 
-    // per evicting layer: [n_head_kv][n_cells] logical position of the unit in each cell (valid below n_used); the
-    // units' scores live beside the cache, on its device (llama_locret_memory::scores)
+    // per evicting layer: [n_head_kv][n_cells] logical position of the unit in each cell (valid below n_used; -1 in a
+    // cell a schedule masks); the units' scores live beside the cache, on its device (llama_locret_memory::score_store)
     std::vector<std::vector<int32_t>> pos;
-    // kept positions (locret_config::keep_positions): per evicting layer [n_head_kv][n_cells] the RoPE position each
-    // cell's key was rotated at (valid below n_used; -1 in a cell a schedule masks). Empty with compact positions, where
-    // it follows from the cell (and the masked cells after it).
+    // in-place and kept positions (locret_config::holes_filled): per evicting layer [n_head_kv][n_cells] the RoPE
+    // position each cell's key was rotated at (valid below n_used; -1 in a cell a schedule masks). Empty with compact
+    // positions, where it follows from the cell (and the masked cells after it).
     std::vector<std::vector<int32_t>> rope;
 
     // the bookkeeping a placed part changes (the units' positions are restored by freeing its cells)

@@ -1,5 +1,5 @@
 // Ubatch planning of the Locret memory, as pure functions: which sequences evict before a ubatch, how many units they
-// keep, and the cells (physical positions) the ubatch's tokens go to.
+// keep, and the cells and RoPE (physical) positions the ubatch's tokens go to.
 //
 // The memory (locret-memory.cpp, init_batch) scans a batch (locret_plan_scan), splits it into ubatches with llama.cpp's
 // splitter, taking locret_plan_take tokens of a sequence at a time, and plans every ubatch in turn (locret_plan_ubatch)
@@ -22,7 +22,7 @@ struct locret_step {
     uint32_t  n_tokens      = 0;
     llama_pos first_logical = 0;    // the client's position of its first token
     bool      output        = false; // the part asks for an output (a prompt end, or generation)
-    uint32_t  first_rope    = 0;    // the RoPE position of its first token (== first_cell with compact positions)
+    uint32_t  first_rope    = 0;    // the RoPE position of its first token (== first_cell unless positions are kept)
     bool      reposition    = false; // kept positions: the eviction before it compacts positions too (the part would
                                      // pass the limit); it may then keep every unit (n_keep == n_used)
     bool      evict         = false; // the eviction before it drops units in some layer: with a budget schedule the
@@ -34,7 +34,7 @@ struct locret_ubatch_plan {
     std::vector<llama_pos>   logical; // per token: the client's position
     std::vector<uint32_t>    strm;    // per token: its stream
     std::vector<uint32_t>    cell;    // per token: its cell
-    std::vector<uint32_t>    rope;    // per token: its RoPE (physical) position (== its cell with compact positions)
+    std::vector<uint32_t>    rope;    // per token: its RoPE (physical) position (== its cell unless positions are kept)
 };
 
 // the settings planning reads (from locret_config; a budget schedule plans with its largest layer budget)
@@ -54,7 +54,7 @@ struct locret_plan_params {
 struct locret_plan_stream {
     uint32_t  n_used      = 0;     // units held (cells [0, n_used))
     bool      prev_output = true;  // the last part placed asked for an output
-    uint32_t  rope_next   = 0;     // the RoPE position of the next token (== n_used with compact positions)
+    uint32_t  rope_next   = 0;     // the RoPE position of the next token (== n_used unless positions are kept)
     llama_pos offset      = 0;     // logical_next - rope_next at the batch's start: a token's position in the window
                                    // cache's frame is its logical one minus this (constant over a batch)
     bool      sage_fresh  = false; // SAGE-KV: a prompt ended and its one selection has not run yet

@@ -1,6 +1,7 @@
-// Locret-Q for tools: the layout of a prompt with its query, which leading tokens hold the query (the part to pin),
-// and the query found in a prompt that has none given (--locret-query auto). The same rule as
-// py/locret/query.py's pinned_count, so that the tools and the Python API pin the same tokens.
+// Locret-Q for tools and Python: the layout of a prompt with its query, which leading tokens hold the query (the part
+// to pin), and the query found in a prompt that has none given (--locret-query auto). Written once, here: the Python
+// API calls these same functions (locret.query.place_query and find_question, locret.eviction.query_tokens), so that
+// the tools and Python build the same text and pin the same tokens.
 
 #include "llama-locret.h"
 

@@ -1,5 +1,6 @@
-// Locret settings: the per-model registry that the tools fill before creating a context, policy names, and the
-// checks a context's settings must pass when it is created.
+// Locret settings: the per-model registry that the tools fill before creating a context, budget schedules, the names
+// of the position layouts (policy names are in locret-policy.cpp), and the rule book: the checks a context's settings
+// must pass when it is created, and its sizes (locret_config_make).
 
 #include "locret-settings.h"
 #include "locret-heads.h"

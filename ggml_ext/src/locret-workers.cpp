@@ -1,3 +1,6 @@
+// The parked host threads of the eviction's bookkeeping (see locret-workers.h): parallel_for hands out items under one
+// lock, and the caller takes items too.
+
 #include "locret-workers.h"
 
 #include <algorithm>

@@ -95,6 +95,71 @@ def test_every_code_block_says_whether_it_runs():
     assert not wrong_lang, f"`run` on a block this test cannot run: {wrong_lang}"
 
 
+def linked_docs() -> list[Path]:
+    """The pages whose links between each other must resolve: the docs and the shipped heads' page."""
+    return [*doc_files(), REPO / "heads" / "README.md"]
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)[^)]*\)")
+HEADING = re.compile(r"^ {0,3}#{1,6}\s+(.*?)(\s+#+)?\s*$")
+INLINE_CODE = re.compile(r"(`+).*?\1")
+
+
+def prose(path: Path) -> list[str]:
+    """A markdown file's lines with those of fenced blocks blanked: a `#` or `[x](y)` in a block is code, not markup."""
+    out, fence = [], None
+    for line in path.read_text().splitlines():
+        m = FENCE.match(line)
+        if fence is None and m:
+            fence = m.group(2)
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is None:
+            out.append(line)
+            continue
+        out.append("")
+    return out
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: a link keeps its text; lowercase; characters other than letters, digits,
+    spaces, hyphens and underscores dropped; spaces become hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading's anchor in a markdown file; a repeated heading gets -1, -2, ... as on GitHub."""
+    count: dict[str, int] = {}
+    out = set()
+    for line in prose(path):
+        if m := HEADING.match(line):
+            a = github_anchor(m.group(1))
+            out.add(f"{a}-{count[a]}" if a in count else a)
+            count[a] = count.get(a, 0) + 1
+    return out
+
+
+def test_every_link_between_the_docs_resolves():
+    """A relative link to a .md file (or to a heading of its own page) names a file that exists and, after `#`, an
+    anchor one of that file's headings has: moving a section or renaming a heading must take its links along."""
+    broken, known = [], {}
+    for page in linked_docs():
+        text = "\n".join(INLINE_CODE.sub("", line) for line in prose(page))
+        for m in LINK.finditer(text):  # a link's text may wrap onto the next line
+            target = m.group(1)
+            file, _, anchor = target.partition("#")
+            if re.match(r"[a-z][a-z0-9+.-]*:", target) or (file and not file.endswith(".md")):
+                continue  # https:, mailto:, pictures, source files
+            dest = (page.parent / file).resolve() if file else page
+            where = f"{page.relative_to(REPO)}:{text.count(chr(10), 0, m.start(1)) + 1}: ({target})"
+            if not dest.is_file():
+                broken.append(f"{where} no such file")
+            elif anchor and anchor not in known.setdefault(dest, anchors(dest)):
+                broken.append(f"{where} no heading with that anchor in {dest.relative_to(REPO)}")
+    assert not broken, "links that do not resolve:\n" + "\n".join(broken)
+
+
 @pytest.fixture(scope="module")
 def long_text_file(tmp_path_factory) -> Path:
     text = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:LONG_TEXT_CHARS]
