@@ -38,7 +38,7 @@ EOF
 
 # the tests exactly as scripts/test.sh runs them (ctest, then pytest on its workers), against the instrumented build
 status=0
-LOCRET_PYTEST_RUNNER="$VPY -m coverage run --rcfile=$RC" bash "$ROOT/scripts/test.sh" -p no:cacheprovider "$@" || status=1
+LOCRET_PYTEST_RUNNER="$VPY -m coverage run --rcfile=$RC" bash "$ROOT/scripts/test.sh" --all -p no:cacheprovider "$@" || status=1
 
 "$VPY" -m coverage combine --rcfile="$RC" -q
 "$VPY" -m coverage report --rcfile="$RC" > "$OUT/python.txt"

@@ -2,6 +2,12 @@
 # The one test command: C++ tests (ctest) and Python tests (pytest) against the build that
 # scripts/setup.sh made. Exits non-zero if anything fails. Extra arguments go to pytest.
 #
+#   bash scripts/test.sh          the CI lane: ctest and every pytest test but the long lane
+#   bash scripts/test.sh --fast   the fast lane (a few minutes): ctest and the quick pytest files; run it first
+#   bash scripts/test.sh --long   the long lane only: end-to-end runs of the evaluation and benchmark scripts
+#   bash scripts/test.sh --all    everything
+#   (tests/py/lanes.py says which test is in which lane, and why)
+#
 #   LOCRET_TEST_WORKERS=0    pytest in this process (for -x, --pdb or a debugger); default 2 workers
 #   LOCRET_BUILD_DIR=DIR     test another build of this checkout (scripts/coverage.sh: build-coverage/)
 #   LOCRET_PYTEST_RUNNER=... a command that runs `-m pytest ...` instead of the venv's python
@@ -21,10 +27,23 @@ fi
 LOCRET_TEST_MODEL="$("$VPY" -m locret models path)" || { echo "test.sh: default model unavailable" >&2; exit 1; }
 export LOCRET_TEST_MODEL
 
+lane=ci
+case "${1:-}" in
+    --fast|--long|--all) lane="${1#--}"; shift ;;
+esac
+case "$lane" in
+    fast) select=(-m fast) ;;
+    long) select=(-m long) ;;
+    all) select=() ;;
+    *) select=(-m "not long") ;;
+esac
+
 status=0
-echo "==> ctest"
-ctest --test-dir "$BUILD" --output-on-failure || status=1
-echo "==> pytest"
+if [[ "$lane" != long ]]; then
+    echo "==> ctest"
+    ctest --test-dir "$BUILD" --output-on-failure || status=1
+fi
+echo "==> pytest ($lane lane)"
 # Two workers, each taking whole files (a module's fixtures are built once, in one worker).
 # OpenMP threads that wait passively give the core back to the other worker at once: with
 # the default (spinning) policy two llama.cpp processes on two cores slow each other 3-4x.
@@ -36,5 +55,9 @@ parallel=()
 read -r -a runner <<< "${LOCRET_PYTEST_RUNNER:-$VPY}"
 # --durations: the 15 slowest tests are listed at the end, to keep CI's time in view; a test
 # above 60 s carries a comment saying why it must be that long
-"${runner[@]}" -m pytest tests/py -ra "${parallel[@]}" --durations=15 "$@" || status=1
+"${runner[@]}" -m pytest tests/py -ra "${parallel[@]}" ${select[@]+"${select[@]}"} --durations=15 "$@" || status=1
+if [[ "$lane" == ci ]]; then
+    # said at the end, so a green run is not read as the long lane passing
+    echo "test.sh: the long lane did not run (bash scripts/test.sh --long; tests/py/lanes.py)"
+fi
 exit $status

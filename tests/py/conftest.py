@@ -16,27 +16,21 @@ BIN = library_dir()  # build/bin, or $LOCRET_BUILD_DIR/bin (scripts/coverage.sh 
 sys.path.insert(0, str(REPO / "scripts"))  # llama_tree is a script, imported by its tests
 
 
-# The order in which the parallel workers take the files (scripts/test.sh: pytest-xdist hands out whole files, in
-# collection order, to whichever worker is free): the longest first, so that the run does not end with one worker on
-# a long file while the other waits. Seconds per file on the 2-core CI machine, two workers (docs/results.md, "Test
-# suite time"): docs 427, eviction 290, eval_runner 197, locret_q 161, sequences 123, sage 110, api_long_inputs 109,
-# iswa 102, lagkv 93, transactions 88, schedule 84, inspect 82, trainer 73, devices_planner 68, passkey 58,
-# server_faults 56, models 52; snapkv and auto_query about 60 each, kept_positions about 100 and gpu_scripts about 40 (estimates),
-# speculative about 60 (three servers), rpc about 60 (two rpc-servers, five runs) and budget_mib about 40; the rest
-# under 50; kvpress_side about 700 (two runs in kvpress's environment, one a 4K RULER prompt through both engines),
-# ruler about 150 and locret_press about 75 (2026-12-02, beside other work). Files not listed follow in their usual
-# order. This orders the files only: nothing is selected or skipped.
-LONGEST_FIRST = ["test_kvpress_side.py", "test_docs.py", "test_eviction.py", "test_eval_runner.py", "test_ruler.py", "test_locret_q.py", "test_sequences.py", "test_kept_positions.py",
-                 "test_sage.py", "test_api_long_inputs.py", "test_iswa.py", "test_lagkv.py", "test_transactions.py",
-                 "test_schedule.py", "test_locret_press.py", "test_inspect.py", "test_trainer.py", "test_devices_planner.py", "test_passkey.py",
-                 "test_speculative.py", "test_rpc.py", "test_server_faults.py", "test_openai_client.py", "test_snapkv.py", "test_auto_query.py", "test_budget_mib.py", "test_models.py", "test_needle_ranks.py", "test_policies.py",
-                 "test_heads_runtime.py", "test_state_files.py", "test_soak.py", "test_cis_parity.py",
-                 "test_gpu_scripts.py", "test_sage_reference.py"]
+import lanes  # noqa: E402  (tests/py/lanes.py: which test is in which lane, and the files' order)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fast: the fast lane (scripts/test.sh --fast; tests/py/lanes.py)")
+    config.addinivalue_line("markers", "long: the long lane, not run by .ci/run (scripts/test.sh --long)")
 
 
 def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+    for item in items:
+        for lane in lanes.lanes_of(item.nodeid):
+            item.add_marker(lane)
+    # pytest-xdist (--dist loadfile) hands whole files, in collection order, to whichever worker is free: the longest
+    # first. A stable sort: a file's tests keep their order.
+    items.sort(key=lambda item: lanes.file_order(item.path.name))
 
 
 @pytest.fixture(scope="session")
