@@ -140,6 +140,13 @@ def anchors(path: Path) -> set[str]:
     return out
 
 
+def test_results_hold_the_current_figures_in_at_most_400_lines():
+    """docs/results.md is the current figure for each claim; superseded ones go to experiments/results-history.md
+    (a page that only grows cannot be read for what is current)."""
+    n = len((REPO / "docs" / "results.md").read_text().splitlines())
+    assert n <= 400, f"docs/results.md has {n} lines: move superseded figures to docs/experiments/results-history.md"
+
+
 def test_every_link_between_the_docs_resolves():
     """A relative link to a .md file (or to a heading of its own page) names a file that exists and, after `#`, an
     anchor one of that file's headings has: moving a section or renaming a heading must take its links along."""
