@@ -35,6 +35,7 @@ class Block:
     marker: str  # "run", "no-run" or ""
     reason: str
     text: str
+    end: int = 0  # the line of its closing fence (past the file's last line when the block is never closed)
 
     @property
     def name(self) -> str:
@@ -68,7 +69,7 @@ def parse_blocks(path: Path) -> list[Block]:
             marker = "run"
         elif rest.startswith("no-run"):
             marker, reason = "no-run", rest[len("no-run"):].strip(" :()")
-        blocks.append(Block(path, i + 1, lang.lower(), marker, reason, "\n".join(body) + "\n"))
+        blocks.append(Block(path, i + 1, lang.lower(), marker, reason, "\n".join(body) + "\n", j + 1))
         i = j + 1
     return blocks
 
@@ -107,18 +108,10 @@ INLINE_CODE = re.compile(r"(`+).*?\1")
 
 def prose(path: Path) -> list[str]:
     """A markdown file's lines with those of fenced blocks blanked: a `#` or `[x](y)` in a block is code, not markup."""
-    out, fence = [], None
-    for line in path.read_text().splitlines():
-        m = FENCE.match(line)
-        if fence is None and m:
-            fence = m.group(2)
-        elif fence is not None and line.strip().startswith(fence):
-            fence = None
-        elif fence is None:
-            out.append(line)
-            continue
-        out.append("")
-    return out
+    lines = path.read_text().splitlines()
+    for block in parse_blocks(path):
+        lines[block.line - 1:block.end] = [""] * len(lines[block.line - 1:block.end])
+    return lines
 
 
 def github_anchor(heading: str) -> str:
