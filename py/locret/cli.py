@@ -246,6 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_arguments(p)
     p.set_defaults(func=lambda args: calibrate.run_cli(args))
 
+    from .loadtest import cli as loadtest_cli
+    p = sub.add_parser("loadtest", help="many users chatting with long documents against a server: TTFT, latency, "
+                       "right answers, conversations per minute, the server's memory",
+                       description="Play a user script (users arriving at random with real documents that carry a "
+                       "needle, a question and follow-ups, streamed through the official openai client) against a "
+                       "running OpenAI-compatible server, and write every request and the run's figures. Exit 1 on "
+                       "a bad input, 2 when no server answers.")
+    loadtest_cli.add_arguments(p)
+    p.set_defaults(func=lambda args: loadtest_cli.run_cli(args))
+
     from . import serve
     p = sub.add_parser("serve", help="llama-server (OpenAI-compatible API) with Locret's eviction",
                        description="Start the patched llama-server with Locret's flags: requests far longer than "

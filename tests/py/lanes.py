@@ -33,7 +33,7 @@ SECONDS_PER_FILE: dict[str, float] = {
     "test_gpu_scripts.py": 35, "test_standins.py": 33, "test_cli.py": 26, "test_budget_mib.py": 23,
     "test_calibrate.py": 23, "test_wheel.py": 20, "test_realtext.py": 18, "test_llama_tree.py": 13,
     "test_real_needles.py": 13, "test_refusals_at_creation.py": 12, "test_rule_book.py": 9, "test_llama_cli.py": 6,
-    "test_needle_ranks.py": 5, "test_slots_memory.py": 5, "test_fuzz_checkpoints.py": 4, "test_python_library.py": 2,
+    "test_needle_ranks.py": 5, "test_loadtest.py": 60, "test_slots_memory.py": 5, "test_fuzz_checkpoints.py": 4, "test_python_library.py": 2,
     "test_eval_tasks.py": 2, "test_build_config.py": 1,
 }
 
@@ -58,6 +58,10 @@ LONG_FILES: dict[str, str] = {
 
 # file::test -> where its parts are tested in the ci lane. Each took a minute or more (seconds from the run above).
 LONG_TESTS: dict[str, str] = {
+    "test_loadtest.py::test_side_by_side_in_the_same_memory":
+        "scripts/loadtest_side_by_side.py end to end (three servers in turn, a few minutes); the load generator's "
+        "figures against a stub and a real short load test against locret serve are in the ci lane "
+        "(test_loadtest.py)",
     "test_kvpress_side.py::test_replaying_one_prefill_gives_each_presss_own_result": "293 s; " + _KVPRESS,
     "test_kvpress_side.py::test_the_side_by_side_feeds_kvpress_the_ids_the_server_reads": "262 s; " + _KVPRESS,
     "test_gpu_scripts.py::test_bench_eviction_decode_split": "269 s; " + _BENCH,

@@ -1,0 +1,73 @@
+"""What the server holds while a load test plays: its RSS (from /proc, when it runs on this machine) and its
+/metrics (llama.cpp's counters and Locret's gauges), sampled every `period_s` seconds on a thread of its own."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+_METRIC = re.compile(r"^llamacpp:(\w+)(?:\{[^}]*\})? ([-+0-9.eE]+)$", re.M)
+
+
+def rss_bytes(pid: int) -> int | None:
+    """VmRSS of process `pid` in bytes; None when it cannot be read (gone, another machine)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def metrics(url: str, timeout: float = 10) -> dict[str, float]:
+    """The server's /metrics as {name: value} (labelled series summed: locret_cells_used of every slot); {} when the
+    server has no /metrics (started without --metrics) or does not answer."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for name, value in _METRIC.findall(text):
+        out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+class Watch:
+    """Samples (seconds since start, RSS bytes or None, metrics) until stop(); use as a context manager."""
+
+    def __init__(self, url: str, pid: int | None, period_s: float = 2.0):
+        self.url, self.pid, self.period_s = url, pid, period_s
+        self.samples: list[tuple[float, int | None, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        t0 = time.monotonic()
+        while True:
+            self.samples.append((round(time.monotonic() - t0, 2), rss_bytes(self.pid) if self.pid else None,
+                                 metrics(self.url)))
+            if self._stop.wait(self.period_s):
+                return
+
+    def __enter__(self) -> "Watch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        """RSS at the first and last sample and its peak (MiB), the peak of Locret's KV gauge, the last metrics."""
+        rss = [r for _, r, _ in self.samples if r is not None]
+        kv = [m["locret_kv_bytes"] for _, _, m in self.samples if "locret_kv_bytes" in m]
+        mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+        return {"samples": len(self.samples),
+                "rss_mib_first": mib(rss[0]) if rss else None, "rss_mib_last": mib(rss[-1]) if rss else None,
+                "rss_mib_peak": mib(max(rss)) if rss else None,
+                "locret_kv_mib_peak": mib(max(kv)) if kv else None,
+                "metrics_last": self.samples[-1][2] if self.samples else {}}

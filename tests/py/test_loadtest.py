@@ -1,0 +1,257 @@
+"""locret loadtest (py/locret/loadtest): its figures against a stub server with known delays, its user script, its
+refusals, and a short real load test against `locret serve` (2 users, small documents): answers scored, figures
+written."""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from conftest import REPO, free_port, run
+
+from locret.loadtest import drive, figures, users as users_module
+
+
+# ---------------------------------------------------------------- percentiles
+
+def test_percentiles_match_numpy():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 16, 101):
+        xs = rng.exponential(2.0, n).tolist()
+        for q in (0, 5, 50, 90, 95, 99, 100):
+            assert figures.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)), rel=1e-12, abs=1e-12)
+    assert figures.percentile([], 50) is None
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        figures.percentile([1.0], 101)
+
+
+# ---------------------------------------------------------------- a stub server with known delays
+
+@dataclass(frozen=True)
+class _Sample:
+    gold: str
+
+    def score(self, answer: str) -> float:
+        return float(self.gold in answer)
+
+
+def _user(i: int, arrival: float, document: str, gold: str, turns: int) -> users_module.User:
+    return users_module.User(i, arrival, "stub", 100, document, "q?", tuple(["again?"] * (turns - 1)), _Sample(gold))
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """POST /v1/chat/completions streams the answer the first user message asks for: 'ttft=T tok=D answer=A n=N'
+    (sleep T, then N chunks D apart: the answer's words, then filler); 'refuse' answers 400 as llama-server does
+    for a prompt over its context."""
+    seen: list[list[dict]] = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_GET(self):
+        body = b"ok" if self.path == "/health" else b"llamacpp:requests_processing 0\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append(req["messages"])
+        spec = req["messages"][0]["content"]
+        if "refuse" in spec:
+            body = json.dumps({"error": {"code": 400, "message": "the request exceeds the available context size",
+                                         "type": "exceed_context_size_error"}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        kv = dict(part.split("=", 1) for part in spec.split())
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+        def event(obj):
+            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            self.wfile.flush()
+
+        base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "stub"}
+        event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
+        time.sleep(float(kv["ttft"]))
+        n = int(kv["n"])
+        for k in range(n):
+            if k:
+                time.sleep(float(kv["tok"]))
+            text = kv["answer"] if k == 0 else " x"
+            event({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+        event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        event({**base, "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": n, "total_tokens": 100 + n}})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.fixture()
+def stub():
+    _Stub.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Stub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_figures_against_a_stub_with_known_delays(stub):
+    delays = [0.05, 0.15, 0.3, 0.45, 0.6]
+    script = [_user(i, 0.05 * i, f"ttft={d} tok=0.02 answer={'GOLD' if i % 2 == 0 else 'wrong'} n=6",
+                    "GOLD", turns=2) for i, d in enumerate(delays)]
+    script.append(_user(5, 0.0, "refuse", "GOLD", turns=2))
+    records, wall = drive.run(stub, script, think_s=0.0, max_tokens=8)
+    rows = [r.as_dict() for r in records]
+    ok = [r for r in rows if r["error"] is None]
+    assert len(ok) == 10 and len(rows) == 11                     # the refused user asked once and stopped
+    refused = [r for r in rows if r["error"] is not None]
+    assert refused[0]["user"] == 5 and refused[0]["error"].startswith("HTTP 400") and refused[0]["score"] is None
+    for r in ok:
+        d = delays[r["user"]]
+        assert d <= r["ttft_s"] < d + 0.25, r                     # the stub's delay, as the client saw it
+        assert d + 5 * 0.02 <= r["e2e_s"] < d + 5 * 0.02 + 0.35, r
+        assert r["completion_tokens"] == 6 and r["prompt_tokens"] == 100
+        assert r["decode_tok_s"] == pytest.approx(5 / (r["e2e_s"] - r["ttft_s"]), rel=1e-2)
+        assert r["score"] == float(r["user"] % 2 == 0)
+    # a follow-up carries the conversation: the document, the first answer, the follow-up
+    follow = [m for m in _Stub.seen if len(m) == 3]
+    assert len(follow) == 5 and all(m[1]["role"] == "assistant" and m[2]["content"] == "again?" for m in follow)
+    f = figures.summarize(rows, n_users=6, turns=2, wall_s=wall)
+    for key in ("ttft_s", "e2e_s", "decode_tok_s"):
+        values = [r[key] for r in ok]
+        assert f[key]["n"] == 10
+        assert f[key]["p50"] == pytest.approx(float(np.percentile(values, 50)), abs=1e-4)
+        assert f[key]["p95"] == pytest.approx(float(np.percentile(values, 95)), abs=1e-4)
+    assert f["conversations_completed"] == 5 and f["requests_failed"] == 1 and f["errors"] == {"HTTP 400": 1}
+    assert f["conversations_per_min"] == pytest.approx(5 / (wall / 60), rel=1e-3)
+    assert f["first_turn_right"] == 3 and f["first_turn_asked"] == 6
+    assert f["turns_right"] == 6 and f["turns_asked"] == 12 and f["accuracy"] == 0.5
+
+
+def test_arrivals_are_kept(stub):
+    script = [_user(i, a, "ttft=0 tok=0 answer=GOLD n=1", "GOLD", turns=1) for i, a in enumerate((0.0, 0.4, 0.8))]
+    records, wall = drive.run(stub, script, think_s=0.0)
+    starts = sorted(r.start_s for r in records)
+    for got, want in zip(starts, (0.0, 0.4, 0.8)):
+        assert want <= got < want + 0.15
+    assert wall >= 0.8
+
+
+# ---------------------------------------------------------------- the user script
+
+@pytest.fixture(scope="module")
+def vocab(model_path):
+    from locret.evaluation import items
+
+    v = items.vocab_model(str(model_path))
+    yield v
+    v.close()
+
+
+def test_the_script_is_the_same_for_a_seed_and_its_documents_fit_their_lengths(vocab):
+    a = users_module.build(vocab, n_users=4, lengths=(900, 1300), turns=3, mean_gap_s=5.0, seed=7)
+    b = users_module.build(vocab, n_users=4, lengths=(900, 1300), turns=3, mean_gap_s=5.0, seed=7)
+    c = users_module.build(vocab, n_users=4, lengths=(900, 1300), turns=3, mean_gap_s=5.0, seed=8)
+    assert [(u.document, u.arrival_s) for u in a] == [(u.document, u.arrival_s) for u in b]
+    assert [u.document for u in a] != [u.document for u in c]
+    assert [u.arrival_s for u in a] == sorted(u.arrival_s for u in a) and a[0].arrival_s == 0.0
+    assert {u.source.split("@")[0] for u in a} == set(users_module.TASKS)
+    for u in a:
+        assert 900 <= u.length <= 1300
+        assert len(vocab.tokenize(u.document.encode(), add_bos=False)) <= u.length
+        assert u.document.rstrip().endswith(u.question) or u.question in u.document[-400:]
+        assert len(u.turns) == 2 and all(u.question in t for t in u.turns)
+        gold = u.sample.answers[0]
+        assert u.score(f"It is {gold}.") == 1.0 and u.score("I do not know.") == 0.0
+
+
+@pytest.mark.parametrize("text", ["", "abc", "100", "5000:4000", "1:2:3"])
+def test_bad_lengths_are_refused(text):
+    with pytest.raises(ValueError, match="lengths must be"):
+        users_module.parse_lengths(text)
+
+
+def test_the_command_refuses_bad_input_and_a_missing_server(tmp_path):
+    base = [sys.executable, "-m", "locret", "loadtest", "-o", tmp_path / "x.json"]
+    proc = run(base + ["--url", "http://127.0.0.1:9", "--users", "0"], timeout=120)
+    assert proc.returncode == 1 and "users must be at least 1" in proc.stderr, proc.stderr[-2000:]
+    proc = run(base + ["--url", "http://127.0.0.1:9", "--lengths", "10:5"], timeout=120)
+    assert proc.returncode == 1 and "lengths must be" in proc.stderr, proc.stderr[-2000:]
+    proc = run(base + ["--url", f"http://127.0.0.1:{free_port()}", "--users", "1", "--lengths", "600"], timeout=120)
+    assert proc.returncode == 2 and "no server answers" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "x.json").exists()
+
+
+# ---------------------------------------------------------------- a short real load test
+
+def test_a_short_load_test_against_locret_serve(tmp_path, model_path):
+    import subprocess
+
+    from locret import serve
+
+    port = free_port()
+    log = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "locret", "serve", "--model", model_path, "--slots", "2", "--budget", "256",
+           "--ubatch", "64", "--context", "4096", "--threads", "2", "--port", str(port), "--", "--metrics"]
+    with open(log, "w") as f:
+        server = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        serve.wait_healthy(f"http://127.0.0.1:{port}", server, log, 120)
+        out = tmp_path / "lt.json"
+        proc = run([sys.executable, "-m", "locret", "loadtest", "--url", f"http://127.0.0.1:{port}", "--server-pid",
+                    server.pid, "--model", model_path, "--users", "2", "--lengths", "700:900", "--turns", "2",
+                    "--arrival-gap-s", "0.5", "--think-s", "0", "--max-tokens", "24", "-o", out], timeout=600)
+    finally:
+        serve.stop(server)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows, f = result["requests"], result["figures"]
+    assert len(rows) == 4 and all(r["error"] is None and r["score"] in (0.0, 1.0) for r in rows)
+    assert all(r["prompt_tokens"] > 2 * 256 for r in rows if r["turn"] == 0)    # read past the budget: it evicted
+    assert f["conversations_completed"] == 2 and f["turns_asked"] == 4
+    assert f["turns_right"] == sum(r["score"] for r in rows)
+    assert f["ttft_s"]["p50"] > 0 and f["e2e_s"]["p95"] >= f["e2e_s"]["p50"]
+    assert result["memory"]["rss_mib_peak"] > 50 and result["memory"]["locret_kv_mib_peak"] > 0
+    journal = [json.loads(line) for line in out.with_suffix(".requests.jsonl").read_text().splitlines()]
+    assert sorted(map(json.dumps, journal)) == sorted(map(json.dumps, rows))
+    assert f"| http://127.0.0.1:{port} | 2/2 |" in proc.stdout
+
+
+# ---------------------------------------------------------------- the side by side (long lane)
+
+def test_side_by_side_in_the_same_memory(tmp_path):
+    """scripts/loadtest_side_by_side.py end to end at a small size: three servers, one script; Locret's slots fit M."""
+    out = tmp_path / "sbs"
+    proc = run([sys.executable, REPO / "scripts" / "loadtest_side_by_side.py", "--users", "3", "--lengths", "700:900",
+                "--memory-cells", "4096", "--plain-slot-ctx", "2048", "--min-budget", "256", "--ubatch", "128",
+                "--arrival-gap-s", "0.5", "--think-s", "0", "--max-tokens", "24", "-o", out], timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    servers = {s["server"]: s for s in summary["servers"]}
+    assert set(servers) == {"plain@4096", "locret@4096", "plain-unbounded"}
+    plain, locret = servers["plain@4096"], servers["locret@4096"]
+    assert plain["slots"] == 2 and locret["slots"] > plain["slots"]           # more slots in the same memory
+    assert 0 < locret["kv_mib"] <= locret["memory_mib"] and not locret.get("over_memory")
+    for s in servers.values():
+        assert s["figures"]["turns_asked"] == 6 and s["figures"]["requests"] >= 3
+        rows = json.loads((out / f"{s['server']}.json").read_text())["requests"]
+        assert s["figures"]["turns_right"] == sum(r["score"] or 0 for r in rows)
+    # the same users for every server: the same documents' prompt sizes on their first turn
+    firsts = {name: sorted((r["user"], r["prompt_tokens"]) for r in
+                           json.loads((out / f"{name}.json").read_text())["requests"] if r["turn"] == 0)
+              for name in ("plain@4096", "plain-unbounded")}
+    assert firsts["plain@4096"] == firsts["plain-unbounded"]
+    table = (out / "table.md").read_text()
+    assert all(f"| {name} |" in table for name in servers) and table.strip() in proc.stdout
