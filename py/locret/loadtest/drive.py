@@ -98,7 +98,6 @@ async def play(url: str, users: list[User], *, max_tokens: int = 48, think_s: fl
     """Every user's conversation against the server at `url` (http://host:port); the requests in the order they
     ended and the run's wall time in seconds (from the start to the last answer). `on_request(r)` is called as
     each one ends (a progress bar, a journal)."""
-    import httpx
     import openai
 
     records: list[Request] = []
@@ -108,10 +107,10 @@ async def play(url: str, users: list[User], *, max_tokens: int = 48, think_s: fl
         if on_request is not None:
             on_request(r)
 
-    limits = httpx.Limits(max_connections=len(users) + 4, max_keepalive_connections=len(users) + 4)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as http:
-        client = openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="none", max_retries=0,
-                                    timeout=timeout_s, http_client=http)
+    # the client's own HTTP pool (up to 1,000 connections: a connection per user at once); no HTTP library of ours,
+    # the one the openai package brings is its own business
+    async with openai.AsyncOpenAI(base_url=url.rstrip("/") + "/v1", api_key="none", max_retries=0,
+                                  timeout=timeout_s) as client:
         t_run = time.monotonic()
         await asyncio.gather(*(_conversation(client, model, u, max_tokens, think_s, t_run, record) for u in users))
         wall = time.monotonic() - t_run
