@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         wanted = args.servers.split(",")
         if bad := [w for w in wanted if w not in ("plain", "locret", "unbounded")]:
             raise ValueError(f"unknown server {', '.join(bad)}; valid: plain, locret, unbounded")
-        plans = []   # (name, command-maker, memory facts)
+        plans = []   # (M in cells, M in MiB, Locret slots, their budget)
         for cells in sweep:
             if cells < args.plain_slot_ctx and "plain" in wanted:
                 raise ValueError(f"--memory-cells {cells} holds no plain slot of {args.plain_slot_ctx} tokens")
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         print(f"loadtest_side_by_side: {e}", file=sys.stderr)
         return 1
     out.mkdir(parents=True, exist_ok=True)
-    results, rows = [], []
+    results = []
     try:
         for cells, mib, slots, budget in plans:
             if "plain" in wanted:

@@ -62,6 +62,20 @@ def stop(server, timeout_s: float = 30) -> None:
         server.wait()
 
 
+def process_memory(pid: int, field: str = "VmRSS") -> int | None:
+    """A server process's resident memory (VmRSS) or its peak (VmHWM) in bytes, from /proc; None when it cannot be
+    read (the process is gone, or runs on another machine)."""
+    from pathlib import Path
+
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def command(args: argparse.Namespace) -> list[str]:
     """The llama-server command line; PlanError / DeviceError / ModelError / LibraryError on bad input."""
     server = tool_path("llama-server")

@@ -87,13 +87,7 @@ class Server:
         return {k: float(v) for k, v in _METRIC.findall(self.get("/metrics"))}
 
     def peak_rss(self) -> int | None:
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
+        return serve.process_memory(self.proc.pid, "VmHWM")
 
     def pinned_questions(self) -> list[str]:
         return _PINNED.findall(self.log_path.read_text(errors="replace"))

@@ -6,20 +6,10 @@ import re
 import threading
 import time
 import urllib.request
-from pathlib import Path
+
+from ..serve import process_memory
 
 _METRIC = re.compile(r"^llamacpp:(\w+)(?:\{[^}]*\})? ([-+0-9.eE]+)$", re.M)
-
-
-def rss_bytes(pid: int) -> int | None:
-    """VmRSS of process `pid` in bytes; None when it cannot be read (gone, another machine)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def metrics(url: str, timeout: float = 10) -> dict[str, float]:
@@ -48,7 +38,7 @@ class Watch:
     def _loop(self) -> None:
         t0 = time.monotonic()
         while True:
-            self.samples.append((round(time.monotonic() - t0, 2), rss_bytes(self.pid) if self.pid else None,
+            self.samples.append((round(time.monotonic() - t0, 2), process_memory(self.pid) if self.pid else None,
                                  metrics(self.url)))
             if self._stop.wait(self.period_s):
                 return
