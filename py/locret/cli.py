@@ -221,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "the cache is sized for the largest layer budget")
     p.add_argument("--slots", help="sequences served at once (llama-server -np N), each with its own cache of budget "
                    "+ chunk cells and the whole --context; 'max': the most that fit the device's memory")
+    p.add_argument("--doc-tokens", type=int, help="the length of the documents served, prompt and answer, in tokens: "
+                   "the budget is then the smallest that keeps --accuracy of full attention's right answers by what "
+                   "was measured (docs/evaluation.md), instead of --budget")
+    p.add_argument("--accuracy", help="with --doc-tokens: answers right at least this often relative to full "
+                   "attention (default 0.9)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=_cmd_plan)
 

@@ -7,11 +7,14 @@ from pathlib import Path
 
 from .. import devices
 from ..devices import Device
-from .inputs import ModelFacts, parse_slots, read_heads, read_model, resolve_heads, row_size
+from .accuracy import Choice, budget_for, parse_accuracy
+from .inputs import ModelFacts, PlanError, parse_slots, read_heads, read_model, resolve_heads, row_size
 from .measure import (COMPACT_MAX_SEQ, LOCRET_PART, LOCRET_SCORES_PART, SAMPLING_PART, Measured, _add_buffers,
                       _add_locret_buffers, measure)
-from .memory import (KV_PAD, MAX_SLOTS, Part, Settings, _fmt, cells_per_layer, kv_bytes_per_layer, place, resolve_settings,
-                     sized)
+from .memory import (KV_PAD, MAX_SLOTS, Part, Settings, _fmt, cells_per_layer, full_cache_kv_bytes, kv_bytes_per_layer,
+                     place, resolve_settings, sized)
+
+DEFAULT_ACCURACY = 0.9   # --accuracy: answers right at least this often, relative to full attention's
 
 
 # --- the plan -------------------------------------------------------------------------------------
@@ -55,14 +58,56 @@ class Plan:
 
 def plan(device: str, model: str, *, heads: str | None = None, context=None, budget=None, ubatch=None,
          stabilizers=None, kv_type=None, gpu_layers=None, measure_buffers: bool = True, policy=None,
-         schedule=None, slots: int | str = 1, budget_mib: float | None = None) -> Plan:
+         schedule=None, slots: int | str = 1, budget_mib: float | None = None, doc_tokens: int | None = None,
+         accuracy: float | None = None) -> Plan:
     """Resolve settings and predict the peak memory of a model on a device; see the module doc. slots='max'
     plans the most slots (sequences served at once) whose memory fits the device, up to llama.cpp's 256.
     budget_mib: the budget as memory per slot (the largest whose KV cache and scores fit it; the library's rule,
-    llama_locret_budget_for_mib), instead of `budget`."""
-    kw = dict(heads=heads, context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
-              gpu_layers=gpu_layers, measure_buffers=measure_buffers, policy=policy, schedule=schedule,
-              budget_mib=budget_mib)
+    llama_locret_budget_for_mib), instead of `budget`. doc_tokens: the length of the documents served (prompt and
+    answer); the budget is then the one that keeps `accuracy` (default 0.9) of full attention's right answers by the
+    measured points of planner/accuracy.py, instead of `budget`, and a note sets the slot's KV beside plain
+    llama.cpp's full cache of such a document."""
+    choice = None
+    if doc_tokens is not None:
+        if budget is not None or budget_mib is not None:
+            raise PlanError("--doc-tokens picks the budget for its documents: give it or --budget / --budget-mib, "
+                            "not both")
+        target = DEFAULT_ACCURACY if accuracy is None else parse_accuracy(accuracy)
+        choice = _budget_for_documents(device, model, int(doc_tokens), target, ubatch)
+        budget = choice.budget
+    elif accuracy is not None:
+        raise PlanError("--accuracy needs --doc-tokens: the budget it asks for depends on the documents' length")
+    p = _plan_slots(device, model, slots, heads=heads, context=context, budget=budget, ubatch=ubatch,
+                    stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, measure_buffers=measure_buffers,
+                    policy=policy, schedule=schedule, budget_mib=budget_mib)
+    if choice is not None:
+        p.notes.append(choice.describe(int(doc_tokens), target))
+        p.notes.append(_beside_plain(p, int(doc_tokens)))
+    return p
+
+
+def _budget_for_documents(device: str, model: str, doc_tokens: int, target: float, ubatch) -> Choice:
+    from .. import models
+
+    dev = devices.load(device)
+    facts = read_model(models.resolve(model, fetch=False))
+    sc, _ = dev.size_class_for(facts.n_params)
+    return budget_for(doc_tokens, target, sc.ubatch if ubatch is None else int(ubatch))
+
+
+def _beside_plain(p: Plan, doc_tokens: int) -> str:
+    """A slot's KV cache against plain llama.cpp's full cache of one such document (cells padded as llama.cpp pads)."""
+    s = p.settings
+    plain_cells = -(-doc_tokens // KV_PAD) * KV_PAD
+    ours = full_cache_kv_bytes(p.model, s.n_cells, s.kv_type)
+    plain = full_cache_kv_bytes(p.model, plain_cells, s.kv_type)
+    return (f"KV a slot: {_fmt(ours)} in {s.n_cells} cells, where plain llama-server keeps {_fmt(plain)} for a whole "
+            f"{doc_tokens}-token document ({plain_cells} cells): {plain / ours:.2f}x the slots in the same KV memory")
+
+
+def _plan_slots(device: str, model: str, slots, **kw) -> Plan:
+    """One slot count, or the most that fit ('max')."""
+    measure_buffers = kw["measure_buffers"]
     slots = parse_slots(slots)
     if slots != "max":
         return _plan(device, model, slots=slots, **kw)

@@ -56,7 +56,8 @@ def run_cli(args) -> int:
         p = plan(args.device, args.model, heads=args.heads, context=args.context, budget=args.budget,
                  ubatch=args.ubatch, stabilizers=args.stabilizers, kv_type=args.kv_type, gpu_layers=args.gpu_layers,
                  policy=getattr(args, "policy", None), schedule=getattr(args, "budget_schedule", None),
-                 slots=getattr(args, "slots", None) or 1, budget_mib=getattr(args, "budget_mib", None))
+                 slots=getattr(args, "slots", None) or 1, budget_mib=getattr(args, "budget_mib", None),
+                 doc_tokens=getattr(args, "doc_tokens", None), accuracy=getattr(args, "accuracy", None))
     except (DeviceError, PlanError, ModelFileError, RuntimeError) as e:
         print(f"locret: error: {e}", file=sys.stderr)
         return 1

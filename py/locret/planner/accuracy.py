@@ -1,0 +1,108 @@
+"""How far a budget may compress a document and still answer as full attention does: `locret plan --doc-tokens N
+--accuracy F` picks the budget from what was measured, not from a model of it.
+
+Compression is a document's tokens over the budget (b units per layer and KV head). Each measured point sets
+Locret's answers beside full attention's on the same kind of prompts (relative accuracy: Locret's score over full
+attention's; full attention cut to the model's window where the document is longer). The rule: the largest
+compression c such that every point at c or below held at least F; the budget is the document over c, rounded up to
+a whole chunk of 64 units. Where no point holds F, the whole document stays (no eviction: the answers are plain
+llama.cpp's). Beyond the largest measured compression nothing is claimed.
+
+The points are SmolLM2-135M-Instruct on the CPU with the shipped heads (docs/results.md has each run and its command;
+issue 76's real-text needles carry digits of their own). Small samples: a point of 18 prompts moves by 0.06 with one
+answer. When a larger run lands in docs/results.md, its point goes here, and the planner's advice follows it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .inputs import PlanError
+
+BUDGET_STEP = 64   # budgets are rounded up to this many units: finer steps than this are below what was measured
+
+
+@dataclass(frozen=True)
+class Point:
+    compression: float   # document tokens / budget
+    relative: float      # Locret's score / full attention's on the same prompts
+    prompts: int
+    source: str
+
+
+MEASURED: tuple[Point, ...] = (
+    Point(2.0, 34.0 / 32.4, 26, "RULER 4K (13 tasks), plain heads, b 2048: 34.0 against 32.4"),
+    Point(4.0, 33.7 / 32.4, 26, "RULER 4K (13 tasks), plain heads, b 1024: 33.7 against 32.4"),
+    Point(8.0, 1.0, 18, "real text with digits of its own (code, number, look-alike needles), 8-16K, b 2048, "
+                        "Locret-Q auto: 10 of 18 against full attention in the window 10 of 18"),
+    Point(8.0, 1.0, 8, "held-out generated families, niah_single 16K, b 2048, Locret-Q auto: 8 of 8 against 8 of 8"),
+    Point(16.0, 0.0, 8, "real text with digits of its own, 28-32K, b 2048, Locret-Q auto: 0 of 8 against full "
+                        "attention in the window 6 of 10"),
+    Point(16.0, 0.88, 8, "held-out generated families, niah_code 32K, b 2048, Locret-Q auto: 7 of 8 (full "
+                         "attention in the window: 0 of 8; niah_single 8 of 8 against 8 of 8)"),
+)
+
+
+@dataclass(frozen=True)
+class Choice:
+    budget: int              # units per layer and KV head; the document's length when nothing may be evicted
+    compression: float       # the measured compression the budget stands on (1.0: no eviction)
+    evicts: bool             # False: the document fits budget + chunk, as in plain llama.cpp
+    basis: tuple[Point, ...]  # the points at or below that compression
+    attainable: bool = True  # False: no measured compression holds the target
+
+    def describe(self, doc_tokens: int, target: float) -> str:
+        if not self.evicts:
+            why = ("" if self.attainable else
+                   f": no measured compression keeps {target:g}x of full attention's right answers")
+            return (f"budget {self.budget}: {doc_tokens}-token documents fit budget + chunk whole, nothing is "
+                    f"evicted (answers as plain llama.cpp's){why}")
+        n = sum(p.prompts for p in self.basis)
+        worst = min(p.relative for p in self.basis)
+        return (f"budget {self.budget}: {doc_tokens}-token documents at most {self.compression:g}x compressed, where "
+                f"every measured point kept at least {worst:.2f}x of full attention's right answers ({len(self.basis)} "
+                f"points, {n} prompts; planner/accuracy.py lists them) for a target of {target:g}x")
+
+
+def parse_accuracy(text) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise PlanError(f"accuracy must be a fraction of full attention's right answers such as 0.9 (got '{text}')") \
+            from None
+    if not 0.0 < value <= 2.0 or math.isnan(value):
+        raise PlanError(f"accuracy must be above 0 and at most 2 (a fraction of full attention's right answers; got "
+                        f"{value:g})")
+    return value
+
+
+def largest_compression(target: float, points: tuple[Point, ...] = MEASURED) -> float | None:
+    """The largest measured compression c where every point at c or below held `target`; None where the smallest
+    measured compression already misses it."""
+    best = None
+    for c in sorted({p.compression for p in points}):
+        if any(p.relative < target for p in points if p.compression <= c):
+            break
+        best = c
+    return best
+
+
+def budget_for(doc_tokens: int, target: float, ubatch: int, points: tuple[Point, ...] = MEASURED) -> Choice:
+    """The budget for documents of `doc_tokens` tokens (prompt and answer) that keeps `target` of full attention's
+    right answers by the measured points, in a cache of budget + `ubatch` cells."""
+    if doc_tokens < 1:
+        raise PlanError(f"document length must be at least 1 token (got {doc_tokens})")
+    # the whole document in budget + chunk, and never a budget below one chunk (the rule book's floor)
+    whole = max(ubatch, _round_up(max(doc_tokens - ubatch, 1)))
+    c = largest_compression(target, points)
+    if c is None:
+        return Choice(budget=whole, compression=1.0, evicts=False, basis=(), attainable=False)
+    budget = max(ubatch, _round_up(math.ceil(doc_tokens / c)))
+    if budget >= whole:
+        return Choice(budget=whole, compression=1.0, evicts=False, basis=())
+    return Choice(budget=budget, compression=c, evicts=True,
+                  basis=tuple(p for p in points if p.compression <= c))
+
+
+def _round_up(n: int) -> int:
+    return -(-n // BUDGET_STEP) * BUDGET_STEP

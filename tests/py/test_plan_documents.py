@@ -1,0 +1,98 @@
+"""`locret plan --doc-tokens N --accuracy F`: the budget for documents of a length from the measured points of
+planner/accuracy.py, and the slot's KV beside plain llama-server's full cache of such a document.
+
+The rule against hand-made points (where it must stop, round, keep a chunk, or keep the whole document), the shipped
+points' own answers for a few targets, the command line's plan (its budget, its cells and the ratio against a full
+cache computed here from the GGUF's K/V widths), and each refusal with exit 1. A few seconds.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+
+from conftest import run
+
+from locret.planner import accuracy
+from locret.planner.accuracy import BUDGET_STEP, Point, budget_for, largest_compression
+from locret.planner.inputs import PlanError, read_model
+
+PTS = (Point(2.0, 1.10, 10, "a"), Point(4.0, 0.95, 10, "b"), Point(8.0, 0.80, 10, "c"), Point(16.0, 0.97, 10, "d"))
+
+
+def test_the_largest_compression_stops_at_the_first_point_that_misses():
+    assert largest_compression(0.9, PTS) == 4.0       # 8 misses 0.9: 16 holds it, but nothing past a miss counts
+    assert largest_compression(0.8, PTS) == 16.0
+    assert largest_compression(1.0, PTS) == 2.0
+    assert largest_compression(1.2, PTS) is None
+    # two points at one compression: the worse decides
+    assert largest_compression(0.9, PTS + (Point(2.0, 0.5, 3, "e"),)) is None
+
+
+def test_the_budget_is_the_document_over_that_compression_rounded_up():
+    c = budget_for(6000, 0.9, 256, PTS)
+    assert c.evicts and c.compression == 4.0
+    assert c.budget == math.ceil(6000 / 4 / BUDGET_STEP) * BUDGET_STEP == 1536
+    assert {p.source for p in c.basis} == {"a", "b"}
+    # never below one chunk (the rule book refuses a chunk larger than the budget)
+    assert budget_for(1100, 0.8, 512, PTS).budget == 512
+
+
+def test_a_document_that_fits_budget_and_chunk_is_kept_whole():
+    c = budget_for(1000, 0.9, 512, PTS)                # 1000 / 4 = 250 -> 512 (a chunk) >= 1000 - 512 -> whole
+    assert not c.evicts and c.budget == 512 and c.attainable
+    c = budget_for(6000, 1.5, 512, PTS)                # no point holds 1.5x: the whole document stays
+    assert not c.evicts and not c.attainable and c.budget + 512 >= 6000 and c.budget % BUDGET_STEP == 0
+    assert "no measured compression" in c.describe(6000, 1.5)
+
+
+def test_the_shipped_points():
+    # RULER 4K held 1.05x and 1.04x at 2 and 4, the real-text and generated 8-16K points 1.00x at 8, the real text at
+    # 28-32K 0 of 8 at 16: so 8 for any target up to 1.0, 4 up to 1.04, 2 up to 1.049, then nothing
+    assert largest_compression(0.9) == 8.0 and largest_compression(1.0) == 8.0
+    assert largest_compression(1.04) == 4.0 and largest_compression(1.045) == 2.0
+    assert largest_compression(1.05) is None
+    assert all(p.prompts >= 8 for p in accuracy.MEASURED)
+
+
+@pytest.mark.parametrize("bad", ["x", "0", "-1", "nan", "3"])
+def test_bad_accuracy_is_refused(bad):
+    with pytest.raises(PlanError):
+        accuracy.parse_accuracy(bad)
+
+
+def plan(*args):
+    return run([sys.executable, "-m", "locret", "plan", "--device", "cpu-2core", "--model", "smollm2-135m", *args],
+               timeout=120)
+
+
+def test_the_command_plans_the_budget_and_sets_it_beside_plain(model_path):
+    proc = plan("--doc-tokens", "6000", "--ubatch", "512", "--json")
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    want = max(512, math.ceil(6000 / largest_compression(0.9) / BUDGET_STEP) * BUDGET_STEP)
+    assert p["settings"]["budget"] == want
+    n_cells = p["n_cells"]
+    assert n_cells >= want + 512
+    # the ratio against a full cache of the document, from the model's K/V widths read here: the same bytes a cell
+    facts = read_model(model_path)
+    per_cell = sum(2 * (k + v) for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa))   # f16
+    plain_cells = math.ceil(6000 / 256) * 256
+    note = p["notes"][-1]
+    assert f"{plain_cells} cells): {plain_cells * per_cell / (n_cells * per_cell):.2f}x the slots" in note, note
+    assert f"{plain_cells * per_cell / 2**20:.2f} MiB" in note, note
+    assert "8x compressed" in p["notes"][-2]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--accuracy", "0.9"], "--accuracy needs --doc-tokens"),
+    (["--doc-tokens", "6000", "--budget", "1024"], "not both"),
+    (["--doc-tokens", "6000", "--budget-mib", "40"], "not both"),
+    (["--doc-tokens", "6000", "--accuracy", "much"], "such as 0.9"),
+    (["--doc-tokens", "0"], "at least 1 token"),
+])
+def test_refusals_exit_1(args, says):
+    proc = plan(*args)
+    assert proc.returncode == 1 and says in proc.stderr, (proc.returncode, proc.stderr)
