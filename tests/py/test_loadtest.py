@@ -224,6 +224,7 @@ def test_a_short_load_test_against_locret_serve(tmp_path, model_path):
     assert f["turns_right"] == sum(r["score"] for r in rows)
     assert f["ttft_s"]["p50"] > 0 and f["e2e_s"]["p95"] >= f["e2e_s"]["p50"]
     assert result["memory"]["rss_mib_peak"] > 50 and result["memory"]["locret_kv_mib_peak"] > 0
+    assert 1 <= result["memory"]["busy_slots_peak"] <= 2      # the two slots, sampled every 2 s
     journal = [json.loads(line) for line in out.with_suffix(".requests.jsonl").read_text().splitlines()]
     assert sorted(map(json.dumps, journal)) == sorted(map(json.dumps, rows))
     assert f"| http://127.0.0.1:{port} | 2/2 |" in proc.stdout
@@ -244,6 +245,7 @@ def test_side_by_side_in_the_same_memory(tmp_path):
     plain, locret = servers["plain@4096"], servers["locret@4096"]
     assert plain["slots"] == 2 and locret["slots"] > plain["slots"]           # more slots in the same memory
     assert 0 < locret["kv_mib"] <= locret["memory_mib"] and not locret.get("over_memory")
+    assert 1 <= locret["memory"]["busy_slots_peak"] <= locret["slots"]
     for s in servers.values():
         assert s["figures"]["turns_asked"] == 6 and s["figures"]["requests"] >= 3
         rows = json.loads((out / f"{s['server']}.json").read_text())["requests"]

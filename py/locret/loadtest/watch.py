@@ -52,12 +52,15 @@ class Watch:
         self._thread.join()
 
     def summary(self) -> dict:
-        """RSS at the first and last sample and its peak (MiB), the peak of Locret's KV gauge, the last metrics."""
+        """RSS at the first and last sample and its peak (MiB), the peak of Locret's KV gauge, the most slots busy at
+        once (llama.cpp's requests_processing: what the run sustained), the last metrics."""
         rss = [r for _, r, _ in self.samples if r is not None]
         kv = [m["locret_kv_bytes"] for _, _, m in self.samples if "locret_kv_bytes" in m]
+        busy = [m["requests_processing"] for _, _, m in self.samples if "requests_processing" in m]
         mib = lambda b: round(b / 2**20, 1)  # noqa: E731
         return {"samples": len(self.samples),
                 "rss_mib_first": mib(rss[0]) if rss else None, "rss_mib_last": mib(rss[-1]) if rss else None,
                 "rss_mib_peak": mib(max(rss)) if rss else None,
                 "locret_kv_mib_peak": mib(max(kv)) if kv else None,
+                "busy_slots_peak": int(max(busy)) if busy else None,
                 "metrics_last": self.samples[-1][2] if self.samples else {}}
