@@ -8,9 +8,10 @@ play the same script (locret loadtest's users, one seed) one after the other, ea
   M / that many slots; a prompt longer than its slot is refused, as plain llama.cpp does;
 - locret@M: `locret serve` (the patched llama-server) with its default heads (the plain shipped heads, which keep
   llama-server's prefix cache across a conversation's turns; --heads for others), as many slots
-  as fit M with a budget of at least --min-budget: each slot gets M / slots of memory, and its budget is the largest
-  whose KV cache and scores fit that share (the library's --locret-budget-mib rule); the run checks the server's
-  KV gauge against M;
+  as fit M with a budget of at least --min-budget (by default the budget `locret plan --doc-tokens` gives the longest
+  conversation at --accuracy: one rule, planner/accuracy.py): each slot gets M / slots of memory, and its budget is
+  the largest whose KV cache and scores fit that share (the library's --locret-budget-mib rule); the run checks the
+  server's KV gauge against M and records the most slots busy at once, what the run sustained;
 - plain-unbounded: plain llama-server with one full slot per user (--plain-slot-ctx each), the accuracy reference
   (run once, not per M).
 
@@ -34,6 +35,8 @@ sys.path.insert(0, str(REPO / "py"))
 from locret import eviction, models, planner, serve  # noqa: E402
 from locret._library import tool_path  # noqa: E402
 from locret.loadtest import cli as loadtest  # noqa: E402
+from locret.planner.accuracy import budget_for  # noqa: E402
+from locret.planner.advice import DEFAULT_ACCURACY  # noqa: E402
 
 STARTUP_S = 300
 
@@ -45,9 +48,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="KV memory M as cells of a full cache of the model, comma-separated for a sweep (default "
                         "16384: two full 8K slots)")
     p.add_argument("--plain-slot-ctx", type=int, default=8192, help="a plain slot's context in tokens (default 8192)")
-    p.add_argument("--min-budget", type=int, default=2048,
-                   help="the least budget a Locret slot may have: the slot count is the most that keep it (default "
-                        "2048)")
+    p.add_argument("--min-budget", type=int,
+                   help="the least budget a Locret slot may have: the slot count is the most that keep it (default: "
+                        "locret plan's budget for the longest conversation at --accuracy)")
+    p.add_argument("--accuracy", type=float, default=DEFAULT_ACCURACY,
+                   help=f"without --min-budget: the share of full attention's right answers the plan's budget keeps "
+                        f"by what was measured (default {DEFAULT_ACCURACY})")
     p.add_argument("--ubatch", type=int, default=serve.DEFAULT_UBATCH, help="chunk, every server (default 512)")
     p.add_argument("--heads", help="retaining heads (default: locret serve's, the model's shipped plain heads; a "
                    "Locret-Q heads file moves each request's closing question to its start, so a follow-up re-reads "
@@ -65,6 +71,19 @@ def plain_command(model: Path, cells: int, slots: int, args, port: int) -> list[
             "-tb", str(args.threads), "--metrics", "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
 
 
+def longest_conversation(args) -> int:
+    """Tokens of the longest conversation: the longest document, and each turn's question, template and answer."""
+    hi = loadtest.users_module.parse_lengths(args.lengths)[1]
+    return hi + args.turns * (args.max_tokens + 64)
+
+
+def min_budget(args) -> int:
+    """--min-budget, or the plan's budget for the longest conversation at --accuracy."""
+    if args.min_budget is not None:
+        return args.min_budget
+    return budget_for(longest_conversation(args), args.accuracy, args.ubatch).budget
+
+
 def locret_slots(model: Path, heads: Path | None, memory_mib: float, args) -> tuple[int, int]:
     """The most slots whose share of `memory_mib` still holds a budget of at least --min-budget, and that budget
     (the library's rule for --locret-budget-mib, per slot with that many slots)."""
@@ -75,18 +94,17 @@ def locret_slots(model: Path, heads: Path | None, memory_mib: float, args) -> tu
                                         n_seq=slots)["budget"]
         except eviction.HeadsError:
             break
-        if b < args.min_budget:
+        if b < min_budget(args):
             break
         best = (slots, b)
     if best is None:
-        raise ValueError(f"{memory_mib:.1f} MiB holds no Locret slot with a budget of {args.min_budget}: lower "
+        raise ValueError(f"{memory_mib:.1f} MiB holds no Locret slot with a budget of {min_budget(args)}: lower "
                          "--min-budget or raise --memory-cells")
     return best
 
 
 def locret_command(model: Path, heads: Path | None, slots: int, budget: int, args, port: int) -> list[str]:
-    hi = loadtest.users_module.parse_lengths(args.lengths)[1]
-    context = 1 << max(hi + args.turns * (args.max_tokens + 64) + 256, 4096).bit_length()  # logical: free
+    context = 1 << max(longest_conversation(args) + 256, 4096).bit_length()  # logical: free
     cmd = [sys.executable, "-m", "locret", "serve", "--model", str(model), "--slots", str(slots),
            "--budget", str(budget), "--ubatch", str(args.ubatch), "--context", str(context),
            "--threads", str(args.threads), "--port", str(port)]
@@ -163,11 +181,15 @@ def main(argv=None) -> int:
     except RuntimeError as e:
         print(f"loadtest_side_by_side: {e}", file=sys.stderr)
         return 2
-    lines = [loadtest.table_header().replace("| server |", "| server | slots | KV MiB |", 1)
-             .replace("|---|", "|---|---:|---:|", 1)]
+    # slots: the server's (for Locret, the plan's); busy: the most busy at once, sampled every 2 s (what it sustained)
+    lines = [loadtest.table_header().replace("| server |", "| server | slots | busy | KV MiB |", 1)
+             .replace("|---|", "|---|---:|---:|---:|", 1)]
     for r in results:
         row = loadtest.one_line(r["server"], r["figures"])
-        lines.append(row.replace(f"| {r['server']} |", f"| {r['server']} | {r['slots']} | {r['kv_mib']} |", 1))
+        busy = r["memory"].get("busy_slots_peak")
+        lines.append(row.replace(f"| {r['server']} |",
+                                 f"| {r['server']} | {r['slots']} | {'-' if busy is None else busy} | {r['kv_mib']} |",
+                                 1))
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     summary = {"settings": {k: v for k, v in vars(args).items()}, "heads": str(heads),
