@@ -40,11 +40,10 @@ sys.path.insert(0, str(REPO / "py"))
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
-    """a process's resident memory (VmRSS) or its peak (VmHWM), MiB"""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """a process's resident memory (VmRSS) or its peak (VmHWM), MiB (0 when it cannot be read)"""
+    from locret.serve import process_memory
+
+    return (process_memory(pid, field) or 0) / 2**20
 
 
 def request(port: int, path: str, body: bytes | dict | None, timeout: float) -> tuple[int, dict | str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from . import devices, models, planner
@@ -60,6 +61,18 @@ def stop(server, timeout_s: float = 30) -> None:
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
+
+
+_METRIC = re.compile(r"^llamacpp:(\w+)(?:\{[^}]*\})? ([-+0-9.eE]+)$", re.M)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """llama-server's /metrics (Prometheus text) as {name without 'llamacpp:': value}; a labelled series is summed
+    over its labels (locret_cells_used{slot="i"}: the cells of every slot)."""
+    out: dict[str, float] = {}
+    for name, value in _METRIC.findall(text):
+        out[name] = out.get(name, 0.0) + float(value)
+    return out
 
 
 def process_memory(pid: int, field: str = "VmRSS") -> int | None:

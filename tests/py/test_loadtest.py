@@ -20,6 +20,20 @@ from locret.loadtest import drive, figures, users as users_module
 
 # ---------------------------------------------------------------- percentiles
 
+def test_metrics_text_is_read_with_labelled_series_summed():
+    from locret.serve import parse_metrics
+
+    text = ("# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n"
+            "# TYPE llamacpp:prompt_tokens_total counter\n"
+            "llamacpp:prompt_tokens_total 1234\n"
+            "llamacpp:locret_kv_bytes 5.8982e+07\n"
+            'llamacpp:locret_cells_used{slot="0"} 256\n'
+            'llamacpp:locret_cells_used{slot="1"} 512\n'
+            "other_metric 7\n")
+    assert parse_metrics(text) == {"prompt_tokens_total": 1234.0, "locret_kv_bytes": 58982000.0,
+                                   "locret_cells_used": 768.0}
+
+
 def test_percentiles_match_numpy():
     rng = np.random.default_rng(0)
     for n in (1, 2, 5, 16, 101):

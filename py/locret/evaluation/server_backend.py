@@ -34,7 +34,6 @@ REQUEST_TIMEOUT_S = 3600
 # the question may span lines: up to the quote that ends the log line (the next line starts with a timestamp)
 _PINNED = re.compile(r'Locret-Q \(auto\): the request\'s closing question goes to its start and is pinned: "(.*?)"\n'
                      r'(?=\d+\.\d+\.\d+\.\d+ |\Z)', re.S)
-_METRIC = re.compile(r"^llamacpp:(\w+) ([-+0-9.eE]+)$", re.M)
 
 
 def command(spec: RunSpec, port: int) -> list[str]:
@@ -84,7 +83,7 @@ class Server:
             return json.loads(r.read().decode())
 
     def metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in _METRIC.findall(self.get("/metrics"))}
+        return serve.parse_metrics(self.get("/metrics"))
 
     def peak_rss(self) -> int | None:
         return serve.process_memory(self.proc.pid, "VmHWM")

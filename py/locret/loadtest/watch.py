@@ -2,14 +2,11 @@
 /metrics (llama.cpp's counters and Locret's gauges), sampled every `period_s` seconds on a thread of its own."""
 from __future__ import annotations
 
-import re
 import threading
 import time
 import urllib.request
 
-from ..serve import process_memory
-
-_METRIC = re.compile(r"^llamacpp:(\w+)(?:\{[^}]*\})? ([-+0-9.eE]+)$", re.M)
+from ..serve import parse_metrics, process_memory
 
 
 def metrics(url: str, timeout: float = 10) -> dict[str, float]:
@@ -20,10 +17,7 @@ def metrics(url: str, timeout: float = 10) -> dict[str, float]:
             text = r.read().decode()
     except OSError:
         return {}
-    out: dict[str, float] = {}
-    for name, value in _METRIC.findall(text):
-        out[name] = out.get(name, 0.0) + float(value)
-    return out
+    return parse_metrics(text)
 
 
 class Watch:
