@@ -40,10 +40,14 @@ sys.path.insert(0, str(REPO / "py"))
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
-    """a process's resident memory (VmRSS) or its peak (VmHWM), MiB (0 when it cannot be read)"""
+    """a process's resident memory (VmRSS) or its peak (VmHWM), MiB; an error when it cannot be read (the server is
+    gone: a failure of the run, never a zero)"""
     from locret.serve import process_memory
 
-    return (process_memory(pid, field) or 0) / 2**20
+    value = process_memory(pid, field)
+    if value is None:
+        raise RuntimeError(f"cannot read {field} of process {pid}: it is gone")
+    return value / 2**20
 
 
 def request(port: int, path: str, body: bytes | dict | None, timeout: float) -> tuple[int, dict | str]:
