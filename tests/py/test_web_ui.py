@@ -6,7 +6,7 @@ One server for the module (the shipped plain heads, b = 128, B = 64: 256 cells a
 default), one browser. The page must load from / (a build without the UI's assets answers / with 404, and the first
 test fails); a long document with a question pasted into the chat box and sent must get the right answer in the
 page, read in a cache that evicted; the operator's view of that slot (/slots, /metrics, which llama-server serves
-beside the page) must show Locret's figures for it. About 40 s on 2 idle cores.
+beside the page) must show Locret's figures for it. About 20 s on 2 idle cores.
 """
 from __future__ import annotations
 
