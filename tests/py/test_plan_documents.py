@@ -49,10 +49,12 @@ def test_a_document_that_fits_budget_and_chunk_is_kept_whole():
 
 
 def test_the_shipped_points():
-    # RULER 4K held 1.05x and 1.04x at 2 and 4, the real-text and generated 8-16K points 1.00x at 8, the real text at
-    # 28-32K 0 of 8 at 16: so 8 for any target up to 1.0, 4 up to 1.04, 2 up to 1.049, then nothing
-    assert largest_compression(0.9) == 8.0 and largest_compression(1.0) == 8.0
-    assert largest_compression(1.04) == 4.0 and largest_compression(1.045) == 2.0
+    # RULER 4K held 1.05x at 2; the 8-user serving run 1.00x at 2.5; the 16-user run 9/14 = 0.64x at 2.7 (plain heads,
+    # look-alike needles); RULER 1.04x at 4; the real-text and generated 8-16K points 1.00x at 8; the real text at
+    # 28-32K 0 of 8 at 16: so 8 up to 0.64, 2.5 up to 1.0, 2 up to 1.049, then nothing
+    assert largest_compression(0.6) == 8.0 and largest_compression(9 / 14) == 8.0
+    assert largest_compression(0.65) == 2.5 and largest_compression(0.9) == 2.5 and largest_compression(1.0) == 2.5
+    assert largest_compression(1.045) == 2.0
     assert largest_compression(1.05) is None
     assert all(p.prompts >= 8 for p in accuracy.MEASURED)
 
@@ -83,7 +85,7 @@ def test_the_command_plans_the_budget_and_sets_it_beside_plain(model_path):
     note = p["notes"][-1]
     assert f"{plain_cells} cells): {plain_cells * per_cell / (n_cells * per_cell):.2f}x the slots" in note, note
     assert f"{plain_cells * per_cell / 2**20:.2f} MiB" in note, note
-    assert "8x compressed" in p["notes"][-2]
+    assert f"{largest_compression(0.9):g}x compressed" in p["notes"][-2]
 
 
 @pytest.mark.parametrize("args, says", [
