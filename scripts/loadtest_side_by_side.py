@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "py"))
 from locret import eviction, models, planner, serve  # noqa: E402
 from locret._library import tool_path  # noqa: E402
 from locret.loadtest import cli as loadtest  # noqa: E402
-from locret.planner.accuracy import budget_for  # noqa: E402
+from locret.planner.accuracy import budget_for, parse_accuracy  # noqa: E402
 from locret.planner.advice import DEFAULT_ACCURACY  # noqa: E402
 
 STARTUP_S = 300
@@ -51,7 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-budget", type=int,
                    help="the least budget a Locret slot may have: the slot count is the most that keep it (default: "
                         "locret plan's budget for the longest conversation at --accuracy)")
-    p.add_argument("--accuracy", type=float, default=DEFAULT_ACCURACY,
+    p.add_argument("--accuracy", default=DEFAULT_ACCURACY,
                    help=f"without --min-budget: the share of full attention's right answers the plan's budget keeps "
                         f"by what was measured (default {DEFAULT_ACCURACY})")
     p.add_argument("--ubatch", type=int, default=serve.DEFAULT_UBATCH, help="chunk, every server (default 512)")
@@ -81,12 +81,13 @@ def min_budget(args) -> int:
     """--min-budget, or the plan's budget for the longest conversation at --accuracy."""
     if args.min_budget is not None:
         return args.min_budget
-    return budget_for(longest_conversation(args), args.accuracy, args.ubatch).budget
+    return budget_for(longest_conversation(args), parse_accuracy(args.accuracy), args.ubatch).budget
 
 
 def locret_slots(model: Path, heads: Path | None, memory_mib: float, args) -> tuple[int, int]:
     """The most slots whose share of `memory_mib` still holds a budget of at least --min-budget, and that budget
     (the library's rule for --locret-budget-mib, per slot with that many slots)."""
+    least = min_budget(args)
     best = None
     for slots in range(1, args.users + 1):
         try:
@@ -94,11 +95,11 @@ def locret_slots(model: Path, heads: Path | None, memory_mib: float, args) -> tu
                                         n_seq=slots)["budget"]
         except eviction.HeadsError:
             break
-        if b < min_budget(args):
+        if b < least:
             break
         best = (slots, b)
     if best is None:
-        raise ValueError(f"{memory_mib:.1f} MiB holds no Locret slot with a budget of {min_budget(args)}: lower "
+        raise ValueError(f"{memory_mib:.1f} MiB holds no Locret slot with a budget of {least}: lower "
                          "--min-budget or raise --memory-cells")
     return best
 

@@ -208,6 +208,14 @@ def test_the_command_refuses_bad_input_and_a_missing_server(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_the_side_by_side_refuses_a_bad_accuracy(tmp_path):
+    for bad in ("nope", "0", "5"):
+        proc = run([sys.executable, REPO / "scripts" / "loadtest_side_by_side.py", "--users", "2", "--accuracy", bad,
+                    "-o", tmp_path / "sbs"], timeout=120)
+        assert proc.returncode == 1 and "accuracy must" in proc.stderr, (bad, proc.stderr[-2000:])
+    assert not (tmp_path / "sbs").exists()
+
+
 # ---------------------------------------------------------------- a short real load test
 
 def test_a_short_load_test_against_locret_serve(tmp_path, model_path):
