@@ -27,6 +27,10 @@ fi
 LOCRET_TEST_MODEL="$("$VPY" -m locret models path)" || { echo "test.sh: default model unavailable" >&2; exit 1; }
 export LOCRET_TEST_MODEL
 
+# every test checks a sequence's cells after each change (locret-cells.h's invariants; release builds check only when
+# asked): a broken invariant aborts the run that broke it, where it broke
+export LOCRET_CHECK_CELLS="${LOCRET_CHECK_CELLS:-1}"
+
 lane=ci
 case "${1:-}" in
     --fast|--long|--all) lane="${1#--}"; shift ;;

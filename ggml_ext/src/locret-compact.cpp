@@ -560,6 +560,108 @@ static void locret_build_compact_stacked(ggml_context * ctx0, ggml_cgraph * gf, 
     copy(S.v_words != nullptr ? S.v_words : S.v, src_c, dst_c);
 }
 
+// K of one layer in the general form: one row per (stream, cell, head), copied as words when no key is re-rotated,
+// else through F32 and rotated by each unit's position delta. Shapes: src I32 [n_moves], dst I64 [n_moves].
+static void locret_build_compact_k(ggml_context * ctx0, ggml_cgraph * gf, const locret_kv_layer & L,
+        const locret_moves::layer_moves & m, const locret_moves & moves, ggml_tensor * k_rot, ggml_tensor * src,
+        ggml_tensor * dst, int64_t n_moves, int64_t n_rows) {
+    const bool k_rotates = L.rot.rope && moves.rotate;
+    if (ggml_tensor * k_words = k_rotates ? nullptr : locret_rows_as_words(ctx0, L.k, L.d_k, n_rows)) {
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_words, ggml_get_rows(ctx0, k_words, src), dst));
+    } else {
+        ggml_tensor * k_rows = ggml_view_2d(ctx0, L.k, L.d_k, n_rows, ggml_row_size(L.k->type, L.d_k), 0);
+        ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, src); // F32 [d_k, n_moves]
+        if (k_rotates) {
+            ggml_tensor * delta = ggml_view_1d(ctx0, moves.t_delta, n_moves, m.at * sizeof(int32_t));
+            k_new = ggml_reshape_3d(ctx0, k_new, L.d_k, 1, n_moves);
+            if (k_rot) {
+                k_new = llama_mul_mat_hadamard(ctx0, k_new, k_rot); // back to the RoPE basis (rot^2 == I)
+            }
+            // the stored keys were rotated for their old positions: rotating by the difference moves them
+            k_new = ggml_rope_ext(ctx0, k_new, delta, L.rot.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
+                    L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor, L.rot.beta_fast, L.rot.beta_slow);
+            if (k_rot) {
+                k_new = llama_mul_mat_hadamard(ctx0, k_new, k_rot);
+            }
+            // a view, not a reshape: rope, view, set_rows in a row is the pattern a backend (CUDA) fuses into one kernel
+            k_new = ggml_view_2d(ctx0, k_new, L.d_k, n_moves, ggml_row_size(k_new->type, L.d_k), 0);
+        }
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, dst));
+    }
+}
+
+// V of one layer in the general form: moved unchanged, as words (else through F32: a quantized row is dequantized and
+// quantized again, which gives the same bytes), or as single elements of a transposed V. Shapes: src I32 [n_copy],
+// dst I64 [n_copy].
+static void locret_build_compact_v(ggml_context * ctx0, ggml_cgraph * gf, const locret_kv_layer & L,
+        const locret_moves::layer_moves & m, bool v_trans, locret_compact_input::layer_input & li, ggml_tensor * src,
+        ggml_tensor * dst, int64_t n_copy, int64_t n_rows) {
+    const int64_t kv_size = L.kv_size;
+    if (ggml_tensor * v_words = v_trans ? nullptr : locret_rows_as_words(ctx0, L.v, L.d_v, n_rows)) {
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_words, ggml_get_rows(ctx0, v_words, src), dst));
+    } else if (!v_trans) {
+        ggml_tensor * v_rows = ggml_view_2d(ctx0, L.v, L.d_v, n_rows, ggml_row_size(L.v->type, L.d_v), 0);
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_rows, ggml_get_rows(ctx0, v_rows, src), dst));
+    } else {
+        // a transposed V holds each (head, dimension) of a stream as a row of kv_size cells: move single elements,
+        // as llama.cpp itself writes such a cache
+        locret_v_trans_elements(m.kv_src != nullptr ? m.kv_src : m.src, m.n_copy, L.n_head_kv, L.d_v, kv_size, li.v_src_data);
+        locret_v_trans_elements(m.kv_dst != nullptr ? m.kv_dst : m.dst, m.n_copy, L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
+        li.v_src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_copy * L.d_v);
+        li.v_dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_copy * L.d_v);
+        ggml_set_input(li.v_src);
+        ggml_set_input(li.v_dst);
+        ggml_tensor * v_elems = ggml_view_2d(ctx0, L.v, 1, ggml_nelements(L.v), ggml_row_size(L.v->type, 1), 0);
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_elems, ggml_get_rows(ctx0, v_elems, li.v_src), li.v_dst));
+    }
+}
+
+// One layer's moves in the general form (not stacked): its part of the move tables, then K, the scores and V; nothing
+// for a layer without moves.
+static void locret_build_compact_layer(ggml_context * ctx0, ggml_cgraph * gf, const locret_kv_layer & L,
+        const locret_moves::layer_moves & m, const locret_moves & moves, bool v_trans, int64_t n_stream,
+        ggml_tensor * k_rot, locret_compact_input::layer_input & li) {
+    const int64_t n_moves = (int64_t) m.n;
+    if (n_moves == 0) {
+        return;
+    }
+    li.moves = true;
+    // this layer's part of the move tables
+    ggml_tensor * src = ggml_view_1d(ctx0, moves.t_src, n_moves, m.at * sizeof(int32_t));
+    ggml_tensor * dst = ggml_view_1d(ctx0, moves.t_dst, n_moves, m.at * sizeof(int64_t));
+    // the scores' rows are the bookkeeping's cells; K and V are rows of the layer's own cache (its group's)
+    ggml_tensor * score_src = src;
+    ggml_tensor * score_dst = dst;
+    if (m.kv_src != nullptr) {
+        src = ggml_view_1d(ctx0, moves.t_kv_src, n_moves, m.at * sizeof(int32_t));
+        dst = ggml_view_1d(ctx0, moves.t_kv_dst, n_moves, m.at * sizeof(int64_t));
+    }
+    const int64_t kv_size = L.kv_size;
+    const int64_t n_rows  = (int64_t) L.n_head_kv * kv_size * n_stream;
+
+    locret_build_compact_k(ctx0, gf, L, m, moves, k_rot, src, dst, n_moves, n_rows);
+
+    // the scores and V: only the entries that move rows (the rest re-rotate keys where they are)
+    const int64_t n_copy = (int64_t) m.n_copy;
+    if (n_copy == 0) {
+        return;
+    }
+    if (n_copy < n_moves) {
+        score_src = ggml_view_1d(ctx0, moves.t_src, n_copy, m.at * sizeof(int32_t));
+        score_dst = ggml_view_1d(ctx0, moves.t_dst, n_copy, m.at * sizeof(int64_t));
+        src = m.kv_src == nullptr ? score_src : ggml_view_1d(ctx0, moves.t_kv_src, n_copy, m.at * sizeof(int32_t));
+        dst = m.kv_src == nullptr ? score_dst : ggml_view_1d(ctx0, moves.t_kv_dst, n_copy, m.at * sizeof(int64_t));
+    }
+
+    // the units' scores move with them (one float per (cell, KV head) row)
+    if (L.score != nullptr) {
+        ggml_tensor * s_rows = ggml_view_2d(ctx0, L.score, 1, ggml_nelements(L.score), sizeof(float), 0);
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, score_src), score_dst));
+    }
+
+    locret_build_compact_v(ctx0, gf, L, m, v_trans, li, src, dst, n_copy, n_rows);
+}
+
 } // namespace
 
 ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache * kv, bool v_trans,
@@ -580,89 +682,7 @@ ggml_cgraph * locret_build_compact_graph(llm_graph_result * res, llama_kv_cache 
     inp->k_rot = moves.rotate ? kv->build_input_k_rot(ctx0) : nullptr;
 
     for (size_t i = 0; i < layers.size(); ++i) {
-        const locret_kv_layer & L = layers[i];
-        const locret_moves::layer_moves & m = moves.layer[i];
-        const int64_t n_moves = (int64_t) m.n;
-        if (n_moves == 0) {
-            continue;
-        }
-        auto & li = inp->inp[i];
-        li.moves = true;
-        // this layer's part of the move tables
-        ggml_tensor * src = ggml_view_1d(ctx0, moves.t_src, n_moves, m.at * sizeof(int32_t));
-        ggml_tensor * dst = ggml_view_1d(ctx0, moves.t_dst, n_moves, m.at * sizeof(int64_t));
-        // the scores' rows are the bookkeeping's cells; K and V are rows of the layer's own cache (its group's)
-        ggml_tensor * score_src = src;
-        ggml_tensor * score_dst = dst;
-        if (m.kv_src != nullptr) {
-            src = ggml_view_1d(ctx0, moves.t_kv_src, n_moves, m.at * sizeof(int32_t));
-            dst = ggml_view_1d(ctx0, moves.t_kv_dst, n_moves, m.at * sizeof(int64_t));
-        }
-        const int64_t kv_size = L.kv_size;
-        const int64_t n_rows  = (int64_t) L.n_head_kv * kv_size * n_stream;
-
-        // K: one row per (stream, cell, head); copied as words when no key is re-rotated
-        const bool k_rotates = L.rot.rope && moves.rotate;
-        if (ggml_tensor * k_words = k_rotates ? nullptr : locret_rows_as_words(ctx0, L.k, L.d_k, n_rows)) {
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_words, ggml_get_rows(ctx0, k_words, src), dst));
-        } else {
-            ggml_tensor * k_rows = ggml_view_2d(ctx0, L.k, L.d_k, n_rows, ggml_row_size(L.k->type, L.d_k), 0);
-            ggml_tensor * k_new  = ggml_get_rows(ctx0, k_rows, src); // F32 [d_k, n_moves]
-            if (k_rotates) {
-                ggml_tensor * delta = ggml_view_1d(ctx0, moves.t_delta, n_moves, m.at * sizeof(int32_t));
-                k_new = ggml_reshape_3d(ctx0, k_new, L.d_k, 1, n_moves);
-                if (inp->k_rot) {
-                    k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot); // back to the RoPE basis (rot^2 == I)
-                }
-                // the stored keys were rotated for their old positions: rotating by the difference moves them
-                k_new = ggml_rope_ext(ctx0, k_new, delta, L.rot.factors, L.rot.n_rot, L.rot.mode, L.rot.n_ctx_orig,
-                        L.rot.freq_base, L.rot.freq_scale, L.rot.ext_factor, L.rot.attn_factor, L.rot.beta_fast, L.rot.beta_slow);
-                if (inp->k_rot) {
-                    k_new = llama_mul_mat_hadamard(ctx0, k_new, inp->k_rot);
-                }
-                // a view, not a reshape: rope, view, set_rows in a row is the pattern a backend (CUDA) fuses into one kernel
-                k_new = ggml_view_2d(ctx0, k_new, L.d_k, n_moves, ggml_row_size(k_new->type, L.d_k), 0);
-            }
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, k_rows, k_new, dst));
-        }
-
-        // the scores and V: only the entries that move rows (the rest re-rotate keys where they are)
-        const int64_t n_copy = (int64_t) m.n_copy;
-        if (n_copy == 0) {
-            continue;
-        }
-        if (n_copy < n_moves) {
-            score_src = ggml_view_1d(ctx0, moves.t_src, n_copy, m.at * sizeof(int32_t));
-            score_dst = ggml_view_1d(ctx0, moves.t_dst, n_copy, m.at * sizeof(int64_t));
-            src = m.kv_src == nullptr ? score_src : ggml_view_1d(ctx0, moves.t_kv_src, n_copy, m.at * sizeof(int32_t));
-            dst = m.kv_src == nullptr ? score_dst : ggml_view_1d(ctx0, moves.t_kv_dst, n_copy, m.at * sizeof(int64_t));
-        }
-
-        // the units' scores move with them (one float per (cell, KV head) row)
-        if (L.score != nullptr) {
-            ggml_tensor * s_rows = ggml_view_2d(ctx0, L.score, 1, ggml_nelements(L.score), sizeof(float), 0);
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, s_rows, ggml_get_rows(ctx0, s_rows, score_src), score_dst));
-        }
-
-        // V: moved unchanged, as words (else through F32: a quantized row is dequantized and quantized again, which
-        // gives the same bytes)
-        if (ggml_tensor * v_words = v_trans ? nullptr : locret_rows_as_words(ctx0, L.v, L.d_v, n_rows)) {
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_words, ggml_get_rows(ctx0, v_words, src), dst));
-        } else if (!v_trans) {
-            ggml_tensor * v_rows = ggml_view_2d(ctx0, L.v, L.d_v, n_rows, ggml_row_size(L.v->type, L.d_v), 0);
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_rows, ggml_get_rows(ctx0, v_rows, src), dst));
-        } else {
-            // a transposed V holds each (head, dimension) of a stream as a row of kv_size cells: move single elements,
-            // as llama.cpp itself writes such a cache
-            locret_v_trans_elements(m.kv_src != nullptr ? m.kv_src : m.src, m.n_copy, L.n_head_kv, L.d_v, kv_size, li.v_src_data);
-            locret_v_trans_elements(m.kv_dst != nullptr ? m.kv_dst : m.dst, m.n_copy, L.n_head_kv, L.d_v, kv_size, li.v_dst_data);
-            li.v_src = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_copy * L.d_v);
-            li.v_dst = ggml_new_tensor_1d(ctx0, GGML_TYPE_I32, n_copy * L.d_v);
-            ggml_set_input(li.v_src);
-            ggml_set_input(li.v_dst);
-            ggml_tensor * v_elems = ggml_view_2d(ctx0, L.v, 1, ggml_nelements(L.v), ggml_row_size(L.v->type, 1), 0);
-            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, v_elems, ggml_get_rows(ctx0, v_elems, li.v_src), li.v_dst));
-        }
+        locret_build_compact_layer(ctx0, gf, layers[i], moves.layer[i], moves, v_trans, n_stream, inp->k_rot, inp->inp[i]);
     }
 
     res->add_input(std::move(inp));

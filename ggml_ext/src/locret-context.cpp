@@ -451,7 +451,7 @@ int32_t llama_locret_pin_query(llama_context * ctx, llama_seq_id seq_id, int32_t
         locret_set_error(format("llama_locret_pin_query: %d pinned tokens", n_tokens));
         return -1;
     }
-    const locret_stream * s = mem->get_stream(seq_id);
+    const locret_cells * s = mem->get_stream(seq_id);
     const bool changed = s != nullptr && s->n_pinned != (uint32_t) n_tokens;
     if (!mem->pin_prefix(seq_id, (uint32_t) n_tokens)) {
         return -1;
@@ -469,13 +469,17 @@ void llama_locret_reserve(llama_context * ctx) {
     }
 }
 
-int llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx) {
+bool llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx, llm_graph_result *& prev_graph) {
     llama_locret_memory * mem = nullptr;
-    const locret_ubatch_plan * plan = locret_plan_of(mctx, &mem);
+    const locret_ubatch_plan * plan = mctx != nullptr ? locret_plan_of(mctx, &mem) : nullptr;
     if (plan == nullptr) {
-        return 0;
+        return true;
     }
-    return mem->evict(ctx, *plan);
+    const int evicted = mem->evict(ctx, *plan);
+    if (evicted != 0) {
+        prev_graph = nullptr;
+    }
+    return evicted >= 0;
 }
 
 bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched * sched, const llm_graph_result * res,

@@ -27,7 +27,7 @@ bool llama_locret_is_evicting(const llama_context * ctx) {
 struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context * ctx, llama_seq_id seq_id) {
     llama_locret_stats st = {};
     const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
-    const locret_stream * s = mem ? mem->get_stream(seq_id) : nullptr;
+    const locret_cells * s = mem ? mem->get_stream(seq_id) : nullptr;
     if (s == nullptr) {
         return st;
     }
@@ -84,7 +84,7 @@ int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id
         locret_set_error("llama_locret_retained: the context does not evict");
         return -1;
     }
-    const locret_stream * s = mem->get_stream(seq_id);
+    const locret_cells * s = mem->get_stream(seq_id);
     const int32_t i = il >= 0 ? mem->layer_index((uint32_t) il) : -1;
     if (s == nullptr || i < 0 || ih < 0 || (uint32_t) ih >= mem->get_layers()[i].n_head_kv) {
         locret_set_error(format("llama_locret_retained: no sequence %d / evicting layer %d / KV head %d", seq_id, il, ih));
@@ -122,7 +122,7 @@ int32_t llama_locret_debug_rope_positions(const struct llama_context * ctx, llam
         return -1;
     }
     const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
-    const locret_stream * s = mem->get_stream(seq_id);
+    const locret_cells * s = mem->get_stream(seq_id);
     const int32_t i = mem->layer_index((uint32_t) il);
     uint32_t m0 = 0;
     uint32_t m1 = 0;
@@ -172,7 +172,7 @@ int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id 
     }
     llama_synchronize(ctx);
     const locret_kv_layer & L = mem->get_layers()[i];
-    const locret_stream   & s = *mem->get_stream(seq_id);
+    const locret_cells   & s = *mem->get_stream(seq_id);
     ggml_tensor * t = read_v ? L.v : L.k;
     const int64_t width = t->ne[0];
     // the layer's own cache (its group's): the bookkeeping's cell c at layer_cell(); a cell it does not hold reads 0
@@ -220,7 +220,7 @@ int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id 
     }
     llama_synchronize(ctx);
     int32_t n_written = 0;
-    const locret_stream & s = *mem->get_stream(seq_id);
+    const locret_cells & s = *mem->get_stream(seq_id);
     for (size_t i = 0; i < mem->get_layers().size(); ++i) {
         // in the layer's own cache (its group's): the cells a schedule masks in it, and the cells past those in use
         uint32_t m0 = 0;
@@ -319,7 +319,7 @@ int32_t llama_locret_debug_window(const struct llama_context * ctx, llama_seq_id
         llama_token * tokens, int32_t n_max) {
     locret_set_error("");
     const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
-    const locret_stream * s = mem ? mem->get_stream(seq_id) : nullptr;
+    const locret_cells * s = mem ? mem->get_stream(seq_id) : nullptr;
     if (s == nullptr || mem->get_kv_swa() == nullptr) {
         locret_set_error("llama_locret_debug_window: the context does not evict an iSWA model, or has no such sequence");
         return -1;

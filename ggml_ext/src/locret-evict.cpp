@@ -1,8 +1,11 @@
-// The Locret memory's eviction (see locret-memory.h): the eviction graphs' reservation, the policy's scoring through
-// its hooks, selection (on the device or the host), compaction in turns, and the bookkeeping after it.
+// The Locret memory's eviction (see locret-memory.h): the eviction graphs' reservation, and each turn of an eviction
+// in steps: choose (the policy's scoring through its hooks, each layer's cut, selection on the device or the host),
+// plan (keep lists, and the layout's moves: locret-layout.h), compact (one graph per turn of sequences), commit (each
+// sequence's cells: locret-cells.h), or abandon after a compaction that failed part-way.
 
 #include "locret-memory.h"
 #include "locret-heads.h"
+#include "locret-layout.h"
 #include "locret-select.h"
 
 #include "llama-context.h"
@@ -15,157 +18,6 @@
 //
 // eviction
 //
-
-// One (layer, KV head)'s rows an eviction moves, appended to its layer's move table: a row is (cell, KV head), moved
-// from one cell to another and re-rotated by delta positions (0: a copy).
-struct locret_row_moves {
-    int32_t * src;
-    int64_t * dst;
-    int32_t * delta;
-    size_t    n;          // rows appended
-    int64_t   base;       // the stream's first cell
-    uint32_t  n_head_kv;
-    uint32_t  h;          // the KV head being placed
-    uint64_t  moved;      // rows written to another cell
-    uint64_t  rotated;    // keys re-rotated
-    // layer groups: the K/V rows in the layer's own cache (NULL without groups), its stream's first cell there, and
-    // where its cells part from the bookkeeping's: cells from `live` on sit `gap` lower (no cell is read between)
-    int32_t * kv_src  = nullptr;
-    int64_t * kv_dst  = nullptr;
-    int64_t   kv_base = 0;
-    uint32_t  live    = 0;
-    uint32_t  gap     = 0;
-
-    // cell c of the bookkeeping in the layer's own cache
-    uint32_t own(uint32_t c) const { return kv_src == nullptr || c < live ? c : c - gap; }
-    // a unit that goes from cell `from` to cell `to` (below every group's live end after the eviction) needs no move
-    // when neither its score's row nor its K/V row changes
-    bool stays(uint32_t from, uint32_t to) const { return from == to && own(from) == to; }
-
-    void add(uint32_t from, uint32_t to, int32_t dlt) {
-        src[n]   = (int32_t) ((base + from) * n_head_kv + h);
-        dst[n]   = (base + to) * n_head_kv + h;
-        delta[n] = dlt;
-        if (kv_src != nullptr) {
-            kv_src[n] = (int32_t) ((kv_base + own(from)) * n_head_kv + h);
-            kv_dst[n] = (kv_base + to) * n_head_kv + h;
-        }
-        ++n;
-        moved   += own(from) != to;
-        rotated += dlt != 0;
-    }
-
-    // a key re-rotated in the cell it stays in (own(c) == c): staged apart, appended after the turn's moves
-    // (locret_moves::finish), so that V and the scores, which do not change, are not copied onto themselves
-    void rotate_here(uint32_t c, int32_t dlt, locret_moves::in_place_rows & r) {
-        r.row[r.n]   = (base + c) * n_head_kv + h;
-        r.delta[r.n] = dlt;
-        if (kv_src != nullptr) {
-            r.kv_row[r.n] = (kv_base + c) * n_head_kv + h;
-        }
-        ++r.n;
-        ++rotated;
-    }
-};
-
-// Compact positions: the kept cells (ascending) in order at cells [0, n_live); cell k sits at physical position
-// k + new_shift, and a kept cell c below live_end sat at c + old_shift (the layer's masked cells after it), others at c.
-static void place_compact(const uint32_t * kept, uint32_t n_live, const int32_t * pos, int32_t * pos_new,
-        uint32_t live_end, int32_t old_shift, int32_t new_shift, locret_row_moves & mv) {
-    for (uint32_t k = 0; k < n_live; ++k) {
-        const uint32_t c = kept[k]; // c >= k: compacting forward in place is safe
-        pos_new[k] = pos[c];
-        const int32_t p_old = (int32_t) c + (c < live_end ? old_shift : 0);
-        const int32_t p_new = (int32_t) k + new_shift;
-        if (!mv.stays(c, k) || p_new != p_old) {
-            mv.add(c, k, p_new - p_old);
-        }
-    }
-}
-
-// The cells of the layouts with holes (kept and in-place positions): the kept cells below n_live stay; the others (the
-// chunk's survivors, in cell order) fill the holes below n_live in cell order. place(c, from, stays) for each cell c
-// of [0, n_live), with the cell its unit comes from. kept: ascending.
-template <typename F>
-static void fill_holes(const uint32_t * kept, uint32_t n_live, F && place) {
-    uint32_t m = 0;
-    while (m < n_live && kept[m] < n_live) {
-        ++m;
-    }
-    uint32_t src = m;  // the next kept cell at or above n_live
-    uint32_t next_kept = 0;
-    for (uint32_t c = 0; c < n_live; ++c) {
-        const bool stays = next_kept < m && kept[next_kept] == c;
-        place(c, stays ? kept[next_kept++] : kept[src++], stays);
-    }
-    GGML_ASSERT(src == n_live);
-}
-
-// Kept positions: fill_holes' cells, each unit at its own position. At most the chunk's units move, as copies: none is
-// re-rotated.
-static void place_in_holes(const uint32_t * kept, uint32_t n_live, const int32_t * pos, const int32_t * rope,
-        int32_t * pos_new, int32_t * rope_new, locret_row_moves & mv) {
-    fill_holes(kept, n_live, [&](uint32_t c, uint32_t from, bool stays) {
-        pos_new[c]  = pos[from];
-        rope_new[c] = rope[from];
-        if (!stays || !mv.stays(c, c)) {
-            mv.add(from, c, 0); // into a hole, or a layer group's cache holds it lower
-        }
-    });
-}
-
-// In-place positions: fill_holes' cells, each unit at the position compact positions would give it: its rank among the
-// kept units by RoPE position, plus shift (the layer's masked cells after it). So the model reads the units at the
-// positions place_compact gives them, in other cells. A unit that stays and changes position is re-rotated where it
-// is (staged in `rot`); one copied into a hole is moved and re-rotated.
-static void place_in_holes_ranked(const uint32_t * kept, uint32_t n_live, int32_t shift, const int32_t * pos,
-        const int32_t * rope, int32_t * pos_new, int32_t * rope_new, std::vector<int32_t> & rank,
-        locret_row_moves & mv, locret_moves::in_place_rows & rot) {
-    // ranks by RoPE position without a sort: a (layer, KV head)'s positions are distinct and below the cells in use
-    int32_t top = -1;
-    for (uint32_t k = 0; k < n_live; ++k) {
-        top = std::max(top, rope[kept[k]]);
-    }
-    rank.assign((size_t) (top + 1), -1);
-    for (uint32_t k = 0; k < n_live; ++k) {
-        rank[rope[kept[k]]] = 0;
-    }
-    int32_t r = 0;
-    for (int32_t & x : rank) {
-        x = x < 0 ? -1 : r++;
-    }
-    GGML_ASSERT(r == (int32_t) n_live); // two kept units at one position would share a rank
-
-    fill_holes(kept, n_live, [&](uint32_t c, uint32_t from, bool stays) {
-        const int32_t p_new = rank[rope[from]] + shift;
-        const int32_t dlt   = p_new - rope[from];
-        pos_new[c]  = pos[from];
-        rope_new[c] = p_new;
-        if (!stays || !mv.stays(c, c)) {
-            mv.add(from, c, dlt);
-        } else if (dlt != 0) {
-            mv.rotate_here(c, dlt, rot);
-        }
-    });
-}
-
-// Kept positions at their limit: the kept units in RoPE-position order at cells [0, n_live), re-rotated to positions
-// k + shift (right before the next cell, after the layer's masked cells), as compact positions place them.
-static void place_by_position(const uint32_t * kept, uint32_t n_live, int32_t shift, const int32_t * pos,
-        const int32_t * rope, int32_t * pos_new, int32_t * rope_new, std::vector<uint32_t> & order,
-        locret_row_moves & mv) {
-    order.assign(kept, kept + n_live);
-    std::sort(order.begin(), order.end(), [rope](uint32_t a, uint32_t b) { return rope[a] < rope[b]; });
-    for (uint32_t k = 0; k < n_live; ++k) {
-        const uint32_t c     = order[k];
-        const int32_t  p_new = (int32_t) k + shift;
-        pos_new[k]  = pos[c];
-        rope_new[k] = p_new;
-        if (!mv.stays(c, k) || p_new != rope[c]) {
-            mv.add(c, k, p_new - rope[c]);
-        }
-    }
-}
 
 void llama_locret_memory::free_cells(uint32_t strm, llama_pos pos_from) {
     // the cache's cells hold positions that grow with the cell (compact positions: the cell itself; kept positions:
@@ -181,7 +33,7 @@ void llama_locret_memory::free_group_tails(uint32_t strm) {
     // after an eviction group g keeps cells [0, its live end) of its own cache; the cells there hold positions that
     // grow with the cell as in group 0's (each part is placed after the cells in use, at positions past theirs), so
     // the cells from the live end on are those whose position is at least that cell's
-    const locret_stream & s = streams[strm];
+    const locret_cells & s = streams[strm];
     for (size_t g = 1; g < n_groups(); ++g) {
         llama_kv_cache * c = group_cache(g);
         const llama_kv_cells & cells = c->get_cells((llama_seq_id) strm);
@@ -213,7 +65,7 @@ static ggml_backend_t locret_backend_holding(ggml_backend_sched_t sched, const g
     return nullptr;
 }
 
-bool llama_locret_memory::reserve(llama_context * lctx) {
+void llama_locret_memory::make_evict_scheds(llama_context * lctx) {
     // the context's backends, each with its default buffer type
     ggml_backend_sched_t ctx_sched = lctx->get_sched();
     std::vector<ggml_backend_t> backends;
@@ -240,7 +92,25 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
             ubatch_end_events.emplace_back(b, std::unique_ptr<ggml_backend_event, locret_event_free>(ev));
         }
     }
+}
 
+// every move of the tables at their capacity, from and to row 0: the shapes the reservation needs
+static void locret_fill_moves_for_reserve(locret_moves & moves) {
+    for (auto & m : moves.layer) {
+        // only the shapes matter for the reservation, but a transposed V's element indices are made from the rows
+        std::fill(m.src, m.src + m.cap, 0);
+        std::fill(m.dst, m.dst + m.cap, 0);
+        std::fill(m.delta, m.delta + m.cap, 0);
+        if (m.kv_src != nullptr) {
+            std::fill(m.kv_src, m.kv_src + m.cap, 0);
+            std::fill(m.kv_dst, m.kv_dst + m.cap, 0);
+        }
+        m.n      = m.cap;
+        m.n_copy = m.cap;
+    }
+}
+
+bool llama_locret_memory::reserve_evict_tables(ggml_backend_sched_t ctx_sched) {
     // the worst cases: every retained unit of every sequence of a turn moves; a selection from a full cache. The moves
     // and the selection's read-back get their host memory here, pinned when the cache is on a device. A turn takes at
     // most COMPACT_MAX_SEQ sequences, so that a server's many slots do not multiply these buffers (at 256 slots they
@@ -273,31 +143,27 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
         locret_set_error(e.what());
         return false;
     }
-    for (auto & m : moves.layer) {
-        // only the shapes matter for the reservation, but a transposed V's element indices are made from the rows
-        std::fill(m.src, m.src + m.cap, 0);
-        std::fill(m.dst, m.dst + m.cap, 0);
-        std::fill(m.delta, m.delta + m.cap, 0);
-        if (m.kv_src != nullptr) {
-            std::fill(m.kv_src, m.kv_src + m.cap, 0);
-            std::fill(m.kv_dst, m.kv_dst + m.cap, 0);
-        }
-        m.n      = m.cap;
-        m.n_copy = m.cap;
-    }
+    locret_fill_moves_for_reserve(moves);
     select_idx_cap = select_graph ? n_rows * cfg.budget : 0;
     select_idx = (int32_t *) select_idx_block.reserve(locret_host_buft_for(layers[0].k), select_idx_cap * sizeof(int32_t));
+    return true;
+}
+
+bool llama_locret_memory::reserve_slot(locret_graph_kind kind,
+        const std::function<ggml_cgraph *(llm_graph_result *)> & build) {
+    locret_graph_slot & g = evict_graphs[kind];
+    g.res->reset();
+    const bool ok = ggml_backend_sched_reserve(g.sched.get(), build(g.res.get()));
+    g.res->reset();
+    ggml_backend_sched_reset(g.sched.get());
+    return ok;
+}
+
+bool llama_locret_memory::reserve_evict_graphs() {
+    locret_moves & moves = evict_moves;
     // each kind reserved for its worst case, so that no eviction's graph outgrows its reservation: the compaction
     // that re-rotates keys (compact positions, and kept positions at their limit), the one that only copies rows (kept
     // positions), the selection from a full cache, the policy's largest scoring graph
-    auto reserve_slot = [&](locret_graph_kind kind, const std::function<ggml_cgraph *(llm_graph_result *)> & build) {
-        locret_graph_slot & g = evict_graphs[kind];
-        g.res->reset();
-        const bool ok = ggml_backend_sched_reserve(g.sched.get(), build(g.res.get()));
-        g.res->reset();
-        ggml_backend_sched_reset(g.sched.get());
-        return ok;
-    };
     const auto compact_graph = [&](llm_graph_result * res) {
         moves.prepare(layers); // the form the evictions will use (every layer at its room: no padding)
         return locret_build_compact_graph(res, kv, v_trans, layers, moves);
@@ -334,7 +200,16 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
             return gf;
         });
     }
-    moves.clear();
+    return ok;
+}
+
+bool llama_locret_memory::reserve(llama_context * lctx) {
+    make_evict_scheds(lctx);
+    if (!reserve_evict_tables(lctx->get_sched())) {
+        return false;
+    }
+    const bool ok = reserve_evict_graphs();
+    evict_moves.clear();
     if (!ok) {
         locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
         return false;
@@ -442,7 +317,7 @@ bool llama_locret_memory::run_score_graph(const char * policy_name, const std::s
     return true;
 }
 
-void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const {
+void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_cells & s, uint32_t * keep) const {
     const uint32_t n_head_kv = layers[i].n_head_kv;
     const uint32_t n_top     = n_keep - n_pin - n_stab;
     std::vector<uint8_t>  mark;
@@ -468,7 +343,7 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
 }
 
 void llama_locret_memory::select_layer_masked(size_t i, size_t row0, const layer_cut & c, uint32_t n_used,
-        uint32_t n_keep, uint32_t n_pin, const float * block, const locret_stream & s, uint32_t * keep,
+        uint32_t n_keep, uint32_t n_pin, const float * block, const locret_cells & s, uint32_t * keep,
         const int32_t * top) const {
     // Algorithm 1 over the cells the layer reads, [0, m0) and [m0 + gap, n_used), as if they were consecutive: the
     // pinned ones first, its last stabilizers, the best of the rest
@@ -502,7 +377,7 @@ void llama_locret_memory::select_layer_masked(size_t i, size_t row0, const layer
     }
 }
 
-llama_locret_memory::layer_cut llama_locret_memory::cut_layer(size_t i, const locret_stream & s, uint32_t n_keep,
+llama_locret_memory::layer_cut llama_locret_memory::cut_layer(size_t i, const locret_cells & s, uint32_t n_keep,
         uint32_t n_pin, uint32_t n_stab) const {
     layer_cut c;
     c.m0     = std::min(s.live_end[i], s.dead_end);
@@ -656,6 +531,10 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
     t.readback_us += (ggml_time_us() - t0_us) - (ubatch_wait_us - ubatch_wait_before_us);
 }
 
+// One turn of an eviction, in steps: for every step of the turn choose (the policy's scores, each layer's cut, the
+// selection) and plan (each layer's keep lists, positions after the eviction and row moves, by the layout); then one
+// compaction moves the rows of every sequence of the turn, and each sequence's bookkeeping is committed. Nothing
+// changes before the compaction has run: a failure before it leaves the cache as it was.
 int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps) {
     const int64_t t_start_us = ggml_time_us();
     const uint64_t readback_before_us = t.readback_us;
@@ -663,187 +542,36 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     ubatch_wait_us = 0;
     mark_ubatch_end();
 
-    // the selections, into the pending positions: nothing changes until the compaction has run
-    struct pending_t { locret_evict_args args; locret_protect prot; bool reposition; bool evicts; };
-    const locret_policy_env env = policy_env();
-    // a budget schedule: per pending eviction, the units each layer keeps (its live_end after the eviction)
+    turn_pending.clear();
+    evict_moves.clear();
     live_next.resize(std::max(live_next.size(), n_steps));
-    std::vector<pending_t> pending;
-    locret_moves & moves = evict_moves;
-    moves.clear();
-    std::vector<size_t> row0(layers.size() + 1, 0); // first (layer, KV head) row of each layer
     turn_moved.assign(layers.size(), 0);
     turn_rotated.assign(layers.size(), 0);
-    uint64_t turn_kept = 0;
+    turn_kept = 0;
+    turn_row0.assign(layers.size() + 1, 0);
     for (size_t i = 0; i < layers.size(); ++i) {
-        row0[i + 1] = row0[i] + layers[i].n_head_kv;
+        turn_row0[i + 1] = turn_row0[i] + layers[i].n_head_kv;
     }
-    for (size_t k_step = 0; k_step < n_steps; ++k_step) {
-        const locret_step & st = steps[k_step];
-        const locret_stream & s = streams[st.strm];
+    for (size_t k = 0; k < n_steps; ++k) {
         // kept positions: a part that would pass the position limit compacts positions, evicting or not; with a
-        // budget schedule the smaller layers may evict while the largest keeps every unit (st.n_keep == s.n_used)
-        const bool evicts = st.evict;
-        if (!evicts && !st.reposition) {
+        // budget schedule the smaller layers may evict while the largest keeps every unit (n_keep == n_used)
+        if (!steps[k].evict && !steps[k].reposition) {
             continue;
         }
-        // a pinned query (Locret-Q) stays like the stabilizers: the rest of the budget is chosen by score; the policy
-        // computes the scores it needs now and may protect more (sinks, units waiting for a score, a chosen set)
-        const locret_evict_args args = { st.strm, s.n_used, st.n_keep, pinned_cells(s), st.n_stab };
-        locret_protect prot;
-        if (evicts && !policy->prepare(env, args, streams[st.strm].policy_state, prot)) {
+        turn_choice ch;
+        if (!choose_step(lctx, steps[k], ch)) {
             return -1;
         }
-        const int64_t t_prepared_us = ggml_time_us();
-        const uint32_t n_pin  = prot.n_pin;
-        // kept positions fill holes with the chunk's units, so that cells are in position order only from the chunk
-        // on: the stabilizers are the chunk's last n_s units (all of a shorter chunk), as the paper words it
-        const uint32_t n_stab = cfg.holes_filled() ? std::min(prot.n_stab, s.n_used - s.uniform_from) : prot.n_stab;
-        if (n_pin + n_stab > st.n_keep) {
-            // only a state loaded from elsewhere could bring this: the settings checks keep room for both
-            locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
-                    "keep; the cache is unchanged", st.strm, n_pin, n_stab, st.n_keep));
-            return -1;
-        }
-        const uint32_t n_used = s.n_used;
-        const uint32_t n_cand = n_used - n_stab - n_pin;
-        const uint32_t n_top  = st.n_keep - n_stab - n_pin;
-
-        // where the scores are: the device selects, or the host reads the store (in place when it is host memory)
-        // nothing chosen by score (SAGE-KV after its selection): no score is read
-        const bool ends_only = n_top == 0 || !evicts;
-        // a budget schedule selects per layer (its own count, around its masked cells): on the device for the layers
-        // that choose by score, the others keep all they hold or only their ends, which needs no score
-        const bool sched = has_schedule();
-        const bool on_device = evicts && has_score_store() && select_graph && (sched || (n_top > 0 && n_top < n_cand));
-        // each layer's cut: what it holds and keeps, and (scheduled, on the device) where its selection is
-        evict_cuts.resize(layers.size());
-        for (size_t i = 0; i < layers.size(); ++i) {
-            evict_cuts[i] = cut_layer(i, s, st.n_keep, n_pin, n_stab);
-        }
-        if (on_device && sched) {
-            if (!select_layers_on_device(st.strm, evict_cuts)) {
-                locret_set_error("the Locret selection graph could not run; the cache is unchanged");
-                return -1;
-            }
-        } else if (on_device && !select_on_device(st.strm, n_pin, n_cand, n_top)) {
-            locret_set_error("the Locret selection graph could not run; the cache is unchanged");
-            return -1;
-        }
-        std::vector<const float *> blocks(layers.size(), nullptr); // per layer: this stream's [n_used][n_head_kv]
-        if (!on_device && !ends_only && has_score_store()) {
-            read_scores(lctx, st.strm, n_used, blocks);
-        }
-        const int64_t t_chosen_us = ggml_time_us();
-
-        if (pos_next.size() <= pending.size()) {
-            pos_next.resize(pending.size() + 1);
-            rope_pos_next.resize(pending.size() + 1);
-        }
-        auto & next = pos_next[pending.size()];
-        next.resize(layers.size());
-        auto & rnext = rope_pos_next[pending.size()];
-        rnext.resize(s.rope.size());
-        // kept positions: the kept units stay where they are, the chunk's survivors fill the holes, nothing is
-        // re-rotated; unless positions are compacted (the limit), which orders the cells by position as compact does
-        const bool keep_in_place = cfg.keep_positions && !st.reposition;
-        evict_keep.resize(row0.back() * st.n_keep);
-        const int64_t base = (int64_t) st.strm * cfg.n_cells;
-        auto & live = live_next[pending.size()];
-        live.assign(layers.size(), st.n_keep);
-        if (moves.uploads_queued()) {
-            // the last compaction's copies into the tables were queued, not waited for, and read these arrays when the
-            // backend gets to them: nothing is written before a wait (a selection that read something has waited)
-            wait_for_backend(lctx);
-        }
-        const size_t n_work = row0.back() * (size_t) n_used;
-        evict_workers.parallel_for(layers.size(), host_threads(lctx, n_work), [&](size_t i) {
-            // the units layer i keeps: its budget (a schedule's), at most the ones it holds outside its masked cells
-            const layer_cut & cut = evict_cuts[i];
-            const uint32_t masked = cut.gap;
-            const uint32_t n_live = cut.n_live;
-            // rows [0, live_end) moved with the last eviction sit at positions offset by the masked cells after them
-            const int32_t  old_shift = (int32_t) masked;
-            const int32_t  new_shift = (int32_t) (st.n_keep - n_live);
-            live[i] = n_live;
-            if (!evicts) {
-                // compacting positions only: every unit the layer holds stays
-                for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
-                    uint32_t * out = evict_keep.data() + (row0[i] + h) * st.n_keep;
-                    uint32_t k = 0;
-                    for (uint32_t c = 0; c < n_used; ++c) {
-                        if (c < s.live_end[i] || c >= s.dead_end) {
-                            out[k++] = c;
-                        }
-                    }
-                    GGML_ASSERT(k == n_live);
-                }
-            } else if (masked == 0 && n_live == st.n_keep && !(on_device && sched)) {
-                select_layer(i, row0[i], n_used, st.n_keep, n_pin, n_stab, on_device || ends_only, blocks[i], s,
-                        evict_keep.data());
-            } else {
-                select_layer_masked(i, row0[i], cut, n_used, st.n_keep, n_pin, blocks[i], s, evict_keep.data(),
-                        cut.off != SIZE_MAX ? select_idx + cut.off : nullptr);
-            }
-            const uint32_t n_head_kv = layers[i].n_head_kv;
-            next[i].resize(s.pos[i].size());
-            if (!s.rope.empty()) {
-                rnext[i].resize(s.rope[i].size());
-            }
-            // the layer's moves are written through local pointers and counted once at the end: the layers' headers
-            // sit side by side, and a count updated per move from several threads would share their cache lines
-            auto & m = moves.layer[i];
-            locret_moves::in_place_rows * rot = moves.in_place.empty() ? nullptr : &moves.in_place[i];
-            GGML_ASSERT(m.n + (rot != nullptr ? rot->n : 0) + (size_t) n_head_kv * st.n_keep <= m.cap);
-            locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, base, n_head_kv, 0, 0, 0 };
-            if (m.kv_src != nullptr) {
-                mv.kv_src  = m.kv_src + m.n;
-                mv.kv_dst  = m.kv_dst + m.n;
-                mv.kv_base = (int64_t) st.strm * layers[i].kv_size;
-                mv.live    = group_live_end(layers[i].group, s);
-                mv.gap     = s.dead_end - mv.live;
-            }
-            std::vector<uint32_t> order; // kept positions, compacted: the kept cells by position
-            std::vector<int32_t>  rank;  // in-place positions: each RoPE position's rank among the kept units
-            for (uint32_t h = 0; h < n_head_kv; ++h) {
-                const int32_t  * pos     = s.pos[i].data() + (size_t) h * cfg.n_cells;
-                int32_t        * pos_new = next[i].data()  + (size_t) h * cfg.n_cells;
-                const uint32_t * kept    = evict_keep.data() + (row0[i] + h) * st.n_keep;
-                mv.h = h;
-                if (!cfg.holes_filled()) {
-                    place_compact(kept, n_live, pos, pos_new, s.live_end[i], old_shift, new_shift, mv);
-                } else if (cfg.rotate_in_place) {
-                    place_in_holes_ranked(kept, n_live, new_shift, pos, s.rope[i].data() + (size_t) h * cfg.n_cells,
-                            pos_new, rnext[i].data() + (size_t) h * cfg.n_cells, rank, mv, *rot);
-                } else if (keep_in_place) {
-                    place_in_holes(kept, n_live, pos, s.rope[i].data() + (size_t) h * cfg.n_cells, pos_new,
-                            rnext[i].data() + (size_t) h * cfg.n_cells, mv);
-                } else {
-                    place_by_position(kept, n_live, new_shift, pos, s.rope[i].data() + (size_t) h * cfg.n_cells,
-                            pos_new, rnext[i].data() + (size_t) h * cfg.n_cells, order, mv);
-                }
-                std::fill(pos_new + n_live, pos_new + st.n_keep, -1); // masked in this layer until the next eviction
-                if (cfg.holes_filled()) {
-                    std::fill(rnext[i].data() + (size_t) h * cfg.n_cells + n_live,
-                              rnext[i].data() + (size_t) h * cfg.n_cells + st.n_keep, -1);
-                }
-            }
-            m.n += mv.n;
-            turn_moved[i]   += mv.moved;
-            turn_rotated[i] += mv.rotated;
-        });
-        pending.push_back({ args, prot, st.reposition, evicts });
-        for (size_t i = 0; i < layers.size(); ++i) {
-            turn_kept += (uint64_t) layers[i].n_head_kv * live[i];
-        }
+        plan_step(lctx, steps[k], ch);
         if (locret_profile()) {
             const int64_t now = ggml_time_us();
             fprintf(stderr, "locret-profile: selected by %s, %.2f ms since the start (policy %.2f, choice %.2f, "
-                    "keep lists and moves %.2f ms)\n", on_device ? "device" : "host", (now - t_start_us) / 1e3,
-                    (t_prepared_us - t_start_us) / 1e3, (t_chosen_us - t_prepared_us) / 1e3, (now - t_chosen_us) / 1e3);
+                    "keep lists and moves %.2f ms)\n", ch.on_device ? "device" : "host", (now - t_start_us) / 1e3,
+                    (ch.t_prepared_us - t_start_us) / 1e3, (ch.t_chosen_us - ch.t_prepared_us) / 1e3,
+                    (now - ch.t_chosen_us) / 1e3);
         }
     }
-    if (pending.empty()) {
+    if (turn_pending.empty()) {
         return 0;
     }
     const int64_t t_selected_us = ggml_time_us();
@@ -851,6 +579,191 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
     t.select_us += (uint64_t) (t_selected_us - t_start_us) - (t.readback_us - readback_before_us) - ubatch_wait_us;
     const uint64_t ubatch_wait_selected_us = ubatch_wait_us;
 
+    const locret_compact_status status = compact_turn(lctx, t_selected_us);
+    if (status == LOCRET_COMPACT_NOT_RUN) {
+        locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
+        return -1;
+    }
+    bool ok = status == LOCRET_COMPACT_OK;
+    const int64_t t_queued_us = ggml_time_us();
+    bool shifted = false;
+    for (size_t p = 0; p < turn_pending.size() && ok; ++p) {
+        ok = commit_step(lctx, p, shifted);
+    }
+    if (!ok) {
+        abandon_turn();
+        return -1;
+    }
+    if (locret_profile()) {
+        fprintf(stderr, "locret-profile: bookkeeping after the compaction %.2f ms\n", (ggml_time_us() - t_queued_us) / 1e3);
+    }
+    t.compact_us += (ggml_time_us() - t_selected_us) - (ubatch_wait_us - ubatch_wait_selected_us);
+    for (size_t i = 0; i < layers.size(); ++i) {
+        t.n_rows_moved   += turn_moved[i];
+        t.n_rows_rotated += turn_rotated[i];
+    }
+    t.n_rows_kept += turn_kept;
+    // the eviction graphs have their own scheduler: the context's last graph stays reusable, unless the window cache
+    // was shifted (llama.cpp's K-shift runs on the context's scheduler)
+    return shifted ? 1 : 0;
+}
+
+// Step 1, choose: the policy computes the scores it needs now and may protect more (sinks, units waiting for a score,
+// a chosen set); a pinned query (Locret-Q) stays like the stabilizers; each layer's cut; the selection on the device,
+// or the scores the host selects from read into ch.blocks. The step joins turn_pending.
+bool llama_locret_memory::choose_step(llama_context * lctx, const locret_step & st, turn_choice & ch) {
+    const locret_cells & s = streams[st.strm];
+    const bool evicts = st.evict;
+    const locret_evict_args args = { st.strm, s.n_used, st.n_keep, s.pinned_cells(), st.n_stab };
+    locret_protect prot;
+    if (evicts && !policy->prepare(policy_env(), args, streams[st.strm].policy_state, prot)) {
+        return false;
+    }
+    ch.t_prepared_us = ggml_time_us();
+    ch.n_pin = prot.n_pin;
+    // kept positions fill holes with the chunk's units, so that cells are in position order only from the chunk
+    // on: the stabilizers are the chunk's last n_s units (all of a shorter chunk), as the paper words it
+    ch.n_stab = cfg.holes_filled() ? std::min(prot.n_stab, s.n_used - s.uniform_from) : prot.n_stab;
+    if (ch.n_pin + ch.n_stab > st.n_keep) {
+        // only a state loaded from elsewhere could bring this: the settings checks keep room for both
+        locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
+                "keep; the cache is unchanged", st.strm, ch.n_pin, ch.n_stab, st.n_keep));
+        return false;
+    }
+    const uint32_t n_cand = s.n_used - ch.n_stab - ch.n_pin;
+    const uint32_t n_top  = st.n_keep - ch.n_stab - ch.n_pin;
+    // where the scores are: the device selects, or the host reads the store (in place when it is host memory);
+    // nothing chosen by score (SAGE-KV after its selection): no score is read
+    ch.ends_only = n_top == 0 || !evicts;
+    // a budget schedule selects per layer (its own count, around its masked cells): on the device for the layers
+    // that choose by score, the others keep all they hold or only their ends, which needs no score
+    ch.sched = has_schedule();
+    ch.on_device = evicts && has_score_store() && select_graph && (ch.sched || (n_top > 0 && n_top < n_cand));
+    evict_cuts.resize(layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+        evict_cuts[i] = cut_layer(i, s, st.n_keep, ch.n_pin, ch.n_stab);
+    }
+    const bool selected = !ch.on_device ||
+        (ch.sched ? select_layers_on_device(st.strm, evict_cuts) : select_on_device(st.strm, ch.n_pin, n_cand, n_top));
+    if (!selected) {
+        locret_set_error("the Locret selection graph could not run; the cache is unchanged");
+        return false;
+    }
+    ch.blocks.assign(layers.size(), nullptr);
+    if (!ch.on_device && !ch.ends_only && has_score_store()) {
+        read_scores(lctx, st.strm, s.n_used, ch.blocks);
+    }
+    ch.t_chosen_us = ggml_time_us();
+    turn_pending.push_back({ args, prot, st.reposition, evicts });
+    return true;
+}
+
+// Step 2, plan: the positions after the eviction (into pos_next, rope_pos_next and live_next at the step's index in
+// turn_pending) and the row moves, every layer on the eviction's host threads
+void llama_locret_memory::plan_step(llama_context * lctx, const locret_step & st, const turn_choice & ch) {
+    const size_t p = turn_pending.size() - 1;
+    const locret_cells & s = streams[st.strm];
+    if (pos_next.size() <= p) {
+        pos_next.resize(p + 1);
+        rope_pos_next.resize(p + 1);
+    }
+    pos_next[p].resize(layers.size());
+    rope_pos_next[p].resize(s.rope.size());
+    evict_keep.resize(turn_row0.back() * st.n_keep);
+    live_next[p].assign(layers.size(), st.n_keep);
+    if (evict_moves.uploads_queued()) {
+        // the last compaction's copies into the tables were queued, not waited for, and read these arrays when the
+        // backend gets to them: nothing is written before a wait (a selection that read something has waited)
+        wait_for_backend(lctx);
+    }
+    const size_t n_work = turn_row0.back() * (size_t) s.n_used;
+    evict_workers.parallel_for(layers.size(), host_threads(lctx, n_work), [&](size_t i) {
+        plan_layer(i, st, ch, p);
+    });
+    for (size_t i = 0; i < layers.size(); ++i) {
+        turn_kept += (uint64_t) layers[i].n_head_kv * live_next[p][i];
+    }
+}
+
+// the kept cells of layer i's KV heads, in cell order, into evict_keep (every unit the layer holds when the step only
+// compacts positions)
+void llama_locret_memory::keep_layer(size_t i, const locret_step & st, const turn_choice & ch) {
+    const locret_cells & s = streams[st.strm];
+    const layer_cut & cut = evict_cuts[i];
+    uint32_t * keep = evict_keep.data();
+    if (!st.evict) {
+        for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
+            uint32_t * out = keep + (turn_row0[i] + h) * st.n_keep;
+            uint32_t k = 0;
+            for (uint32_t c = 0; c < s.n_used; ++c) {
+                if (c < s.live_end[i] || c >= s.dead_end) {
+                    out[k++] = c;
+                }
+            }
+            GGML_ASSERT(k == cut.n_live);
+        }
+    } else if (cut.gap == 0 && cut.n_live == st.n_keep && !(ch.on_device && ch.sched)) {
+        select_layer(i, turn_row0[i], s.n_used, st.n_keep, ch.n_pin, ch.n_stab, ch.on_device || ch.ends_only,
+                ch.blocks[i], s, keep);
+    } else {
+        select_layer_masked(i, turn_row0[i], cut, s.n_used, st.n_keep, ch.n_pin, ch.blocks[i], s, keep,
+                cut.off != SIZE_MAX ? select_idx + cut.off : nullptr);
+    }
+}
+
+// layer i of pending step p: its kept cells, then the layout turns each KV head's into positions and row moves
+void llama_locret_memory::plan_layer(size_t i, const locret_step & st, const turn_choice & ch, size_t p) {
+    const locret_cells & s = streams[st.strm];
+    const layer_cut & cut = evict_cuts[i];
+    const uint32_t n_live = cut.n_live; // its budget (a schedule's), at most the units it holds outside its masked cells
+    live_next[p][i] = n_live;
+    keep_layer(i, st, ch);
+    const uint32_t n_head_kv = layers[i].n_head_kv;
+    auto & next  = pos_next[p][i];
+    next.resize(s.pos[i].size());
+    if (!s.rope.empty()) {
+        rope_pos_next[p][i].resize(s.rope[i].size());
+    }
+    // the layer's moves are written through local pointers and counted once at the end: the layers' headers sit side
+    // by side, and a count updated per move from several threads would share their cache lines
+    auto & m = evict_moves.layer[i];
+    locret_moves::in_place_rows * rot = evict_moves.in_place.empty() ? nullptr : &evict_moves.in_place[i];
+    GGML_ASSERT(m.n + (rot != nullptr ? rot->n : 0) + (size_t) n_head_kv * st.n_keep <= m.cap);
+    locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, (int64_t) st.strm * cfg.n_cells, n_head_kv,
+                            0, 0, 0 };
+    if (m.kv_src != nullptr) {
+        mv.kv_src  = m.kv_src + m.n;
+        mv.kv_dst  = m.kv_dst + m.n;
+        mv.kv_base = (int64_t) st.strm * layers[i].kv_size;
+        mv.live    = group_live_end(layers[i].group, s);
+        mv.gap     = s.dead_end - mv.live;
+    }
+    const locret_layout & layout = locret_layout_get(locret_layout_of(cfg.keep_positions, cfg.rotate_in_place,
+                                                                      st.reposition));
+    locret_layout_scratch scratch;
+    for (uint32_t h = 0; h < n_head_kv; ++h) {
+        // rows [0, live_end) moved with the last eviction sit at positions offset by the masked cells after them
+        const locret_layout_head hd = {
+            evict_keep.data() + (turn_row0[i] + h) * st.n_keep, n_live, s.pos_row(i, h),
+            s.rope.empty() ? nullptr : s.rope_row(i, h), next.data() + (size_t) h * cfg.n_cells,
+            s.rope.empty() ? nullptr : rope_pos_next[p][i].data() + (size_t) h * cfg.n_cells,
+            s.live_end[i], (int32_t) cut.gap, (int32_t) (st.n_keep - n_live),
+        };
+        mv.h = h;
+        layout.place(hd, scratch, mv, rot);
+        std::fill(hd.pos_new + n_live, hd.pos_new + st.n_keep, -1); // masked in this layer until the next eviction
+        if (hd.rope_new != nullptr) {
+            std::fill(hd.rope_new + n_live, hd.rope_new + st.n_keep, -1);
+        }
+    }
+    m.n += mv.n;
+    turn_moved[i]   += mv.moved;
+    turn_rotated[i] += mv.rotated;
+}
+
+// Step 3, compact: the turn's row moves of every sequence in one compaction graph (not waited for)
+locret_compact_status llama_locret_memory::compact_turn(llama_context * lctx, int64_t t_selected_us) {
+    locret_moves & moves = evict_moves;
     moves.finish(); // the in-place rotations after the moves of every sequence of the turn
     moves.rotate = false;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -866,79 +779,51 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
         locret_compact(compact_slot.sched.get(), compact_slot.res.get(), kv, v_trans, layers, moves,
                 take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
     t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
-    if (status == LOCRET_COMPACT_NOT_RUN) {
-        locret_set_error("the Locret compaction graph could not run; the cache is unchanged");
-        return -1;
+    if (locret_profile() && status != LOCRET_COMPACT_NOT_RUN) {
+        fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", moves.count(),
+                (ggml_time_us() - t_selected_us) / 1e3);
     }
-    bool ok = status == LOCRET_COMPACT_OK;
-    if (locret_profile()) {
-        const size_t n_moves = moves.count();
-        fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", n_moves, (ggml_time_us() - t_selected_us) / 1e3);
-    }
+    return status;
+}
 
-    const int64_t t_queued_us = ggml_time_us();
-    bool shifted = false;
-    for (size_t p = 0; p < pending.size() && ok; ++p) {
-        const locret_evict_args & pd = pending[p].args;
-        locret_stream & s = streams[pd.strm];
-        const uint32_t n_used = s.n_used;
-        const uint32_t rope_before = s.rope_next;
-        if (pd.n_keep < n_used) {
-            // group 0 (every layer without groups): the cells past the kept ones, by position (free_cells)
-            kv->seq_rm((llama_seq_id) pd.strm, (llama_pos) pd.n_keep, -1);
-        }
-        s.pos.swap(pos_next[p]);
-        if (!s.rope.empty()) {
-            s.rope.swap(rope_pos_next[p]);
-        }
-        // the next part's RoPE position: on from the last with kept positions, else after the kept units
-        if (!cfg.keep_positions || pending[p].reposition) {
-            s.rope_next = pd.n_keep;
-        }
-        n_repositions += cfg.keep_positions && pending[p].reposition;
-        uint64_t n_evicted = 0;
-        for (size_t i = 0; i < layers.size(); ++i) {
-            const uint32_t held = n_used - (s.dead_end - s.live_end[i]);
-            n_evicted += (uint64_t) layers[i].n_head_kv * (held - live_next[p][i]);
-        }
-        s.live_end         = live_next[p];
-        s.dead_end         = pd.n_keep;
-        s.n_used           = pd.n_keep;
-        free_group_tails(pd.strm);
-        s.uniform_from     = pd.n_keep;
-        policy->compacted(cfg, pd, pending[p].prot, s.policy_state);
-        s.undo.valid       = false;
-        s.n_evictions     += pending[p].evicts; // compacting kept positions alone evicts nothing
-        s.n_units_evicted += n_evicted;
-        t.n_evictions     += pending[p].evicts;
-        t.n_units_evicted += n_evicted;
-        shifted = shifted || (kv_swa != nullptr && s.rope_next != rope_before);
-        if (!shift_window(lctx, pd.strm, (llama_pos) s.rope_next - (llama_pos) rope_before)) {
-            LLAMA_LOG_ERROR("%s: Locret: the window cache could not follow the compaction\n", __func__);
-            ok = false;
-        }
-        LLAMA_LOG_DEBUG("%s: Locret eviction %llu of sequence %u: %u -> %u units per head (%u stabilizers), logical position %d\n",
-                __func__, (unsigned long long) s.n_evictions, pd.strm, n_used, pd.n_keep, pending[p].prot.n_stab, s.logical_next);
+// Step 4, commit: pending step p's sequence takes its positions after the eviction, frees the cells past them, and the
+// window cache (iSWA) follows the new RoPE frame; false when the window cache could not
+bool llama_locret_memory::commit_step(llama_context * lctx, size_t p, bool & shifted) {
+    const turn_step & ts = turn_pending[p];
+    locret_cells & s = streams[ts.args.strm];
+    const uint32_t n_used = s.n_used;
+    const uint32_t rope_before = s.rope_next;
+    if (ts.args.n_keep < n_used) {
+        // group 0 (every layer without groups): the cells past the kept ones, by position (free_cells)
+        kv->seq_rm((llama_seq_id) ts.args.strm, (llama_pos) ts.args.n_keep, -1);
     }
-    if (!ok) {
-        // the cache may be half moved: empty the sequences involved, so that nothing inconsistent is ever read
-        for (const auto & pd : pending) {
-            each_cache([&](llama_memory_i & m) { m.seq_rm((llama_seq_id) pd.args.strm, -1, -1); });
-            reset_stream(streams[pd.args.strm]);
-        }
-        locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
-        return -1;
+    // the next part's RoPE position: on from the last with kept positions, else after the kept units
+    const bool restart_rope = !cfg.keep_positions || ts.reposition;
+    n_repositions += cfg.keep_positions && ts.reposition;
+    const uint64_t n_evicted = s.commit_eviction(ts.args.n_keep, live_next[p], pos_next[p], rope_pos_next[p],
+                                                 restart_rope, ts.evicts);
+    free_group_tails(ts.args.strm);
+    policy->compacted(cfg, ts.args, ts.prot, s.policy_state);
+    locret_cells_assert(s);
+    t.n_evictions     += ts.evicts; // compacting kept positions alone evicts nothing
+    t.n_units_evicted += n_evicted;
+    shifted = shifted || (kv_swa != nullptr && s.rope_next != rope_before);
+    LLAMA_LOG_DEBUG("%s: Locret eviction %llu of sequence %u: %u -> %u units per head (%u stabilizers), logical position %d\n",
+            __func__, (unsigned long long) s.n_evictions, ts.args.strm, n_used, ts.args.n_keep, ts.prot.n_stab,
+            s.logical_next);
+    if (!shift_window(lctx, ts.args.strm, (llama_pos) s.rope_next - (llama_pos) rope_before)) {
+        LLAMA_LOG_ERROR("%s: Locret: the window cache could not follow the compaction\n", __func__);
+        return false;
     }
-    if (locret_profile()) {
-        fprintf(stderr, "locret-profile: bookkeeping after the compaction %.2f ms\n", (ggml_time_us() - t_queued_us) / 1e3);
+    return true;
+}
+
+// the compaction failed part-way: the cache may be half moved, so the sequences of the turn are emptied (nothing
+// inconsistent is ever read)
+void llama_locret_memory::abandon_turn() {
+    for (const auto & ts : turn_pending) {
+        each_cache([&](llama_memory_i & m) { m.seq_rm((llama_seq_id) ts.args.strm, -1, -1); });
+        streams[ts.args.strm].reset();
     }
-    t.compact_us += (ggml_time_us() - t_selected_us) - (ubatch_wait_us - ubatch_wait_selected_us);
-    for (size_t i = 0; i < layers.size(); ++i) {
-        t.n_rows_moved   += turn_moved[i];
-        t.n_rows_rotated += turn_rotated[i];
-    }
-    t.n_rows_kept += turn_kept;
-    // the eviction graphs have their own scheduler: the context's last graph stays reusable, unless the window cache
-    // was shifted (llama.cpp's K-shift runs on the context's scheduler)
-    return shifted ? 1 : 0;
+    locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
 }

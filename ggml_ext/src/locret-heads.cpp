@@ -153,27 +153,10 @@ std::string layer_tensor_name(int il, const char * suffix) {
     return format("%sblk.%d.%s", LOCRET_TENSOR_PREFIX, il, suffix);
 }
 
-void load_heads(llama_locret_heads & heads, const llama_model & model, const std::string & path) {
-    ggml_context * meta_raw = nullptr;
-    gguf_init_params params = { /*.no_alloc =*/ true, /*.ctx =*/ &meta_raw };
-    gguf_ptr gguf(gguf_init_from_file(path.c_str(), params));
-    if (!gguf) {
-        throw std::runtime_error(format("%s: cannot read the file as GGUF (missing, truncated or not GGUF)", path.c_str()));
-    }
-    ggml_context_ptr meta(meta_raw);
-    const heads_meta_reader kv = { gguf.get(), path };
-
-    const int64_t version_id = gguf_find_key(gguf.get(), "locret.format_version");
-    if (version_id < 0) {
-        throw std::runtime_error(format("%s: the file has no retaining heads (no locret.format_version key)", path.c_str()));
-    }
-    const uint32_t version = kv.u32("locret.format_version");
-    if (version != LOCRET_FORMAT_VERSION) {
-        throw std::runtime_error(format("%s: heads format version %u is not supported (this build reads version %u)",
-                path.c_str(), version, LOCRET_FORMAT_VERSION));
-    }
-
-    // the base model the heads were made for must be the loaded model
+// the base model the heads were made for must be the loaded model, with uniform layers, and the file's inputs must be
+// laid out as the runtime feeds them
+void check_base_model(const heads_meta_reader & kv, const llama_model & model, uint32_t n_layer) {
+    const std::string & path = kv.path;
     const llama_hparams & hp = model.hparams;
     const std::string model_arch = llm_arch_name(model.arch);
     const std::string base_arch  = kv.str("locret.base.architecture");
@@ -181,7 +164,6 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         throw std::runtime_error(format("%s: heads are for architecture '%s' but the model is '%s'",
                 path.c_str(), base_arch.c_str(), model_arch.c_str()));
     }
-    const uint32_t n_layer = hp.n_layer();
     for (uint32_t il = 1; il < n_layer; ++il) {
         if (hp.n_head(il) != hp.n_head(0) || hp.n_head_kv(il) != hp.n_head_kv(0) ||
             hp.n_embd_head_k(il) != hp.n_embd_head_k(0) || hp.n_embd_head_v(il) != hp.n_embd_head_v(0)) {
@@ -204,7 +186,12 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         throw std::runtime_error(format("%s: Q/K columns are in '%s' order; the runtime needs 'llama.cpp' order "
                 "(convert the heads with convert/heads_to_gguf.py)", path.c_str(), qk_layout.c_str()));
     }
+}
 
+// the heads' sizes from the model (d_in = n_q + n_k + n_v) and the file (d_R, activation, recommended settings)
+void set_head_sizes(llama_locret_heads & heads, const llama_model & model, const heads_meta_reader & kv) {
+    const std::string & path = kv.path;
+    const llama_hparams & hp = model.hparams;
     heads.path       = path;
     heads.model      = &model;
     heads.n_head_kv  = hp.n_head_kv(0);
@@ -218,99 +205,124 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         throw std::runtime_error(format("%s: locret.hidden_size is 0", path.c_str()));
     }
     heads.recommended = read_recommended(kv);
+}
 
-    // validate every layer's tensors before allocating anything
+// tensors as stored in the file
+struct file_layer { ggml_tensor * fc1_w, * fc1_b, * fc2_w, * fc2_b; };
+
+// every layer's tensors in the file, validated before allocating anything: fc1.weight [d_in, d_R],
+// fc2.weight [d_R, n_head_kv], optional F32 fc1.bias [d_R] and fc2.bias [n_head_kv], the same biases in every layer
+std::vector<file_layer> check_layer_tensors(ggml_context * meta, const std::string & path,
+        const llama_locret_heads & heads, uint32_t n_layer) {
     const auto weight_types = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
-    struct file_layer { ggml_tensor * fc1_w, * fc1_b, * fc2_w, * fc2_b; }; // tensors as stored in the file
     std::vector<file_layer> meta_layers(n_layer);
     for (uint32_t il = 0; il < n_layer; ++il) {
         file_layer & l = meta_layers[il];
-        l.fc1_w = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc1.weight"), heads.d_in, heads.d_r,       weight_types, true);
-        l.fc2_w = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc2.weight"), heads.d_r,  heads.n_head_kv, weight_types, true);
-        l.fc1_b = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc1.bias"),   heads.d_r,       1, { GGML_TYPE_F32 }, false);
-        l.fc2_b = expect_tensor(meta.get(), path, layer_tensor_name(il, "fc2.bias"),   heads.n_head_kv, 1, { GGML_TYPE_F32 }, false);
+        l.fc1_w = expect_tensor(meta, path, layer_tensor_name(il, "fc1.weight"), heads.d_in, heads.d_r,       weight_types, true);
+        l.fc2_w = expect_tensor(meta, path, layer_tensor_name(il, "fc2.weight"), heads.d_r,  heads.n_head_kv, weight_types, true);
+        l.fc1_b = expect_tensor(meta, path, layer_tensor_name(il, "fc1.bias"),   heads.d_r,       1, { GGML_TYPE_F32 }, false);
+        l.fc2_b = expect_tensor(meta, path, layer_tensor_name(il, "fc2.bias"),   heads.n_head_kv, 1, { GGML_TYPE_F32 }, false);
         if ((l.fc1_b == nullptr) != (meta_layers[0].fc1_b == nullptr) || (l.fc2_b == nullptr) != (meta_layers[0].fc2_b == nullptr)) {
             throw std::runtime_error(format("%s: layer %u and layer 0 disagree on which biases exist", path.c_str(), il));
         }
     }
-    const ggml_tensor * extra = ggml_get_tensor(meta.get(), layer_tensor_name(n_layer, "fc1.weight").c_str());
+    const ggml_tensor * extra = ggml_get_tensor(meta, layer_tensor_name(n_layer, "fc1.weight").c_str());
     if (extra != nullptr) {
         throw std::runtime_error(format("%s: heads file has more layers than the model (%u)", path.c_str(), n_layer));
     }
+    return meta_layers;
+}
 
-    // one context per buffer type: each layer's head lives where that layer's weights live. When that is one buffer
-    // type for all and each weight has one type in every layer, the layers are slices of stacked tensors
-    // (locret_heads_stack)
+// whether the layers can be slices of stacked tensors (locret_heads_stack): one buffer type for all layers and each
+// weight with one type in every layer
+bool can_stack(const llama_model & model, const std::vector<file_layer> & meta_layers) {
     bool stack = true;
-    for (uint32_t il = 0; il < n_layer; ++il) {
+    for (uint32_t il = 0; il < (uint32_t) meta_layers.size(); ++il) {
         const file_layer & l = meta_layers[il];
         stack = stack && model.select_buft(il) == model.select_buft(0) && l.fc1_w->type == meta_layers[0].fc1_w->type &&
                 l.fc2_w->type == meta_layers[0].fc2_w->type;
     }
-    std::map<ggml_backend_buffer_type_t, ggml_context *> ctx_for_buft;
-    auto ctx_of = [&](ggml_backend_buffer_type_t buft) -> ggml_context * {
-        ggml_context *& ctx = ctx_for_buft[buft];
+    return stack;
+}
+
+using buft_ctx_map = std::map<ggml_backend_buffer_type_t, ggml_context *>;
+
+// the context for buffer type `buft`, created (and owned by heads.ctxs) on first use: one context per buffer type,
+// as each layer's head lives where that layer's weights live
+ggml_context * heads_ctx_of(llama_locret_heads & heads, buft_ctx_map & ctx_for_buft, ggml_backend_buffer_type_t buft,
+        uint32_t n_layer) {
+    ggml_context *& ctx = ctx_for_buft[buft];
+    if (ctx == nullptr) {
+        // four tensors per layer (fc1, fc2 and their biases), as tensors or as slices of four stacked ones
+        ggml_init_params ip = { /*.mem_size =*/ (4 + 4 * n_layer) * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
+                                /*.no_alloc =*/ true };
+        ctx = ggml_init(ip);
         if (ctx == nullptr) {
-            // four tensors per layer (fc1, fc2 and their biases), as tensors or as slices of four stacked ones
-            ggml_init_params ip = { /*.mem_size =*/ (4 + 4 * n_layer) * ggml_tensor_overhead(), /*.mem_buffer =*/ nullptr,
-                                    /*.no_alloc =*/ true };
-            ctx = ggml_init(ip);
-            if (ctx == nullptr) {
-                throw std::runtime_error("failed to create a ggml context for the retaining heads");
-            }
-            heads.ctxs.emplace_back(ctx);
+            throw std::runtime_error("failed to create a ggml context for the retaining heads");
         }
-        return ctx;
+        heads.ctxs.emplace_back(ctx);
+    }
+    return ctx;
+}
+
+// the stacked tensors in `ctx` (fc1 [d_in, d_R, n_layer], fc2 [d_R, n_head_kv, n_layer], biases [ne0, 1, n_layer]),
+// and each layer's tensors as views of them
+void create_stacked_tensors(llama_locret_heads & heads, ggml_context * ctx, const std::vector<file_layer> & meta_layers) {
+    const uint32_t n_layer = (uint32_t) meta_layers.size();
+    const file_layer & l0 = meta_layers[0];
+    locret_heads_stack & st = heads.stack;
+    st.fc1_w = ggml_new_tensor_3d(ctx, l0.fc1_w->type, heads.d_in, heads.d_r, n_layer);
+    st.fc2_w = ggml_new_tensor_3d(ctx, l0.fc2_w->type, heads.d_r, heads.n_head_kv, n_layer);
+    st.fc1_b = l0.fc1_b ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, heads.d_r, 1, n_layer) : nullptr;
+    st.fc2_b = l0.fc2_b ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, heads.n_head_kv, 1, n_layer) : nullptr;
+    ggml_set_name(st.fc1_w, "locret.stack.fc1.weight");
+    ggml_set_name(st.fc2_w, "locret.stack.fc2.weight");
+    if (st.fc1_b) { ggml_set_name(st.fc1_b, "locret.stack.fc1.bias"); }
+    if (st.fc2_b) { ggml_set_name(st.fc2_b, "locret.stack.fc2.bias"); }
+    // layer il's tensor: the il-th [ne0, ne1] slice, named as in the file
+    auto slice = [&](ggml_tensor * t, uint32_t il, const ggml_tensor * named) -> ggml_tensor * {
+        if (t == nullptr) {
+            return nullptr;
+        }
+        ggml_tensor * v = ggml_view_2d(ctx, t, t->ne[0], t->ne[1], t->nb[1], il * t->nb[2]);
+        ggml_set_name(v, ggml_get_name(named));
+        return v;
     };
-    heads.layers.resize(n_layer);
-    if (stack) {
-        ggml_context * ctx = ctx_of(model.select_buft(0));
-        const file_layer & l0 = meta_layers[0];
-        locret_heads_stack & st = heads.stack;
-        st.fc1_w = ggml_new_tensor_3d(ctx, l0.fc1_w->type, heads.d_in, heads.d_r, n_layer);
-        st.fc2_w = ggml_new_tensor_3d(ctx, l0.fc2_w->type, heads.d_r, heads.n_head_kv, n_layer);
-        st.fc1_b = l0.fc1_b ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, heads.d_r, 1, n_layer) : nullptr;
-        st.fc2_b = l0.fc2_b ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, heads.n_head_kv, 1, n_layer) : nullptr;
-        ggml_set_name(st.fc1_w, "locret.stack.fc1.weight");
-        ggml_set_name(st.fc2_w, "locret.stack.fc2.weight");
-        if (st.fc1_b) { ggml_set_name(st.fc1_b, "locret.stack.fc1.bias"); }
-        if (st.fc2_b) { ggml_set_name(st.fc2_b, "locret.stack.fc2.bias"); }
-        // layer il's tensor: the il-th [ne0, ne1] slice, named as in the file
-        auto slice = [&](ggml_tensor * t, uint32_t il, const ggml_tensor * named) -> ggml_tensor * {
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        const file_layer & src = meta_layers[il];
+        locret_head_layer & dst = heads.layers[il];
+        dst.fc1_w = slice(st.fc1_w, il, src.fc1_w);
+        dst.fc1_b = slice(st.fc1_b, il, src.fc1_b);
+        dst.fc2_w = slice(st.fc2_w, il, src.fc2_w);
+        dst.fc2_b = slice(st.fc2_b, il, src.fc2_b);
+    }
+}
+
+// each layer's tensors on their own, shaped and named as in the file, in the context of that layer's buffer type
+void create_layer_tensors(llama_locret_heads & heads, const llama_model & model, buft_ctx_map & ctx_for_buft,
+        const std::vector<file_layer> & meta_layers) {
+    const uint32_t n_layer = (uint32_t) meta_layers.size();
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        ggml_context * ctx = heads_ctx_of(heads, ctx_for_buft, model.select_buft(il), n_layer);
+        const file_layer & src = meta_layers[il];
+        locret_head_layer & dst = heads.layers[il];
+        auto dup = [&](const ggml_tensor * t) -> ggml_tensor * {
             if (t == nullptr) {
                 return nullptr;
             }
-            ggml_tensor * v = ggml_view_2d(ctx, t, t->ne[0], t->ne[1], t->nb[1], il * t->nb[2]);
-            ggml_set_name(v, ggml_get_name(named));
-            return v;
+            ggml_tensor * d = ggml_dup_tensor(ctx, t);
+            ggml_set_name(d, ggml_get_name(t));
+            return d;
         };
-        for (uint32_t il = 0; il < n_layer; ++il) {
-            const file_layer & src = meta_layers[il];
-            locret_head_layer & dst = heads.layers[il];
-            dst.fc1_w = slice(st.fc1_w, il, src.fc1_w);
-            dst.fc1_b = slice(st.fc1_b, il, src.fc1_b);
-            dst.fc2_w = slice(st.fc2_w, il, src.fc2_w);
-            dst.fc2_b = slice(st.fc2_b, il, src.fc2_b);
-        }
-    } else {
-        for (uint32_t il = 0; il < n_layer; ++il) {
-            ggml_context * ctx = ctx_of(model.select_buft(il));
-            const file_layer & src = meta_layers[il];
-            locret_head_layer & dst = heads.layers[il];
-            auto dup = [&](const ggml_tensor * t) -> ggml_tensor * {
-                if (t == nullptr) {
-                    return nullptr;
-                }
-                ggml_tensor * d = ggml_dup_tensor(ctx, t);
-                ggml_set_name(d, ggml_get_name(t));
-                return d;
-            };
-            dst.fc1_w = dup(src.fc1_w);
-            dst.fc1_b = dup(src.fc1_b);
-            dst.fc2_w = dup(src.fc2_w);
-            dst.fc2_b = dup(src.fc2_b);
-        }
+        dst.fc1_w = dup(src.fc1_w);
+        dst.fc1_b = dup(src.fc1_b);
+        dst.fc2_w = dup(src.fc2_w);
+        dst.fc2_b = dup(src.fc2_b);
     }
+}
+
+// one weights buffer per context (kept in heads.bufs); returns their total size in bytes
+size_t alloc_head_buffers(llama_locret_heads & heads, const buft_ctx_map & ctx_for_buft) {
     size_t total_bytes = 0;
     for (auto & [buft, ctx] : ctx_for_buft) {
         ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
@@ -321,8 +333,12 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         total_bytes += ggml_backend_buffer_get_size(buf.get());
         heads.bufs.emplace_back(std::move(buf));
     }
+    return total_bytes;
+}
 
-    // read the tensor data from the file into the backend buffers
+// read the tensor data from the file into the backend buffers, folding it into heads.fingerprint
+void read_head_data(llama_locret_heads & heads, const gguf_context * gguf, const std::string & path,
+        const std::vector<file_layer> & meta_layers) {
     FILE * f = std::fopen(path.c_str(), "rb");
     if (f == nullptr) {
         throw std::runtime_error(format("%s: cannot open the file", path.c_str()));
@@ -330,12 +346,12 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
     std::unique_ptr<FILE, int (*)(FILE *)> file(f, std::fclose);
     std::fseek(f, 0, SEEK_END);
     const size_t file_size = (size_t) std::ftell(f);
-    const size_t data_offset = gguf_get_data_offset(gguf.get());
+    const size_t data_offset = gguf_get_data_offset(gguf);
     std::vector<uint8_t> staging;
     // read a file tensor into `staging`
     auto read_tensor = [&](const ggml_tensor * t) {
-        const int64_t id = gguf_find_tensor(gguf.get(), ggml_get_name(t));
-        const size_t offset = data_offset + gguf_get_tensor_offset(gguf.get(), id);
+        const int64_t id = gguf_find_tensor(gguf, ggml_get_name(t));
+        const size_t offset = data_offset + gguf_get_tensor_offset(gguf, id);
         const size_t nbytes = ggml_nbytes(t);
         if (offset + nbytes > file_size) {
             throw std::runtime_error(format("%s: tensor '%s' lies beyond the end of the file (truncated file)", path.c_str(), ggml_get_name(t)));
@@ -346,7 +362,7 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
         }
         heads.fingerprint = locret_fingerprint(heads.fingerprint, staging.data(), nbytes);
     };
-    for (uint32_t il = 0; il < n_layer; ++il) {
+    for (uint32_t il = 0; il < (uint32_t) meta_layers.size(); ++il) {
         const file_layer & src = meta_layers[il];
         const locret_head_layer & dst = heads.layers[il];
         for (auto [file_t, dev_t] : { std::make_pair(src.fc1_w, dst.fc1_w), std::make_pair(src.fc1_b, dst.fc1_b),
@@ -358,6 +374,47 @@ void load_heads(llama_locret_heads & heads, const llama_model & model, const std
             ggml_backend_tensor_set(dev_t, staging.data(), 0, staging.size());
         }
     }
+}
+
+void load_heads(llama_locret_heads & heads, const llama_model & model, const std::string & path) {
+    ggml_context * meta_raw = nullptr;
+    gguf_init_params params = { /*.no_alloc =*/ true, /*.ctx =*/ &meta_raw };
+    gguf_ptr gguf(gguf_init_from_file(path.c_str(), params));
+    if (!gguf) {
+        throw std::runtime_error(format("%s: cannot read the file as GGUF (missing, truncated or not GGUF)", path.c_str()));
+    }
+    ggml_context_ptr meta(meta_raw);
+    const heads_meta_reader kv = { gguf.get(), path };
+
+    const int64_t version_id = gguf_find_key(gguf.get(), "locret.format_version");
+    if (version_id < 0) {
+        throw std::runtime_error(format("%s: the file has no retaining heads (no locret.format_version key)", path.c_str()));
+    }
+    const uint32_t version = kv.u32("locret.format_version");
+    if (version != LOCRET_FORMAT_VERSION) {
+        throw std::runtime_error(format("%s: heads format version %u is not supported (this build reads version %u)",
+                path.c_str(), version, LOCRET_FORMAT_VERSION));
+    }
+
+    const uint32_t n_layer = model.hparams.n_layer();
+    check_base_model(kv, model, n_layer);
+    set_head_sizes(heads, model, kv);
+    const std::vector<file_layer> meta_layers = check_layer_tensors(meta.get(), path, heads, n_layer);
+
+    // one context per buffer type: each layer's head lives where that layer's weights live. When that is one buffer
+    // type for all and each weight has one type in every layer, the layers are slices of stacked tensors
+    // (locret_heads_stack)
+    const bool stack = can_stack(model, meta_layers);
+    buft_ctx_map ctx_for_buft;
+    heads.layers.resize(n_layer);
+    if (stack) {
+        create_stacked_tensors(heads, heads_ctx_of(heads, ctx_for_buft, model.select_buft(0), n_layer), meta_layers);
+    } else {
+        create_layer_tensors(heads, model, ctx_for_buft, meta_layers);
+    }
+    const size_t total_bytes = alloc_head_buffers(heads, ctx_for_buft);
+
+    read_head_data(heads, gguf.get(), path, meta_layers);
 
     LLAMA_LOG_INFO("%s: loaded retaining heads from '%s': %u layers%s, d_in = %u, d_R = %u, %s, %.2f MiB\n", __func__,
             path.c_str(), n_layer, stack ? " (stacked)" : "", heads.d_in, heads.d_r, ggml_type_name(heads.layers[0].fc1_w->type),

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 struct ggml_backend_sched;
 struct ggml_cgraph;
@@ -14,6 +16,8 @@ struct ggml_context;
 struct ggml_tensor;
 struct llama_context;
 struct llama_cparams;
+class  llama_io_read_i;
+class  llama_io_write_i;
 struct llama_locret_context;
 struct llama_locret_heads;
 struct llama_memory_params;
@@ -90,9 +94,10 @@ llama_memory_i * llama_locret_memory_create(const llama_model & model, const lla
                                             llama_cparams & cparams, uint32_t n_ubatch_requested);
 
 // llama_context::process_ubatch (patches/0007), before the memory context places the ubatch: runs the eviction that
-// the split planned for it (on the memory's own scheduler). 1 when the context's scheduler was used too (the previous
-// graph cannot be reused), 0 otherwise, -1 on failure (the context's scheduler may have been used then too).
-int llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx);
+// the split planned for it (on the memory's own scheduler; nothing when mctx is NULL or not a Locret one). When the
+// context's scheduler was used too, or may have been (a failure), *prev_graph becomes NULL: the context's previous
+// graph cannot be reused. false on failure.
+bool llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mctx, llm_graph_result *& prev_graph);
 
 // llama_context::sched_reserve (patches/0007), after the context reserved its graphs: an evicting memory makes the
 // scheduler and compute buffers of its eviction graphs for their worst case, so that no eviction allocates later.
@@ -101,3 +106,14 @@ void llama_locret_reserve(llama_context * ctx);
 
 // llama_model destructor (patches/0007): forget the model's settings
 void llama_locret_model_forget(const llama_model * model);
+
+// llama_kv_cache::state_write and state_read (patches/0021, a fix of llama.cpp's, not of Locret's): a whole-cache save
+// (whole) writes the stream's cell count with its top bit set, then where its cells are (ranges of cells, ascending)
+// and the slot search's head; every other save writes the count alone. A restore reads the count and, when flagged,
+// that layout, checked like any other field of a file (a corrupt one throws); `at` gets each cell's saved place when
+// use_places (a whole restore, not a mirrored pair) and they fit in n_cells, else stays empty (cells from 0, as before).
+// So a sliding-window cache (a ring) is restored in the same layout and a reloaded context continues bit for bit.
+void llama_locret_kv_state_write_count(llama_io_write_i & io, uint32_t cell_count, bool whole,
+                                       const std::vector<std::pair<uint32_t, uint32_t>> & ranges, uint32_t head);
+uint32_t llama_locret_kv_state_read_count(llama_io_read_i & io, bool use_places, uint32_t n_cells,
+                                          std::vector<uint32_t> & at, uint32_t & head_saved);

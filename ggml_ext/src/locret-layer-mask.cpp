@@ -6,7 +6,7 @@
 // input holds the first group's mask extended by blocked cells; each run of consecutive layers of a group copies its
 // window out of it (a copy ggml frees after the run), so the masks cost about two of llama.cpp's, not one per group.
 // Without groups (one cache for every layer: an iSWA or ALiBi model, or LOCRET_DEBUG_ALLOC=masked) a layer below the
-// largest budget has the cells it no longer reads (locret_stream::live_end .. dead_end) blocked, from one bias input
+// largest budget has the cells it no longer reads (locret_cells::live_end .. dead_end) blocked, from one bias input
 // shared by the layers of equal budget.
 
 #include "locret-hooks.h"
@@ -93,7 +93,7 @@ static bool locret_wide_layout_make(const llama_locret_memory * mem, const llama
     }
     out.shared = n_stream == 1;
     if (out.shared) {
-        const locret_stream * s = mem->get_stream(ubatch.n_tokens > 0 ? ubatch.seq_id[0][0] : 0);
+        const locret_cells * s = mem->get_stream(ubatch.n_tokens > 0 ? ubatch.seq_id[0][0] : 0);
         if (s == nullptr) {
             return false;
         }
@@ -148,7 +148,7 @@ public:
         } else {
             const int32_t n_tps = ubatch->n_tokens / (int32_t) n_stream;
             for (int64_t k = 0; k < n_stream; ++k) {
-                const locret_stream * s = mem->get_stream(ubatch->seq_id[k * n_tps][0]);
+                const locret_cells * s = mem->get_stream(ubatch->seq_id[k * n_tps][0]);
                 GGML_ASSERT(s != nullptr);
                 for (size_t g = 1; g < layout.off.size(); ++g) {
                     const int64_t gap = mem->group_gap(g, *s);

@@ -165,15 +165,7 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
     setup(cparams);
 }
 
-void llama_locret_memory::setup(const llama_cparams & cparams) {
-    const uint32_t n_seq = std::max(1u, cparams.n_seq_max);
-    if (kv->get_n_stream() != n_seq || kv->get_size() < cfg.capacity) {
-        throw std::runtime_error(format("the KV cache has %u cells in %u streams, expected at least %u cells in %u",
-                kv->get_size(), kv->get_n_stream(), cfg.capacity, n_seq));
-    }
-    cfg.n_cells = kv->get_size();
-    v_trans     = kv->get_v_trans();
-
+void llama_locret_memory::setup_layers(const llama_cparams & cparams, uint32_t n_seq) {
     const auto & hp = model.hparams;
     // every group's layers, in model order
     std::vector<std::pair<uint32_t, uint32_t>> il_group;
@@ -211,35 +203,9 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
         group_layers[g].push_back(layers.size());
         layers.push_back(std::move(L));
     }
+}
 
-    make_rope_factors();
-
-    if (!cfg.layer_budget.empty() && cfg.layer_budget.size() != layers.size()) {
-        throw std::runtime_error(format("the budget schedule was resolved for %zu layers, but the cache evicts %zu",
-                cfg.layer_budget.size(), layers.size()));
-    }
-
-    streams.resize(n_seq);
-    for (auto & s : streams) {
-        s.live_end.assign(layers.size(), 0);
-        s.pos.resize(layers.size());
-        for (size_t i = 0; i < layers.size(); ++i) {
-            s.pos[i].assign((size_t) layers[i].n_head_kv * cfg.n_cells, -1);
-        }
-        if (cfg.holes_filled()) {
-            s.rope = s.pos;
-        }
-    }
-    if (policy->stores_scores()) {
-        make_score_store(n_seq);
-    }
-    n_query_rows     = policy->query_rows(cfg);
-    n_query_pin_rows = policy->query_pin_rows(cfg);
-    GGML_ASSERT(n_query_pin_rows <= n_query_rows);
-    if (n_query_rows > 0) {
-        make_query_store(n_seq);
-    }
-
+void llama_locret_memory::log_setup(const char * func, const llama_cparams & cparams, uint32_t n_seq) const {
     const std::string pooling = (cfg.pool > 0 ? format(", score pooling %u", cfg.pool) : std::string()) +
                                 policy->describe(cfg);
     std::string budget = format("budget %u", cfg.budget);
@@ -253,7 +219,7 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
         format(", positions kept (compacted at %u)", cfg.position_limit) :
         std::string(cfg.rotate_in_place ? ", positions compacted in place" : ", positions compacted");
     LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, %s, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
-            "cells per sequence, %u sequence(s) (logical context %u)%s%s\n", __func__, llama_locret_policy_name(cfg.policy),
+            "cells per sequence, %u sequence(s) (logical context %u)%s%s\n", func, llama_locret_policy_name(cfg.policy),
             !has_score_store() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
             budget.c_str(), cfg.stabilizers, cfg.local, pooling.c_str(), cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
             kv_swa ? ", window layers in their own cache" : "", positions.c_str());
@@ -262,16 +228,55 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
         for (size_t i = 0; i < layers.size(); ++i) {
             list += format("%s%u:%u", i ? " " : "", layers[i].il, cfg.layer_budget[i]);
         }
-        LLAMA_LOG_INFO("%s: Locret budget schedule (layer:units): %s\n", __func__, list.c_str());
+        LLAMA_LOG_INFO("%s: Locret budget schedule (layer:units): %s\n", func, list.c_str());
         for (size_t g = 0; g < n_groups() && n_groups() > 1; ++g) {
             std::string il_list;
             for (size_t i : group_layers[g]) {
                 il_list += format("%s%u", il_list.empty() ? "" : " ", layers[i].il);
             }
-            LLAMA_LOG_INFO("%s: Locret layer group %zu: %u cells per sequence, layers %s\n", __func__, g,
+            LLAMA_LOG_INFO("%s: Locret layer group %zu: %u cells per sequence, layers %s\n", func, g,
                     group_cache(g)->get_size(), il_list.c_str());
         }
     }
+}
+
+void llama_locret_memory::setup(const llama_cparams & cparams) {
+    const uint32_t n_seq = std::max(1u, cparams.n_seq_max);
+    if (kv->get_n_stream() != n_seq || kv->get_size() < cfg.capacity) {
+        throw std::runtime_error(format("the KV cache has %u cells in %u streams, expected at least %u cells in %u",
+                kv->get_size(), kv->get_n_stream(), cfg.capacity, n_seq));
+    }
+    cfg.n_cells = kv->get_size();
+    v_trans     = kv->get_v_trans();
+
+    setup_layers(cparams, n_seq);
+
+    make_rope_factors();
+
+    if (!cfg.layer_budget.empty() && cfg.layer_budget.size() != layers.size()) {
+        throw std::runtime_error(format("the budget schedule was resolved for %zu layers, but the cache evicts %zu",
+                cfg.layer_budget.size(), layers.size()));
+    }
+
+    std::vector<uint32_t> heads(layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+        heads[i] = layers[i].n_head_kv;
+    }
+    streams.resize(n_seq);
+    for (auto & s : streams) {
+        s.init(heads, cfg.n_cells, cfg.holes_filled());
+    }
+    if (policy->stores_scores()) {
+        make_score_store(n_seq);
+    }
+    n_query_rows     = policy->query_rows(cfg);
+    n_query_pin_rows = policy->query_pin_rows(cfg);
+    GGML_ASSERT(n_query_pin_rows <= n_query_rows);
+    if (n_query_rows > 0) {
+        make_query_store(n_seq);
+    }
+
+    log_setup(__func__, cparams, n_seq);
 }
 
 void llama_locret_memory::make_score_store(uint32_t n_seq) {
@@ -362,12 +367,12 @@ int32_t llama_locret_memory::layer_index(uint32_t il) const {
     return il < layer_of_il.size() ? layer_of_il[il] : -1;
 }
 
-const locret_stream * llama_locret_memory::get_stream(llama_seq_id seq_id) const {
+const locret_cells * llama_locret_memory::get_stream(llama_seq_id seq_id) const {
     return seq_id >= 0 && (size_t) seq_id < streams.size() ? &streams[seq_id] : nullptr;
 }
 
 uint32_t llama_locret_memory::pinned_to_capture(llama_seq_id seq_id) const {
-    const locret_stream * s = get_stream(seq_id);
+    const locret_cells * s = get_stream(seq_id);
     return s != nullptr && s->n_evictions == 0 ? s->n_pinned : 0;
 }
 
@@ -447,37 +452,16 @@ uint32_t llama_locret_memory::generation_room(llama_seq_id seq_id) const {
     return locret_plan_room(plan_params(), plan_stream((size_t) seq_id));
 }
 
-llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) {
-    GGML_UNUSED(embd_all);
-    auto failed = [] { return std::make_unique<llama_kv_cache_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE); };
-
+void llama_locret_memory::split_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, const locret_plan_params & params,
+        const locret_batch_seqs & seqs, const std::vector<locret_plan_stream> & sim,
+        std::vector<llama_ubatch> & ubatches) const {
     const llama_batch & batch = balloc.get_batch();
     const uint32_t n_tokens = balloc.get_n_tokens();
-
-    const locret_plan_params params = plan_params();
-
-    // the batch's sequences: how many tokens each has and whether its last one asks for an output (a prompt end)
-    locret_batch_seqs seqs;
-    {
-        const locret_plan_error err = locret_plan_scan(n_tokens, batch.n_seq_id, batch.seq_id, batch.logits,
-                                                       (uint32_t) streams.size(), seqs);
-        if (!err.ok()) {
-            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, err.msg.c_str());
-            return failed();
-        }
-    }
-
-    // the streams as they stand; the planning below advances these copies through the batch's evictions
-    std::vector<locret_plan_stream> sim(streams.size());
-    for (size_t s = 0; s < streams.size(); ++s) {
-        sim[s] = plan_stream(s);
-    }
 
     // the ubatches: a sequence's tokens in parts of at most n_ubatch, the local tail of a prompt end in a part of its
     // own when anything may be evicted before it; with several sequences each part holds one sequence, except that
     // one token per sequence (generation) goes in one ubatch
     balloc.split_reset();
-    std::vector<llama_ubatch> ubatches;
     if (seqs.one_each) {
         while (true) {
             auto ubatch = balloc.split_equal(n_ubatch, true, 0);
@@ -511,16 +495,30 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
             ubatches.push_back(std::move(ubatch));
         }
     }
-    if (balloc.get_n_used() < n_tokens) {
-        LLAMA_LOG_ERROR("%s: Locret: failed to split a batch of %u tokens\n", __func__, n_tokens);
-        return failed();
-    }
+}
 
-    // simulate the evictions and placements, per stream
-    llama_kv_cache::slot_info_vec_t sinfos;
-    std::vector<locret_ubatch_plan> plans;
-    std::vector<llama_ubatch> physical;
-    std::vector<llama_ubatch> window_frame; // positions in the window cache's frame at the start of the batch
+// the inner cache's slot for a ubatch's plan: each part's stream and cells, streams [s0, s1] (consecutive: checked by
+// the plan)
+static llama_kv_cache::slot_info locret_plan_slot(const locret_ubatch_plan & plan) {
+    llama_kv_cache::slot_info sinfo;
+    sinfo.resize(plan.steps.size());
+    for (size_t p = 0; p < plan.steps.size(); ++p) {
+        const locret_step & st = plan.steps[p];
+        sinfo.strm[p] = st.strm;
+        sinfo.idxs[p].resize(st.n_tokens);
+        for (uint32_t j = 0; j < st.n_tokens; ++j) {
+            sinfo.idxs[p][j] = st.first_cell + j;
+        }
+    }
+    sinfo.s0 = *std::min_element(sinfo.strm.begin(), sinfo.strm.end());
+    sinfo.s1 = *std::max_element(sinfo.strm.begin(), sinfo.strm.end());
+    return sinfo;
+}
+
+locret_plan_error llama_locret_memory::plan_batch(const locret_plan_params & params,
+        const std::vector<llama_ubatch> & ubatches, std::vector<locret_plan_stream> & sim,
+        llama_kv_cache::slot_info_vec_t & sinfos, std::vector<locret_ubatch_plan> & plans,
+        std::vector<llama_ubatch> & physical, std::vector<llama_ubatch> & window_frame) const {
     for (const auto & ubatch : ubatches) {
         locret_plan_tokens toks;
         toks.n_tokens = ubatch.n_tokens;
@@ -532,26 +530,10 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
         std::vector<llama_pos> pos_frame;
         const locret_plan_error err = locret_plan_ubatch(params, toks, sim, plan, pos_frame);
         if (!err.ok()) {
-            if (err.status == LOCRET_PLAN_SAGE_TOO_LONG) {
-                locret_set_error(err.msg); // the user's to fix: the reason goes to llama_locret_last_error
-            }
-            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, err.msg.c_str());
-            return failed();
+            return err;
         }
 
-        // the inner cache's slot: each part's stream and cells, streams [s0, s1] (consecutive: checked by the plan)
-        llama_kv_cache::slot_info sinfo;
-        sinfo.resize(plan.steps.size());
-        for (size_t p = 0; p < plan.steps.size(); ++p) {
-            const locret_step & st = plan.steps[p];
-            sinfo.strm[p] = st.strm;
-            sinfo.idxs[p].resize(st.n_tokens);
-            for (uint32_t j = 0; j < st.n_tokens; ++j) {
-                sinfo.idxs[p][j] = st.first_cell + j;
-            }
-        }
-        sinfo.s0 = *std::min_element(sinfo.strm.begin(), sinfo.strm.end());
-        sinfo.s1 = *std::max_element(sinfo.strm.begin(), sinfo.strm.end());
+        llama_kv_cache::slot_info sinfo = locret_plan_slot(plan);
 
         // the graph's copy of the ubatch: a token's physical position is the one RoPE rotates it at (its cell with
         // compact positions)
@@ -565,6 +547,57 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
             window_frame.push_back(locret_ubatch_with_pos(ubatch, pos_frame));
         }
         plans.push_back(std::move(plan));
+    }
+    return {};
+}
+
+llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) {
+    GGML_UNUSED(embd_all);
+    auto failed = [] { return std::make_unique<llama_kv_cache_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE); };
+
+    const llama_batch & batch = balloc.get_batch();
+    const uint32_t n_tokens = balloc.get_n_tokens();
+
+    const locret_plan_params params = plan_params();
+
+    // the batch's sequences: how many tokens each has and whether its last one asks for an output (a prompt end)
+    locret_batch_seqs seqs;
+    {
+        const locret_plan_error err = locret_plan_scan(n_tokens, batch.n_seq_id, batch.seq_id, batch.logits,
+                                                       (uint32_t) streams.size(), seqs);
+        if (!err.ok()) {
+            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, err.msg.c_str());
+            return failed();
+        }
+    }
+
+    // the streams as they stand; the planning below advances these copies through the batch's evictions
+    std::vector<locret_plan_stream> sim(streams.size());
+    for (size_t s = 0; s < streams.size(); ++s) {
+        sim[s] = plan_stream(s);
+    }
+
+    std::vector<llama_ubatch> ubatches;
+    split_batch(balloc, n_ubatch, params, seqs, sim, ubatches);
+    if (balloc.get_n_used() < n_tokens) {
+        LLAMA_LOG_ERROR("%s: Locret: failed to split a batch of %u tokens\n", __func__, n_tokens);
+        return failed();
+    }
+
+    // simulate the evictions and placements, per stream
+    llama_kv_cache::slot_info_vec_t sinfos;
+    std::vector<locret_ubatch_plan> plans;
+    std::vector<llama_ubatch> physical;
+    std::vector<llama_ubatch> window_frame; // positions in the window cache's frame at the start of the batch
+    {
+        const locret_plan_error err = plan_batch(params, ubatches, sim, sinfos, plans, physical, window_frame);
+        if (!err.ok()) {
+            if (err.status == LOCRET_PLAN_SAGE_TOO_LONG) {
+                locret_set_error(err.msg); // the user's to fix: the reason goes to llama_locret_last_error
+            }
+            LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, err.msg.c_str());
+            return failed();
+        }
     }
 
     if (kv_swa == nullptr) {
@@ -639,7 +672,7 @@ void llama_locret_memory::place_in_groups(const locret_ubatch_plan & plan, const
         sinfo.resize(plan.steps.size());
         for (size_t p = 0; p < plan.steps.size(); ++p) {
             const locret_step & st = plan.steps[p];
-            const locret_stream & s = streams[st.strm];
+            const locret_cells & s = streams[st.strm];
             const uint32_t gap = group_gap(g, s);
             GGML_ASSERT(st.first_cell >= s.dead_end && st.first_cell - gap + st.n_tokens <= group_cache(g)->get_size());
             sinfo.strm[p] = st.strm;
@@ -673,29 +706,18 @@ const llama_kv_cache_context * locret_group_context(const llama_memory_context_i
 
 void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
     for (const auto & st : plan.steps) {
-        locret_stream & s = streams[st.strm];
+        locret_cells & s = streams[st.strm];
         // the ubatch split planned this part after the same evictions that ran before it
         GGML_ASSERT(st.first_cell == s.n_used && "Locret: ubatch placement does not follow the eviction plan");
-        s.undo.valid         = true;
-        s.undo.first_logical = st.first_logical;
-        s.undo.before        = s.snapshot();
         const bool prompt_end = locret_plan_sage_prompt_end(s.prev_output, st.n_tokens, st.output);
-        s.n_used       = st.first_cell + st.n_tokens;
-        s.rope_next    = st.first_rope + st.n_tokens;
-        s.prev_output  = st.output;
+        s.place_part(st.first_cell, st.first_rope, st.n_tokens, st.output, st.first_logical);
         policy->placed(cfg, s.policy_state, s.n_used, st.n_tokens, s.n_pinned, prompt_end);
     }
     for (size_t t = 0; t < plan.cell.size(); ++t) {
-        locret_stream & s = streams[plan.strm[t]];
-        for (size_t i = 0; i < layers.size(); ++i) {
-            for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
-                s.pos[i][(size_t) h * cfg.n_cells + plan.cell[t]] = plan.logical[t];
-                if (!s.rope.empty()) {
-                    s.rope[i][(size_t) h * cfg.n_cells + plan.cell[t]] = (int32_t) plan.rope[t];
-                }
-            }
-        }
-        s.logical_next = std::max(s.logical_next, plan.logical[t] + 1);
+        streams[plan.strm[t]].set_unit(plan.cell[t], plan.logical[t], plan.rope[t]);
+    }
+    for (const auto & st : plan.steps) {
+        locret_cells_assert(streams[st.strm]);
     }
 }
 
@@ -703,45 +725,23 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
 // the memory interface in logical positions
 //
 
-void llama_locret_memory::reset_stream(locret_stream & s) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-        std::fill(s.pos[i].begin(), s.pos[i].end(), -1);
-    }
-    for (auto & r : s.rope) {
-        std::fill(r.begin(), r.end(), -1);
-    }
-    s.n_used       = 0;
-    s.rope_next    = 0;
-    s.uniform_from = 0;
-    s.prev_output  = true;
-    s.logical_next = 0;
-    s.n_pinned     = 0;
-    s.policy_state = {};
-    s.dead_end     = 0;
-    std::fill(s.live_end.begin(), s.live_end.end(), 0);
-    s.undo.valid   = false;
-    // the counters describe what the sequence now holds: a new prompt in an emptied sequence counts from zero
-    s.n_evictions     = 0;
-    s.n_units_evicted = 0;
-}
-
 uint32_t llama_locret_memory::min_layer_budget() const {
     return cfg.layer_budget.empty() ? cfg.budget : *std::min_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
 }
 
 void llama_locret_memory::masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const {
-    const locret_stream & s = streams[strm];
+    const locret_cells & s = streams[strm];
     *c0 = std::min(s.live_end[i], s.dead_end);
     *c1 = s.dead_end;
 }
 
 void llama_locret_memory::group_masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const {
-    const locret_stream & s = streams[strm];
+    const locret_cells & s = streams[strm];
     *c1 = group_live_end(layers[i].group, s);
     *c0 = std::min(s.live_end[i], *c1);
 }
 
-uint32_t llama_locret_memory::group_live_end(size_t g, const locret_stream & s) const {
+uint32_t llama_locret_memory::group_live_end(size_t g, const locret_cells & s) const {
     if (g == 0) {
         return s.dead_end; // the largest budget's group: its largest layer is never masked
     }
@@ -752,7 +752,7 @@ uint32_t llama_locret_memory::group_live_end(size_t g, const locret_stream & s) 
     return e;
 }
 
-int64_t llama_locret_memory::layer_cell(size_t i, const locret_stream & s, uint32_t c) const {
+int64_t llama_locret_memory::layer_cell(size_t i, const locret_cells & s, uint32_t c) const {
     const size_t   g    = layers[i].group;
     const uint32_t live = group_live_end(g, s);
     if (c < live) {
@@ -764,24 +764,12 @@ int64_t llama_locret_memory::layer_cell(size_t i, const locret_stream & s, uint3
     return (int64_t) c - (s.dead_end - live);
 }
 
-uint32_t llama_locret_memory::pinned_cells(const locret_stream & s) const {
-    if (s.n_pinned == 0 || layers.empty()) {
-        return 0;
-    }
-    const int32_t * pos = s.pos[0].data();
-    uint32_t n = 0;
-    while (n < s.n_used && pos[n] >= 0 && pos[n] < (int32_t) s.n_pinned) { // (-1: a cell a schedule masks)
-        ++n;
-    }
-    return n;
-}
-
 bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     if (seq_id < 0 || (size_t) seq_id >= streams.size()) {
         locret_set_error(format("Locret: no sequence %d to pin a query in (%zu sequences)", seq_id, streams.size()));
         return false;
     }
-    locret_stream & s = streams[seq_id];
+    locret_cells & s = streams[seq_id];
     if (n_tokens == s.n_pinned) {
         return true;
     }
@@ -812,7 +800,7 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
 void llama_locret_memory::clear(bool data) {
     each_cache([&](llama_memory_i & m) { m.clear(data); });
     for (auto & s : streams) {
-        reset_stream(s);
+        s.reset();
     }
 }
 
@@ -827,7 +815,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
     if ((size_t) seq_id >= streams.size()) {
         return false;
     }
-    locret_stream & s = streams[seq_id];
+    locret_cells & s = streams[seq_id];
     p0 = std::max(p0, 0);
     if (p1 < 0) {
         p1 = std::numeric_limits<llama_pos>::max();
@@ -837,7 +825,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
     }
     if (p0 <= seq_pos_min(seq_id) && p1 >= s.logical_next) {
         each_cache([&](llama_memory_i & m) { m.seq_rm(seq_id, -1, -1); });
-        reset_stream(s);
+        s.reset();
         return true;
     }
     if (p1 < s.logical_next) {
@@ -869,25 +857,9 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         kv_swa->seq_rm(seq_id, phys_first, -1);
     }
     free_cells((uint32_t) seq_id, phys_first);
-    for (size_t i = 0; i < layers.size(); ++i) {
-        for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
-            std::fill(s.pos[i].begin() + (size_t) h * cfg.n_cells + first, s.pos[i].begin() + (size_t) h * cfg.n_cells + s.n_used, -1);
-            if (!s.rope.empty()) {
-                std::fill(s.rope[i].begin() + (size_t) h * cfg.n_cells + first, s.rope[i].begin() + (size_t) h * cfg.n_cells + s.n_used, -1);
-            }
-        }
-    }
-    if (s.undo.valid && s.undo.first_logical == p0 && s.undo.before.n_used == first) {
-        // exactly the last part placed (a failed ubatch taken back): the state before it
-        s.restore(s.undo.before);
-    } else {
-        s.n_used       = first;
-        s.rope_next    = (uint32_t) phys_first;
-        s.logical_next = p0;
-        s.prev_output  = true;
-    }
+    s.truncate(first, (uint32_t) phys_first, p0);
     policy->truncated(cfg, s.policy_state, s.n_used);
-    s.undo.valid = false;
+    locret_cells_assert(s);
     return true;
 }
 
@@ -896,7 +868,7 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
             (size_t) seq_id_src >= streams.size() || (size_t) seq_id_dst >= streams.size()) {
         return;
     }
-    const locret_stream & src = streams[seq_id_src];
+    const locret_cells & src = streams[seq_id_src];
     if (p0 > 0 || (p1 >= 0 && p1 < src.logical_next)) {
         LLAMA_LOG_ERROR("%s: Locret: a compressed sequence can only be copied whole; sequence %d was not copied\n",
                 __func__, seq_id_src);
@@ -946,7 +918,7 @@ void llama_locret_memory::seq_keep(llama_seq_id seq_id) {
     each_cache([&](llama_memory_i & m) { m.seq_keep(seq_id); });
     for (size_t s = 0; s < streams.size(); ++s) {
         if ((llama_seq_id) s != seq_id) {
-            reset_stream(streams[s]);
+            streams[s].reset();
         }
     }
 }
@@ -956,25 +928,12 @@ void llama_locret_memory::seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p
     if (seq_id < 0 || (size_t) seq_id >= streams.size() || shift == 0) {
         return;
     }
-    locret_stream & s = streams[seq_id];
+    locret_cells & s = streams[seq_id];
     p0 = std::max(p0, 0);
     if (p1 < 0) {
         p1 = std::numeric_limits<llama_pos>::max();
     }
-    for (size_t i = 0; i < layers.size(); ++i) {
-        for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
-            int32_t * pos = s.pos[i].data() + (size_t) h * cfg.n_cells;
-            for (uint32_t c = 0; c < s.n_used; ++c) {
-                if (pos[c] >= p0 && pos[c] < p1) {
-                    pos[c] += shift;
-                }
-            }
-        }
-    }
-    if (s.logical_next >= p0 && s.logical_next <= p1) {
-        s.logical_next += shift;
-    }
-    s.undo.valid = false;
+    s.relabel(p0, p1, shift);
 }
 
 void llama_locret_memory::seq_div(llama_seq_id seq_id, llama_pos p0, llama_pos p1, int d) {
@@ -983,7 +942,7 @@ void llama_locret_memory::seq_div(llama_seq_id seq_id, llama_pos p0, llama_pos p
 }
 
 llama_pos llama_locret_memory::seq_pos_min(llama_seq_id seq_id) const {
-    const locret_stream * s = get_stream(seq_id);
+    const locret_cells * s = get_stream(seq_id);
     if (s == nullptr || s->n_used == 0) {
         return -1;
     }
@@ -1013,7 +972,7 @@ llama_pos llama_locret_memory::seq_pos_min(llama_seq_id seq_id) const {
 }
 
 llama_pos llama_locret_memory::seq_pos_max(llama_seq_id seq_id) const {
-    const locret_stream * s = get_stream(seq_id);
+    const locret_cells * s = get_stream(seq_id);
     if (s == nullptr || s->n_used == 0) {
         return -1;
     }

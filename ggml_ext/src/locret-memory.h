@@ -28,8 +28,8 @@
 //     0..n-1, as compact places them.
 // In every layout the kept units' positions keep their order and lie below every later token's. With in-place and kept
 // positions the cells below the last eviction are not in position order, and each (layer, KV head, cell) records its
-// own RoPE position (locret_stream::rope). A budget schedule masks cells in its smaller layers and shifts their
-// positions (locret_stream::live_end). Keys whose position changes are re-rotated by the change (locret-compact).
+// own RoPE position (locret_cells::rope). A budget schedule masks cells in its smaller layers and shifts their
+// positions (locret_cells::live_end). Keys whose position changes are re-rotated by the change (locret-compact).
 //
 // Clients keep their own (logical) positions: the memory reports them (seq_pos_min/max), takes them in seq_rm/seq_add,
 // and gives the graph ubatches whose positions are the physical (RoPE) ones, as copies: the client's batch is never
@@ -45,6 +45,7 @@
 #pragma once
 
 #include "llama-locret-debug.h"
+#include "locret-cells.h"
 #include "locret-compact.h"
 #include "locret-plan.h"
 #include "locret-policy.h"
@@ -77,71 +78,7 @@ enum locret_fault {
 
 // locret_step and locret_ubatch_plan (a ubatch's plan) are in locret-plan.h, with the planning rules
 
-// One sequence's units. Every (layer, KV head) holds its units in cells [0, n_used), less a budget schedule's masked
-// cells (below). Cells [uniform_from, n_used) hold the parts placed since the last eviction: the same tokens in every
-// layer and head, in order, cell c at RoPE position rope_next - (n_used - c). Cells below uniform_from hold each
-// (layer, KV head)'s kept units: with compact positions in position order, cell c at position c; with in-place
-// positions at positions 0..uniform_from-1 in any cell order; with kept positions at the positions they were read at,
-// in any cell order (as compact after a repositioning). A schedule's smaller layers differ (dead_end below). The
-// layouts are described at the top of this file.
-struct locret_stream {
-    uint32_t  n_used       = 0;
-    uint32_t  uniform_from = 0;     // cells >= this were placed after the last eviction: the same token in every head
-    bool      prev_output  = true;  // the last part placed asked for an output
-    llama_pos logical_next = 0;     // the client's position of the sequence's next token
-    uint32_t  rope_next    = 0;     // the RoPE position of its next token: n_used with compact and in-place positions;
-                                    // with kept positions n_used plus the units (of the largest layer) evicted since
-                                    // the last repositioning
-    uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
-    locret_policy_state policy_state; // what the policy keeps per sequence (locret-policy.h)
-
-    // A budget schedule: after an eviction the largest layers keep dead_end units (the eviction's n_keep) and layer i
-    // keeps live_end[i] <= dead_end of them in cells [0, live_end[i]); cells [live_end[i], dead_end) hold nothing it
-    // reads (its attention masks them out, or its layer group's cache does not hold them), and later parts go from
-    // dead_end on. With compact and in-place positions layer i's kept units sit at RoPE positions
-    // [dead_end - live_end[i], dead_end), right before the next part's (in cell order with compact positions, cell c
-    // at c + dead_end - live_end[i]); with kept positions they keep their own until a repositioning places them so.
-    // Without a schedule, or before the first eviction, live_end[i] == dead_end (0 before the first eviction).
-    uint32_t              dead_end = 0;
-    std::vector<uint32_t> live_end; // per evicting layer
-
-    uint64_t n_evictions     = 0;
-    uint64_t n_units_evicted = 0;   // summed over layers and KV heads
-
-    // per evicting layer: [n_head_kv][n_cells] logical position of the unit in each cell (valid below n_used; -1 in a
-    // cell a schedule masks); the units' scores live beside the cache, on its device (llama_locret_memory::score_store)
-    std::vector<std::vector<int32_t>> pos;
-    // in-place and kept positions (locret_config::holes_filled): per evicting layer [n_head_kv][n_cells] the RoPE
-    // position each cell's key was rotated at (valid below n_used; -1 in a cell a schedule masks). Empty with compact
-    // positions, where it follows from the cell (and the masked cells after it).
-    std::vector<std::vector<int32_t>> rope;
-
-    // the bookkeeping a placed part changes (the units' positions are restored by freeing its cells)
-    struct marks {
-        uint32_t  n_used;
-        uint32_t  uniform_from;
-        bool      prev_output;
-        llama_pos logical_next;
-        uint32_t  rope_next;
-        locret_policy_state policy_state;
-    };
-    marks snapshot() const { return { n_used, uniform_from, prev_output, logical_next, rope_next, policy_state }; }
-    void restore(const marks & m) {
-        n_used       = m.n_used;
-        uniform_from = m.uniform_from;
-        prev_output  = m.prev_output;
-        logical_next = m.logical_next;
-        rope_next    = m.rope_next;
-        policy_state = m.policy_state;
-    }
-
-    // the state before the last part placed, so that a failed ubatch is taken back exactly
-    struct {
-        bool      valid = false;
-        llama_pos first_logical = 0;
-        marks     before = {};
-    } undo;
-};
+// One sequence's cells and their bookkeeping (which unit each cell holds, at which positions): locret-cells.h
 
 struct locret_stream_meta; // a sequence's bookkeeping in a state file (locret-state.cpp)
 
@@ -250,9 +187,6 @@ public:
     // the budget. Only before the sequence's first eviction (or to the value it has); false with the reason in
     // llama_locret_last_error otherwise, or when the pinned units and the stabilizers leave no room in the budget.
     bool pin_prefix(llama_seq_id seq_id, uint32_t n_tokens);
-    // the leading cells that hold pinned units (the same in every layer and KV head: they were placed before any
-    // eviction and are never evicted)
-    uint32_t pinned_cells(const locret_stream & s) const;
 
     // a budget schedule's budget of layers[i] (config().budget without one)
     uint32_t layer_budget(size_t i) const { return cfg.layer_budget.empty() ? cfg.budget : cfg.layer_budget[i]; }
@@ -272,15 +206,15 @@ public:
     size_t n_groups() const { return group_layers.size(); }
     llama_kv_cache * group_cache(size_t g) const { return g == 0 ? kv : group_caches[g - 1].get(); }
     // the cells of stream s that group g's layers may read below the dead end: [0, live end)
-    uint32_t group_live_end(size_t g, const locret_stream & s) const;
-    uint32_t group_gap(size_t g, const locret_stream & s) const { return s.dead_end - group_live_end(g, s); }
+    uint32_t group_live_end(size_t g, const locret_cells & s) const;
+    uint32_t group_gap(size_t g, const locret_cells & s) const { return s.dead_end - group_live_end(g, s); }
     // cell c of stream s in layers[i]'s own cache, or -1 for a cell that cache does not hold
-    int64_t layer_cell(size_t i, const locret_stream & s, uint32_t c) const;
+    int64_t layer_cell(size_t i, const locret_cells & s, uint32_t c) const;
 
     const locret_config & config() const { return cfg; }
     const locret_policy & get_policy() const { return *policy; }
     const std::vector<locret_kv_layer> & get_layers() const { return layers; }
-    const locret_stream * get_stream(llama_seq_id seq_id) const;
+    const locret_cells * get_stream(llama_seq_id seq_id) const;
     uint32_t n_streams() const { return (uint32_t) streams.size(); }
     llama_kv_cache * get_kv() const { return kv; }
     llama_kv_cache * get_kv_swa() const { return kv_swa; }
@@ -324,7 +258,7 @@ private:
 
     std::vector<locret_kv_layer> layers;
     std::vector<int32_t>         layer_of_il; // model layer -> index into layers, or -1
-    std::vector<locret_stream>   streams;     // one per sequence
+    std::vector<locret_cells>   streams;     // one per sequence
 
     // the score store (heads policy): one F32 tensor [n_head_kv, n_cells*n_streams, n_layers] in the cache's buffer
     // type when every layer has the same KV heads, else one per layer; views per layer
@@ -362,6 +296,15 @@ private:
     locret_graph_slot evict_graphs[GRAPH_KINDS];
     // a scheduler on the context's backends, to wait for them (every slot's is)
     ggml_backend_sched_t evict_sched() const { return evict_graphs[GRAPH_COMPACT_ROTATE].sched.get(); }
+    // reserve(), in steps: each slot's scheduler on the context's backends, the host threads and the ubatch-end events
+    void make_evict_scheds(llama_context * lctx);
+    // the move tables and the selection's read-back for the worst case, the moves at their capacity (the shapes the
+    // reservation needs); false (with the reason in llama_locret_last_error) when the tables cannot be allocated
+    bool reserve_evict_tables(ggml_backend_sched_t ctx_sched);
+    // reserves slot `kind`'s scheduler for the graph `build` makes in the slot's result; false when that fails
+    bool reserve_slot(locret_graph_kind kind, const std::function<ggml_cgraph *(llm_graph_result *)> & build);
+    // every slot reserved for its worst case (the compactions, the selection, the policy's scoring); false on failure
+    bool reserve_evict_graphs();
     // On a backend that computes asynchronously (a GPU) the ubatch whose scores an eviction reads may still be running
     // when the eviction starts: an event recorded then marks the ubatch's end, and the eviction's one wait is taken in
     // two steps, to that event (the ubatch's compute: not the eviction's time) and then to the end of what the eviction
@@ -407,7 +350,7 @@ private:
         size_t   off = SIZE_MAX; // where its device selection is in select_idx (SIZE_MAX: chosen on the host)
         bool on_device() const { return n_top > 0 && n_top < n_cand; }
     };
-    layer_cut cut_layer(size_t i, const locret_stream & s, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab) const;
+    layer_cut cut_layer(size_t i, const locret_cells & s, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab) const;
     // a budget schedule's device selection of stream strm: one graph for every layer whose cut selects there (its
     // result at select_idx + cut.off, [n_head_kv][n_top]), read back with one wait; false if it could not run
     bool select_layers_on_device(uint32_t strm, std::vector<layer_cut> & cuts);
@@ -420,12 +363,12 @@ private:
     // the kept cells of layer i's KV heads, in cell order, at keep[(row0 + h)*n_keep]: from select_idx (from_idx), else
     // by the host from `block` (the stream's scores of the layer, [n_used][n_head_kv]) or the policy's scores
     void select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab,
-                      bool from_idx, const float * block, const locret_stream & s, uint32_t * keep) const;
+                      bool from_idx, const float * block, const locret_cells & s, uint32_t * keep) const;
     // a budget schedule's selection for layer i: the cut's n_live of the cells it reads (its masked cells left out),
     // into keep[(row0 + h)*n_keep] in cell order; the stabilizers are its last cut.stab cells read. The device's
     // selection when `top` is not NULL (the layer's rows, [n_head_kv][cut.n_top]), else by `block` or the policy
     void select_layer_masked(size_t i, size_t row0, const layer_cut & cut, uint32_t n_used, uint32_t n_keep,
-                             uint32_t n_pin, const float * block, const locret_stream & s, uint32_t * keep,
+                             uint32_t n_pin, const float * block, const locret_cells & s, uint32_t * keep,
                              const int32_t * top) const;
     std::vector<std::vector<uint32_t>> live_next; // per pending eviction: each layer's units after it
     std::vector<uint64_t> turn_moved;    // per layer: rows the turn's compaction moves to another cell
@@ -444,8 +387,34 @@ private:
     locret_moves          evict_moves;
     uint32_t              evict_turn_seq = 1; // sequences per turn of an eviction (min(streams, COMPACT_MAX_SEQ))
     std::vector<locret_step> evict_steps;     // the steps of the ubatch being evicted that drop units (kept for its room)
-    // one turn of an eviction: select, compact and record steps [0, n_steps); -1 on failure (see evict())
+    // one turn of an eviction: select, compact and record steps [0, n_steps); -1 on failure (see evict()). In steps
+    // (locret-evict.cpp): choose_step and plan_step for each step of the turn, then compact_turn and commit_step for
+    // each, or abandon_turn when the compaction failed part-way.
     int evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps);
+    struct turn_step { // a step of the turn that evicts or repositions
+        locret_evict_args args;
+        locret_protect    prot;
+        bool              reposition;
+        bool              evicts;
+    };
+    struct turn_choice { // what choose_step found for the plan
+        uint32_t n_pin = 0, n_stab = 0;
+        bool on_device = false;  // the device selected (into select_idx)
+        bool ends_only = false;  // nothing chosen by score
+        bool sched     = false;  // a budget schedule
+        std::vector<const float *> blocks; // per layer: the stream's scores [n_used][n_head_kv] for a host selection
+        int64_t t_prepared_us = 0, t_chosen_us = 0;
+    };
+    std::vector<turn_step> turn_pending; // the turn's steps that evict or reposition
+    std::vector<size_t>    turn_row0;    // first (layer, KV head) row of each layer
+    uint64_t               turn_kept = 0;
+    bool choose_step(llama_context * lctx, const locret_step & st, turn_choice & ch);
+    void plan_step(llama_context * lctx, const locret_step & st, const turn_choice & ch);
+    void keep_layer(size_t i, const locret_step & st, const turn_choice & ch);
+    void plan_layer(size_t i, const locret_step & st, const turn_choice & ch, size_t p);
+    locret_compact_status compact_turn(llama_context * lctx, int64_t t_selected_us);
+    bool commit_step(llama_context * lctx, size_t p, bool & shifted);
+    void abandon_turn();
     void make_score_store(uint32_t n_seq);
     void make_query_store(uint32_t n_seq);
     // builds one eviction-time scoring graph on the memory's own scheduler and runs it; false (the reason logged and
@@ -460,6 +429,18 @@ private:
     locret_plan_params plan_params() const;
     // what planning needs of stream s, as the stream stands
     locret_plan_stream plan_stream(size_t s) const;
+    // init_batch(), in steps: the batch's ubatches into `ubatches`, split by the planning rules for the batch's
+    // sequences (seqs) and the streams as they stand (sim); fewer tokens than the batch's when a split fails
+    void split_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, const locret_plan_params & params,
+                     const locret_batch_seqs & seqs, const std::vector<locret_plan_stream> & sim,
+                     std::vector<llama_ubatch> & ubatches) const;
+    // the plan of every ubatch, advancing sim through the batch's evictions and placements: per ubatch the inner
+    // cache's slot, the plan, the graph's copy at physical positions, and (iSWA) a copy at the window cache's
+    // positions; the planning's error at the first ubatch that cannot be planned
+    locret_plan_error plan_batch(const locret_plan_params & params, const std::vector<llama_ubatch> & ubatches,
+                                 std::vector<locret_plan_stream> & sim, llama_kv_cache::slot_info_vec_t & sinfos,
+                                 std::vector<locret_ubatch_plan> & plans, std::vector<llama_ubatch> & physical,
+                                 std::vector<llama_ubatch> & window_frame) const;
 
     // state files (locret-state.cpp): per sequence a meta part (its bookkeeping) and a data part (its units' positions
     // and scores, the policy's captured queries); one reader for every version, checks before anything is trusted
@@ -474,7 +455,11 @@ private:
     void state_read_groups(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags); // groups 1..
 
     void setup(const llama_cparams & cparams); // the layers, streams and stores, once the caches are known
-    void reset_stream(locret_stream & s);
+    // setup(), in steps: the evicting layers of every group's cache, in model order (layers, layer_of_il,
+    // group_layers); throws for caches that differ in streams or V layout, or a K/V layout eviction cannot move
+    void setup_layers(const llama_cparams & cparams, uint32_t n_seq);
+    // logs the eviction's settings (and a budget schedule's layers and groups), each line prefixed with func
+    void log_setup(const char * func, const llama_cparams & cparams, uint32_t n_seq) const;
     void free_cells(uint32_t strm, llama_pos pos_from); // the inner cells holding positions >= pos_from become free
     void free_group_tails(uint32_t strm); // after an eviction: layer groups 1.. free their cells past their live end
     // f(memory) for every cache the memory holds: the model's own memory (group 0's cache, or the iSWA pair), then

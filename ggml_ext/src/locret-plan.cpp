@@ -143,6 +143,83 @@ uint32_t locret_plan_room(const locret_plan_params & p, const locret_plan_stream
     return std::max(room, 1u);
 }
 
+// The part of the ubatch that starts at token i0 (tokens of one sequence are consecutive): its stream *s, its length
+// *n and whether any of its tokens asks for an output (*output); an error for a sequence out of range.
+static locret_plan_error plan_part(const locret_plan_tokens & ub, uint32_t i0, size_t n_streams, uint32_t * s,
+                                   uint32_t * n, bool * output) {
+    const llama_seq_id seq = ub.seq_id[i0][0];
+    if (seq < 0 || (size_t) seq >= n_streams) {
+        return plan_fail(LOCRET_PLAN_SEQ_RANGE, plan_format("sequence %d is out of range (%u sequences)", seq,
+                (uint32_t) n_streams));
+    }
+    *s = (uint32_t) seq;
+    *n = 1;
+    while (i0 + *n < ub.n_tokens && ub.seq_id[i0 + *n][0] == seq) {
+        ++*n;
+    }
+    *output = false;
+    for (uint32_t i = i0; i < i0 + *n; ++i) {
+        *output = *output || ub.output[i] != 0;
+    }
+    return {};
+}
+
+// The step of a part of n tokens of stream s after `sim`: the eviction (and repositioning) before it, which advances
+// sim's lead, and its first cell and RoPE position; an error when the part does not fit.
+static locret_plan_error plan_step(const locret_plan_params & p, locret_plan_stream & sim, uint32_t s, uint32_t n,
+                                   llama_pos first_logical, bool output, locret_step & st) {
+    st.strm          = s;
+    const bool due   = locret_plan_due(p, sim, n, output, &st.n_keep, &st.n_stab);
+    // kept positions: a part that would pass the position limit goes after an eviction that also compacts
+    // positions; it keeps at most the budget, so that every kept cell is one a position below the budget's (the
+    // cache's own cell positions stay below the next part's), and every layer at most its own
+    st.reposition    = p.keep_positions && sim.rope_next + n > p.position_limit;
+    if (st.reposition) {
+        st.n_keep = std::min(st.n_keep, p.budget);
+    }
+    st.evict = due || (st.reposition && sim.n_used + sim.lead > p.budget);
+    if (st.evict || st.reposition) {
+        sim.lead = locret_plan_lead_after(p, sim.n_used, sim.lead, st.n_keep);
+    }
+    st.first_cell    = st.n_keep;
+    st.n_tokens      = n;
+    st.first_logical = first_logical;
+    st.output        = output;
+    if (p.selects_once && st.first_cell + n > p.capacity) {
+        return plan_fail(LOCRET_PLAN_SAGE_TOO_LONG, plan_format("SAGE-KV keeps the whole prompt until its end: "
+                "sequence %u would hold %u units, more than the context per sequence (%u); raise -c or shorten the "
+                "prompt", s, st.first_cell + n, p.capacity));
+    }
+    if (st.first_cell + n > p.n_cells) {
+        return plan_fail(LOCRET_PLAN_NO_ROOM, plan_format("a part of %u tokens does not fit after %u retained units "
+                "in %u cells", n, st.first_cell, p.n_cells));
+    }
+    // its RoPE positions: its cells (compact positions, or after compacting them), else on from the last part
+    st.first_rope = p.keep_positions && !st.reposition ? sim.rope_next : st.first_cell;
+    return {};
+}
+
+// Places the part of step st that starts at token i0: per token its stream, cell, RoPE position and position in the
+// window cache's frame; then advances the stream past it.
+static void plan_place(const locret_plan_params & p, const locret_plan_tokens & ub, uint32_t i0, const locret_step & st,
+                       locret_plan_stream & sim, locret_ubatch_plan & plan, std::vector<llama_pos> & frame) {
+    const uint32_t n = st.n_tokens;
+    for (uint32_t j = 0; j < n; ++j) {
+        plan.strm[i0 + j] = st.strm;
+        plan.cell[i0 + j] = st.first_cell + j;
+        plan.rope[i0 + j] = st.first_rope + j;
+        frame[i0 + j]     = ub.pos[i0 + j] - sim.offset;
+    }
+    if (p.selects_once) {
+        // as placed() and evict() will set it
+        const bool end = locret_plan_sage_prompt_end(sim.prev_output, n, st.output);
+        sim.sage_fresh = end ? st.first_cell + n > p.budget : sim.sage_fresh && st.n_keep == sim.n_used;
+    }
+    sim.n_used      = st.first_cell + n;
+    sim.rope_next   = st.first_rope + n;
+    sim.prev_output = st.output;
+}
+
 locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_plan_tokens & ub,
                                      std::vector<locret_plan_stream> & streams, locret_ubatch_plan & plan,
                                      std::vector<llama_pos> & frame) {
@@ -162,65 +239,21 @@ locret_plan_error locret_plan_ubatch(const locret_plan_params & p, const locret_
     uint32_t s_max = 0;
     uint32_t i0    = 0;
     while (i0 < ub.n_tokens) {
-        const llama_seq_id seq = ub.seq_id[i0][0];
-        if (seq < 0 || (size_t) seq >= streams.size()) {
-            return plan_fail(LOCRET_PLAN_SEQ_RANGE, plan_format("sequence %d is out of range (%u sequences)", seq,
-                    (uint32_t) streams.size()));
-        }
-        const uint32_t s = (uint32_t) seq;
-        uint32_t n = 1;
-        while (i0 + n < ub.n_tokens && ub.seq_id[i0 + n][0] == seq) {
-            ++n;
-        }
-        bool output = false;
-        for (uint32_t i = i0; i < i0 + n; ++i) {
-            output = output || ub.output[i] != 0;
+        uint32_t s      = 0;
+        uint32_t n      = 0;
+        bool     output = false;
+        locret_plan_error e = plan_part(ub, i0, streams.size(), &s, &n, &output);
+        if (!e.ok()) {
+            return e;
         }
         locret_plan_stream & sim = streams[s];
 
         locret_step st;
-        st.strm          = s;
-        const bool due   = locret_plan_due(p, sim, n, output, &st.n_keep, &st.n_stab);
-        // kept positions: a part that would pass the position limit goes after an eviction that also compacts
-        // positions; it keeps at most the budget, so that every kept cell is one a position below the budget's (the
-        // cache's own cell positions stay below the next part's), and every layer at most its own
-        st.reposition    = p.keep_positions && sim.rope_next + n > p.position_limit;
-        if (st.reposition) {
-            st.n_keep = std::min(st.n_keep, p.budget);
+        e = plan_step(p, sim, s, n, ub.pos[i0], output, st);
+        if (!e.ok()) {
+            return e;
         }
-        st.evict = due || (st.reposition && sim.n_used + sim.lead > p.budget);
-        if (st.evict || st.reposition) {
-            sim.lead = locret_plan_lead_after(p, sim.n_used, sim.lead, st.n_keep);
-        }
-        st.first_cell    = st.n_keep;
-        st.n_tokens      = n;
-        st.first_logical = ub.pos[i0];
-        st.output        = output;
-        if (p.selects_once && st.first_cell + n > p.capacity) {
-            return plan_fail(LOCRET_PLAN_SAGE_TOO_LONG, plan_format("SAGE-KV keeps the whole prompt until its end: "
-                    "sequence %u would hold %u units, more than the context per sequence (%u); raise -c or shorten the "
-                    "prompt", s, st.first_cell + n, p.capacity));
-        }
-        if (st.first_cell + n > p.n_cells) {
-            return plan_fail(LOCRET_PLAN_NO_ROOM, plan_format("a part of %u tokens does not fit after %u retained units "
-                    "in %u cells", n, st.first_cell, p.n_cells));
-        }
-        // its RoPE positions: its cells (compact positions, or after compacting them), else on from the last part
-        st.first_rope = p.keep_positions && !st.reposition ? sim.rope_next : st.first_cell;
-        for (uint32_t j = 0; j < n; ++j) {
-            plan.strm[i0 + j] = s;
-            plan.cell[i0 + j] = st.first_cell + j;
-            plan.rope[i0 + j] = st.first_rope + j;
-            frame[i0 + j]     = ub.pos[i0 + j] - sim.offset;
-        }
-        if (p.selects_once) {
-            // as placed() and evict() will set it
-            const bool end = locret_plan_sage_prompt_end(sim.prev_output, n, output);
-            sim.sage_fresh = end ? st.first_cell + n > p.budget : sim.sage_fresh && st.n_keep == sim.n_used;
-        }
-        sim.n_used      = st.first_cell + n;
-        sim.rope_next   = st.first_rope + n;
-        sim.prev_output = output;
+        plan_place(p, ub, i0, st, sim, plan, frame);
         plan.steps.push_back(st);
 
         s_min = std::min(s_min, s);

@@ -479,67 +479,77 @@ static uint32_t locret_setting(int32_t requested, uint32_t recommended, uint32_t
     return (uint32_t) requested;
 }
 
-locret_config locret_config_make(const llama_model & model, const llama_locret_params & p, const locret_schedule_spec & schedule,
+// the settings, model and context a Locret budget refuses: the first broken rule is the one reported
+static void locret_check_model_and_context(const llama_hparams & hp, const llama_locret_params & p,
         const llama_cparams & cparams, uint32_t n_ubatch_requested, ggml_type type_k) {
-    const auto & hp = model.hparams;
-    auto fail = [](const std::string & msg) { throw std::runtime_error(msg); };
-
     {
         const std::string problem = locret_params_problem(p);
         if (!problem.empty()) {
-            fail(problem);
+            throw std::runtime_error(problem);
         }
     }
     if (p.budget <= 0) {
-        fail("the Locret budget must be at least 1 unit (got 0)");
+        throw std::runtime_error("the Locret budget must be at least 1 unit (got 0)");
     }
-    if (hp.rope_type == LLAMA_ROPE_TYPE_MROPE || hp.rope_type == LLAMA_ROPE_TYPE_IMROPE || hp.rope_type == LLAMA_ROPE_TYPE_VISION) {
-        fail("multi-dimensional RoPE (M-RoPE) models are not supported by Locret eviction");
+    if (hp.rope_type == LLAMA_ROPE_TYPE_MROPE || hp.rope_type == LLAMA_ROPE_TYPE_IMROPE ||
+            hp.rope_type == LLAMA_ROPE_TYPE_VISION) {
+        throw std::runtime_error("multi-dimensional RoPE (M-RoPE) models are not supported by Locret eviction");
     }
     if (hp.n_lora_kv > 0) {
-        fail("models with compressed (MLA) attention are not supported by Locret eviction");
+        throw std::runtime_error("models with compressed (MLA) attention are not supported by Locret eviction");
     }
     if (cparams.embeddings || cparams.pooling_type != LLAMA_POOLING_TYPE_NONE) {
-        fail("Locret eviction is for generation: an embeddings or pooling context would pool only the last "
-             "ubatch (drop --embeddings / --pooling, or the budget)");
+        throw std::runtime_error("Locret eviction is for generation: an embeddings or pooling context would pool only "
+                "the last ubatch (drop --embeddings / --pooling, or the budget)");
     }
     if (!cparams.causal_attn) {
-        fail("Locret eviction needs causal attention");
+        throw std::runtime_error("Locret eviction needs causal attention");
     }
     if (cparams.n_seq_max > 1 && cparams.kv_unified) {
-        fail(format("Locret eviction keeps one KV stream per sequence; %u sequences in a unified KV cache cannot be "
-                "evicted separately (drop --kv-unified / -kvu)", cparams.n_seq_max));
+        throw std::runtime_error(format("Locret eviction keeps one KV stream per sequence; %u sequences in a unified "
+                "KV cache cannot be evicted separately (drop --kv-unified / -kvu)", cparams.n_seq_max));
     }
     if (type_k == GGML_TYPE_Q4_0 || type_k == GGML_TYPE_Q4_1 || type_k == GGML_TYPE_IQ4_NL) {
         // every compaction re-rotates and quantizes again the keys that move, and a key kept long moves at nearly
         // every eviction: at 4 bits the error compounds until retrieval fails (docs/memory.md); V is moved without
         // rounding and may stay 4-bit
-        fail(format("a %s K cache loses what it holds under repeated eviction (each move re-quantizes the key); "
-                "use -ctk q8_0 (or f16) with a Locret budget; the V cache may stay %s", ggml_type_name(type_k),
-                ggml_type_name(type_k)));
+        throw std::runtime_error(format("a %s K cache loses what it holds under repeated eviction (each move "
+                "re-quantizes the key); use -ctk q8_0 (or f16) with a Locret budget; the V cache may stay %s",
+                ggml_type_name(type_k), ggml_type_name(type_k)));
     }
     if (n_ubatch_requested > cparams.n_ctx) {
-        fail(format("the ubatch (-ub %u) is larger than the context (-c %u)", n_ubatch_requested, cparams.n_ctx));
+        throw std::runtime_error(format("the ubatch (-ub %u) is larger than the context (-c %u)", n_ubatch_requested,
+                cparams.n_ctx));
     }
-    if (hp.swa_type != LLAMA_SWA_TYPE_NONE) {
-        if (hp.swa_type != LLAMA_SWA_TYPE_STANDARD) {
-            fail("Locret eviction supports standard sliding windows only (not chunked or symmetric ones)");
-        }
-        if (cparams.yarn_ext_factor != 0.0f || cparams.yarn_attn_factor != 1.0f) {
-            // the window cache follows the global cache's compaction through llama.cpp's own K-shift, which scales
-            // keys by the attention factor at every shift
-            fail("sliding-window models with YaRN or an attention factor are not supported by Locret eviction");
-        }
-        if ((uint32_t) p.budget < hp.n_swa) {
-            fail(format("with sliding-window layers the Locret budget (%d) must be at least the window (%u): the window "
-                    "layers keep the last %u tokens, which the compaction must not push below position 0",
-                    p.budget, hp.n_swa, hp.n_swa));
-        }
-    }
+}
 
-    const uint32_t budget   = (uint32_t) p.budget;
-    const uint32_t n_ubatch = cparams.n_ubatch;
-    const llama_locret_settings rec = p.heads != nullptr ? llama_locret_heads_recommended(p.heads) : p.defaults;
+// the sliding windows Locret evicts beside: standard ones without YaRN, which the budget must cover
+static void locret_check_sliding_window(const llama_hparams & hp, const llama_locret_params & p,
+        const llama_cparams & cparams) {
+    if (hp.swa_type == LLAMA_SWA_TYPE_NONE) {
+        return;
+    }
+    if (hp.swa_type != LLAMA_SWA_TYPE_STANDARD) {
+        throw std::runtime_error("Locret eviction supports standard sliding windows only (not chunked or symmetric "
+                "ones)");
+    }
+    if (cparams.yarn_ext_factor != 0.0f || cparams.yarn_attn_factor != 1.0f) {
+        // the window cache follows the global cache's compaction through llama.cpp's own K-shift, which scales
+        // keys by the attention factor at every shift
+        throw std::runtime_error("sliding-window models with YaRN or an attention factor are not supported by Locret "
+                "eviction");
+    }
+    if ((uint32_t) p.budget < hp.n_swa) {
+        throw std::runtime_error(format("with sliding-window layers the Locret budget (%d) must be at least the window "
+                "(%u): the window layers keep the last %u tokens, which the compaction must not push below position 0",
+                p.budget, hp.n_swa, hp.n_swa));
+    }
+}
+
+// the budget, stabilizers, local length and pooling window, which must fit one ubatch, and the capacity they give
+static locret_config locret_config_sizes(const llama_locret_params & p, const llama_locret_settings & rec,
+        uint32_t n_ubatch) {
+    const uint32_t budget = (uint32_t) p.budget;
 
     // defaults: the file's recommendation, else the paper's n_s = 2500 and n_loc = 100; n_s also to half the budget
     std::string err;
@@ -547,10 +557,10 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
                                           "stabilizers", err);
     const uint32_t n_loc = locret_setting(p.local, rec.local, 100, n_ubatch, n_ubatch, "local length", err);
     if (!err.empty()) {
-        fail(err);
+        throw std::runtime_error(err);
     }
     if (n_s >= budget) {
-        fail(format("the budget (%u) must be larger than the stabilizers (%u)", budget, n_s));
+        throw std::runtime_error(format("the budget (%u) must be larger than the stabilizers (%u)", budget, n_s));
     }
     // the pooling window: given, else the one the heads were measured with when it fits the ubatch (-1: not given;
     // 0 or 1: none)
@@ -558,7 +568,8 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     const bool     pool_from_heads = p.pool == -1 && entry->needs_heads && rec.pool > 1 && rec.pool <= n_ubatch;
     const uint32_t pool = pool_from_heads ? rec.pool : p.pool <= 1 ? 0 : (uint32_t) p.pool;
     if (pool > n_ubatch) {
-        fail(format("the score pooling window (%u) must fit in one ubatch (-ub %u)", pool, n_ubatch));
+        throw std::runtime_error(format("the score pooling window (%u) must fit in one ubatch (-ub %u)", pool,
+                n_ubatch));
     }
 
     locret_config cfg;
@@ -571,27 +582,22 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     cfg.pool        = pool;
     cfg.n_ubatch    = n_ubatch;
     cfg.capacity    = budget + n_ubatch;
-    // the policy's own rules and fields (LagKV's partition, SAGE-KV's split of the budget and its whole-prompt cache)
-    const std::unique_ptr<locret_policy> scorer = locret_policy_make(p.policy);
-    {
-        std::string err;
-        scorer->configure(p, cparams.n_ctx_seq, cfg, err);
-        if (!err.empty()) {
-            fail(err);
-        }
-    }
-    cfg.n_cells = GGML_PAD(cfg.capacity, 256);
+    return cfg;
+}
 
-    // where kept units sit: their own positions until the next part would pass the limit, or compacted at every eviction
-    // (in their cells, or moved to cells in position order). Not asked for: in place where the policy and the model
-    // take it (the model reads what compact positions give it, and an eviction moves the chunk's survivors instead of
-    // nearly every unit), else compact
+// the positions mode (keep, inplace or compact), refused where the model's RoPE or windows cannot take filled holes
+static void locret_config_positions(const llama_hparams & hp, const llama_locret_params & p,
+        const locret_policy & scorer, locret_config & cfg) {
+    // where kept units sit: their own positions until the next part would pass the limit, or compacted at every
+    // eviction (in their cells, or moved to cells in position order). Not asked for: in place where the policy and the
+    // model take it (the model reads what compact positions give it, and an eviction moves the chunk's survivors
+    // instead of nearly every unit), else compact
     bool all_swa = hp.swa_type != LLAMA_SWA_TYPE_NONE;
     for (uint32_t il = 0; il < hp.n_layer() && all_swa; ++il) {
         all_swa = hp.is_swa(il);
     }
     const bool holes_ok = hp.rope_type != LLAMA_ROPE_TYPE_NONE && !all_swa &&
-                          !scorer->reads_cells_in_order();
+                          !scorer.reads_cells_in_order();
     const int32_t positions = p.positions >= 0 ? p.positions :
                               holes_ok ? LLAMA_LOCRET_POSITIONS_INPLACE : LLAMA_LOCRET_POSITIONS_COMPACT;
     cfg.keep_positions  = positions == LLAMA_LOCRET_POSITIONS_KEEP;
@@ -599,44 +605,76 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     if (cfg.holes_filled()) {
         const char * mode = cfg.keep_positions ? "keep" : "inplace";
         if (hp.rope_type == LLAMA_ROPE_TYPE_NONE) {
-            fail(format("--locret-positions %s saves moving or re-rotating keys; this model has no RoPE (use compact)",
-                    mode));
+            throw std::runtime_error(format("--locret-positions %s saves moving or re-rotating keys; this model has "
+                    "no RoPE (use compact)", mode));
         }
         if (all_swa) {
             // a window masks by cell position, which a hole filled with a newer unit no longer tells
-            fail(format("--locret-positions %s needs full-attention layers to evict; every layer of this model has a "
-                 "sliding window (use compact)", mode));
+            throw std::runtime_error(format("--locret-positions %s needs full-attention layers to evict; every layer "
+                    "of this model has a sliding window (use compact)", mode));
         }
     }
     if (cfg.keep_positions) {
         cfg.position_limit = p.position_limit > 0 ? (uint32_t) p.position_limit : hp.n_ctx_train;
     }
+}
 
+// a budget schedule's per-layer budgets, for this model only: the largest sizes the cache and sets when evictions run
+static void locret_config_schedule(const llama_model & model, const locret_schedule_spec & schedule,
+        const llama_locret_settings & rec, locret_config & cfg) {
+    const auto & hp = model.hparams;
     if (const std::string why = locret_schedule_model_problem(model, schedule); !why.empty()) {
         throw std::runtime_error(why);
     }
-    if (schedule.kind != locret_schedule_spec::UNIFORM) {
-        // the layers the model's own cache holds and the memory evicts: those with a KV cache, without the window
-        // layers of an iSWA model (the memory's constructor checks the count); the cache is sized for the largest
-        // layer budget, and evictions run when that would overflow
-        uint32_t n_evicting = 0;
-        for (uint32_t il = 0; il < hp.n_layer(); ++il) {
-            n_evicting += locret_layer_evicts(hp, il);
-        }
-        // Locret-Q heads pin the question they find by default: the smallest layer keeps room for it
-        const uint32_t pin_room = rec.query_auto ? LLAMA_LOCRET_PIN_ROOM : 0;
-        cfg.layer_budget = locret_schedule_resolve(schedule, n_evicting, cfg.budget, cfg.stabilizers, pin_room);
-        if (!cfg.layer_budget.empty()) {
-            cfg.budget = *std::max_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
-        }
-        cfg.capacity = cfg.budget + cfg.n_ubatch;
-        cfg.n_cells  = locret_kv_cells(cfg.budget, cfg.n_ubatch);
+    if (schedule.kind == locret_schedule_spec::UNIFORM) {
+        return;
     }
+    // the layers the model's own cache holds and the memory evicts: those with a KV cache, without the window
+    // layers of an iSWA model (the memory's constructor checks the count); the cache is sized for the largest
+    // layer budget, and evictions run when that would overflow
+    uint32_t n_evicting = 0;
+    for (uint32_t il = 0; il < hp.n_layer(); ++il) {
+        n_evicting += locret_layer_evicts(hp, il);
+    }
+    // Locret-Q heads pin the question they find by default: the smallest layer keeps room for it
+    const uint32_t pin_room = rec.query_auto ? LLAMA_LOCRET_PIN_ROOM : 0;
+    cfg.layer_budget = locret_schedule_resolve(schedule, n_evicting, cfg.budget, cfg.stabilizers, pin_room);
+    if (!cfg.layer_budget.empty()) {
+        cfg.budget = *std::max_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
+    }
+    cfg.capacity = cfg.budget + cfg.n_ubatch;
+    cfg.n_cells  = locret_kv_cells(cfg.budget, cfg.n_ubatch);
+}
+
+locret_config locret_config_make(const llama_model & model, const llama_locret_params & p, const locret_schedule_spec & schedule,
+        const llama_cparams & cparams, uint32_t n_ubatch_requested, ggml_type type_k) {
+    const auto & hp = model.hparams;
+
+    locret_check_model_and_context(hp, p, cparams, n_ubatch_requested, type_k);
+    locret_check_sliding_window(hp, p, cparams);
+
+    const llama_locret_settings rec = p.heads != nullptr ? llama_locret_heads_recommended(p.heads) : p.defaults;
+    locret_config cfg = locret_config_sizes(p, rec, cparams.n_ubatch);
+
+    // the policy's own rules and fields (LagKV's partition, SAGE-KV's split of the budget and its whole-prompt cache)
+    const std::unique_ptr<locret_policy> scorer = locret_policy_make(p.policy);
+    {
+        std::string err;
+        scorer->configure(p, cparams.n_ctx_seq, cfg, err);
+        if (!err.empty()) {
+            throw std::runtime_error(err);
+        }
+    }
+    cfg.n_cells = GGML_PAD(cfg.capacity, 256);
+
+    locret_config_positions(hp, p, *scorer, cfg);
+    locret_config_schedule(model, schedule, rec, cfg);
+
     if (cfg.keep_positions && cfg.position_limit < cfg.capacity) {
         // after compacting positions a full cache is read at positions up to b + B
-        fail(format("the Locret position limit (%u) must be at least the budget plus the ubatch (%u)%s",
-                cfg.position_limit, cfg.capacity, p.position_limit > 0 ? "" : ": the model's trained context is smaller; "
-                "use compact positions"));
+        throw std::runtime_error(format("the Locret position limit (%u) must be at least the budget plus the ubatch "
+                "(%u)%s", cfg.position_limit, cfg.capacity, p.position_limit > 0 ? "" : ": the model's trained "
+                "context is smaller; use compact positions"));
     }
     return cfg;
 }

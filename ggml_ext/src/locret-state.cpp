@@ -134,7 +134,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
 }
 
 void llama_locret_memory::state_write_meta(llama_io_write_i & io, uint32_t id) const {
-    const locret_stream & s = streams[id];
+    const locret_cells & s = streams[id];
     const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned,
                                 s.policy_state.word[0], s.policy_state.word[1] };
     const int64_t  next     = s.logical_next;
@@ -148,7 +148,7 @@ void llama_locret_memory::state_write_meta(llama_io_write_i & io, uint32_t id) c
 }
 
 void llama_locret_memory::state_write_data(llama_io_write_i & io, uint32_t id) const {
-    const locret_stream & s = streams[id];
+    const locret_cells & s = streams[id];
     // per layer and KV head: the units' logical positions, then their scores (zeros for a policy without a store)
     std::vector<float> block; // layer i's scores [n_used][n_head_kv]
     std::vector<float> row(s.n_used);
@@ -194,11 +194,11 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
         if (seq_id < 0) {
             each_cache([](llama_memory_i & m) { m.clear(true); });
             for (auto & s : streams) {
-                reset_stream(s);
+                s.reset();
             }
         } else {
             each_cache([&](llama_memory_i & m) { m.seq_rm(seq_id, -1, -1); });
-            reset_stream(streams[seq_id]);
+            streams[seq_id].reset();
         }
     };
     empty_target();
@@ -216,7 +216,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
                 m.id = (uint32_t) seq_id;
             }
             state_check_meta(m);
-            locret_stream & s = streams[m.id];
+            locret_cells & s = streams[m.id];
             s.n_used          = m.n_used;
             s.uniform_from    = m.uniform_from;
             s.prev_output     = m.prev_output != 0;
@@ -229,6 +229,11 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.live_end        = m.live_end;
             s.rope_next       = m.rope_next;
             state_read_data(io, version, m.id, rope_from_cells);
+            // what each part passed alone must hold together too (locret-cells.h's invariants)
+            const std::string why = s.check();
+            if (!why.empty()) {
+                throw std::runtime_error(format("Locret: the state of sequence %u is inconsistent: %s", m.id, why.c_str()));
+            }
         }
         if (n_groups() > 1) {
             state_read_groups(io, seq_id, flags);
@@ -368,7 +373,7 @@ void llama_locret_memory::state_check_meta(const locret_stream_meta & m) const {
 
 void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id, bool rope_from_cells) {
     GGML_UNUSED(version); // every version writes the units the same way; the queries' presence was checked
-    locret_stream & s = streams[id];
+    locret_cells & s = streams[id];
     std::vector<float> block;
     std::vector<float> row(s.n_used);
     std::vector<int32_t> seen; // kept positions: a row's logical and RoPE positions, each once
@@ -461,7 +466,7 @@ void llama_locret_memory::state_read_groups(llama_io_read_i & io, llama_seq_id s
             if (seq_id >= 0 && (size_t) seq_id != id) {
                 continue;
             }
-            const locret_stream & s = streams[id];
+            const locret_cells & s = streams[id];
             const uint32_t n_own = s.n_used - group_gap(g, s);
             const llama_kv_cells & cells = group_cache(g)->get_cells((llama_seq_id) id);
             if (cells.get_used() != n_own || (n_own > 0 && cells.used_max_p1() != n_own)) {

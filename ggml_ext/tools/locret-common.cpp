@@ -101,8 +101,8 @@ void locret_common_fit_draft(const common_params & params_dft, llama_context_par
     }
 }
 
-bool locret_common_configure_draft(const common_params & params, llama_model * model_dft, llama_locret_heads ** heads) {
-    *heads = nullptr;
+bool locret_common_configure_draft(const common_params & params, llama_model * model_dft, locret_heads_ptr & heads) {
+    heads.reset();
     const locret_options & o = params.locret;
     if (o.budget <= 0) {
         return true; // the target keeps every token: so does its draft, as in llama.cpp
@@ -112,13 +112,16 @@ bool locret_common_configure_draft(const common_params & params, llama_model * m
     const llama_locret_params p = locret_draft_params(o, path);
     const int32_t budget = p.budget;
     const llama_locret_policy policy = p.policy;
-    if (llama_locret_configure_default(model_dft, path.c_str(), o.draft_heads.c_str(), budget, -1, -1, policy, -1, -1,
-                heads) != 0) {
+    llama_locret_heads * loaded = nullptr;
+    const int32_t rc = llama_locret_configure_default(model_dft, path.c_str(), o.draft_heads.c_str(), budget, -1, -1,
+            policy, -1, -1, &loaded);
+    heads.reset(loaded);
+    if (rc != 0) {
         locret_stop(std::string("the draft model's cache: ") + llama_locret_last_error());
         return false;
     }
     LOG_INF("Locret: the draft model evicts in its own cache: budget %d, policy %s%s\n", budget,
-            llama_locret_policy_name(policy), *heads != nullptr ? " (its own heads)" : "");
+            llama_locret_policy_name(policy), heads != nullptr ? " (its own heads)" : "");
     return true;
 }
 
@@ -172,20 +175,22 @@ void locret_common_after_fit(const common_params & params, uint32_t n_ctx_asked,
     }
 }
 
-bool locret_common_configure(const common_params & params, llama_model * model, llama_locret_heads ** heads) {
-    const std::string failed = locret_options_configure(params.locret, model, params.model.path, heads);
+bool locret_common_configure(const common_params & params, llama_model * model, locret_heads_ptr & heads) {
+    llama_locret_heads * loaded = nullptr;
+    const std::string failed = locret_options_configure(params.locret, model, params.model.path, &loaded);
+    heads.reset(loaded);
     if (!failed.empty()) {
         locret_stop(failed);
         return false;
     }
-    if (*heads != nullptr) {
-        LOG_INF("attached Locret retaining heads (d_R = %d) from '%s'\n", llama_locret_heads_hidden_size(*heads),
+    if (heads != nullptr) {
+        LOG_INF("attached Locret retaining heads (d_R = %d) from '%s'\n", llama_locret_heads_hidden_size(heads.get()),
                 params.locret.heads.empty() ? params.model.path.c_str() : params.locret.heads.c_str());
     }
     // Locret-Q auto: asked for, or recommended by the heads when no query is given; with eviction by the heads (without
     // a budget there is nothing to pin)
     const locret_options & o = params.locret;
-    const bool recommended = *heads != nullptr && llama_locret_heads_recommended(*heads).query_auto != 0;
+    const bool recommended = heads != nullptr && llama_locret_heads_recommended(heads.get()).query_auto != 0;
     o.query_auto_on = (o.query_auto || (recommended && o.query.empty() && !o.query_off)) && o.budget > 0 &&
             o.policy == LLAMA_LOCRET_POLICY_HEADS;
     if (o.query_auto_on && !o.query_auto) {

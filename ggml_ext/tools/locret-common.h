@@ -4,7 +4,9 @@
 #pragma once
 
 #include "locret-options.h"
+#include "llama-locret.h"
 
+#include <memory>
 #include <vector>
 
 struct common_arg;
@@ -12,6 +14,9 @@ struct common_params;
 struct llama_context;
 struct llama_context_params;
 struct llama_model;
+
+// the heads a tool loaded for a context, freed with their owner
+using locret_heads_ptr = std::unique_ptr<llama_locret_heads, decltype(&llama_locret_heads_free)>;
 
 // the --locret-* options, made from the one table (locret-options.cpp), for common_params_parser_init
 std::vector<common_arg> locret_common_args();
@@ -28,8 +33,8 @@ bool locret_common_before_load(common_params & params, llama_context_params & cp
 // A draft model (-md, draft-simple) when the target evicts: the draft context gets its own bounded cache, with
 // --locret-draft-budget (default: the target's budget) and --locret-draft-policy (default: heads when the draft model
 // has heads, else streaming: attention sinks and the newest units, which needs none). `params` is the draft's copy of
-// the parameters. *heads gets the draft's heads (free them after its context). Returns false, with the reason logged.
-bool locret_common_configure_draft(const common_params & params, llama_model * model_dft, llama_locret_heads ** heads);
+// the parameters. `heads` gets the draft's heads (keep it beside the context). Returns false, with the reason logged.
+bool locret_common_configure_draft(const common_params & params, llama_model * model_dft, locret_heads_ptr & heads);
 
 // -fit with a draft model when the target evicts: the draft context's n_ctx becomes the cells its own cache holds
 // (params_dft: the draft's copy of the parameters)
@@ -39,8 +44,8 @@ void locret_common_fit_draft(const common_params & params_dft, llama_context_par
 void locret_common_after_fit(const common_params & params, uint32_t n_ctx_asked, llama_context_params & cparams);
 
 // Before the context is created: heads (--locret-heads, else the model's embedded ones) and the settings registered for
-// the model. *heads gets the heads loaded (free them after the context). Returns false, with the reason logged.
-bool locret_common_configure(const common_params & params, llama_model * model, llama_locret_heads ** heads);
+// the model. `heads` gets the heads loaded (keep it beside the context). Returns false, with the reason logged.
+bool locret_common_configure(const common_params & params, llama_model * model, locret_heads_ptr & heads);
 
 // Locret-Q: the prompt with the query in front (unchanged without a query)
 std::string locret_common_place_query(const common_params & params, const std::string & prompt);

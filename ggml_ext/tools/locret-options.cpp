@@ -241,3 +241,8 @@ std::string locret_query_layout(const std::string & query, const std::string & t
         return llama_locret_query_layout(query.c_str(), text.c_str(), out, n_out);
     });
 }
+
+std::string locret_error_suffix() {
+    const char * why = llama_locret_last_error();
+    return why[0] != '\0' ? std::string(": ") + why : std::string();
+}

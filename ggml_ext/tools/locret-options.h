@@ -76,3 +76,6 @@ std::string locret_query_layout(const std::string & query, const std::string & t
 
 // Locret-Q auto (llama_locret_find_question): the question at the end of `text`, or ""
 std::string locret_find_question(const std::string & text);
+
+// what a tool adds to "failed to create context": ": " and the library's reason when Locret refused the context, else ""
+std::string locret_error_suffix();

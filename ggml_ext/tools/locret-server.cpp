@@ -102,6 +102,9 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
         int32_t n_cached, const std::vector<llama_token> & tokens, const std::string & query, bool * clear_cached,
         std::string * error) {
     *clear_cached = false;
+    if (!llama_locret_is_evicting(ctx)) {
+        return true; // the server cuts its own cache back
+    }
     llama_memory_t mem = llama_get_memory(ctx);
     // an evicting cache cannot take back positions inside its compressed part: when the new prompt leaves the cached
     // one there, the whole prompt is processed again instead of being mixed
@@ -147,10 +150,15 @@ int locret_server_draft_max(llama_context * ctx_tgt, llama_context * ctx_dft, ll
 static common_json g_props;      // the resolved settings /props shows (null: the context does not evict)
 static bool        g_evicting = false;
 
-void locret_server_init(const llama_context * ctx, const common_params & params) {
+void locret_server_init(const llama_context * ctx, common_params & params) {
     g_evicting = llama_locret_is_evicting(ctx);
     if (!g_evicting) {
         return;
+    }
+    if (params.n_ctx_checkpoints > 0) {
+        // a checkpoint saves the window cache alone, which an evicting cache does not allow
+        LOG_INF("context checkpoints disabled: the KV cache evicts (Locret)\n");
+        params.n_ctx_checkpoints = 0;
     }
     const llama_locret_stats st = llama_locret_get_stats(ctx);
     const locret_options & o = params.locret;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "llama.h"
+#include "llama-locret.h"
 
 #include <string>
 #include <vector>
@@ -35,7 +36,8 @@ std::string locret_server_task_query(const common_json & data);
 // inside the compressed part, or the cached prompt was pinned otherwise and has already evicted, the sequence is
 // emptied and *clear_cached set: the server must drop its cached prompt and process the whole prompt. Returns false,
 // with the reason in *error, when the request must be refused (a query the budget cannot hold, or not at the prompt's
-// start). `tokens`: the whole new prompt; `n_cached`: the tokens the slot holds of it.
+// start). `tokens`: the whole new prompt; `n_cached`: the tokens the slot holds of it. Nothing (true) on a cache that
+// does not evict.
 bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, llama_seq_id seq_id, llama_pos p0,
                               int32_t n_cached, const std::vector<llama_token> & tokens, const std::string & query,
                               bool * clear_cached, std::string * error);
@@ -47,8 +49,9 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
 int locret_server_draft_max(llama_context * ctx_tgt, llama_context * ctx_dft, llama_seq_id seq_id, int n_draft_max);
 
 // Observability. The server's context was made: its resolved Locret settings are kept for /props (which must not read
-// the context: it answers while the server sleeps). Nothing when the context does not evict.
-void locret_server_init(const llama_context * ctx, const common_params & params);
+// the context: it answers while the server sleeps), and context checkpoints are turned off (a checkpoint saves the
+// window cache alone, which an evicting cache does not allow). Nothing when the context does not evict.
+void locret_server_init(const llama_context * ctx, common_params & params);
 
 // /props: the Locret settings under "locret" (absent without eviction)
 void locret_server_props(common_json & props);

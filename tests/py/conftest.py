@@ -12,6 +12,9 @@ import pytest
 from locret._library import library_dir  # noqa: E402  (first: it points llama-cpp-python at our libllama)
 
 REPO = Path(__file__).resolve().parents[2]
+# a sequence's cells are checked after each change in every engine a test starts (ggml_ext/src/locret-cells.h), also
+# when pytest is run without scripts/test.sh
+os.environ.setdefault("LOCRET_CHECK_CELLS", "1")
 BIN = library_dir()  # build/bin, or $LOCRET_BUILD_DIR/bin (scripts/coverage.sh runs the tests on an instrumented build)
 sys.path.insert(0, str(REPO / "scripts"))  # llama_tree is a script, imported by its tests
 
