@@ -3,6 +3,7 @@
 #include "locret-cells.h"
 
 #include "ggml.h"
+#include "llama-impl.h" // format
 
 #include <algorithm>
 #include <cstdio>
@@ -154,30 +155,22 @@ uint32_t locret_cells::pinned_cells() const {
     return n;
 }
 
-static std::string locret_cells_problem(const char * fmt, long long a, long long b, long long c, long long d) {
-    char buf[256];
-    snprintf(buf, sizeof(buf), fmt, a, b, c, d);
-    return buf;
-}
-
 std::string locret_cells::check() const {
     if (!(uniform_from <= n_used && n_used <= n_cells && dead_end <= uniform_from)) {
-        return locret_cells_problem("ends out of order: dead_end %lld, uniform_from %lld, n_used %lld, n_cells %lld",
+        return format("ends out of order: dead_end %u, uniform_from %u, n_used %u, n_cells %u",
                 dead_end, uniform_from, n_used, n_cells);
     }
     if (live_end.size() != pos.size() || n_head_kv.size() != pos.size() || (!rope.empty() && rope.size() != pos.size())) {
-        return locret_cells_problem("shape: %lld layers of positions, %lld live ends, %lld head counts, %lld of RoPE",
-                (long long) pos.size(), (long long) live_end.size(), (long long) n_head_kv.size(), (long long) rope.size());
+        return format("shape: %zu layers of positions, %zu live ends, %zu head counts, %zu of RoPE",
+                pos.size(), live_end.size(), n_head_kv.size(), rope.size());
     }
     if (undo.valid && undo.before.n_used > n_used) {
-        return locret_cells_problem("the undo names %lld cells in use, more than the %lld now%lld%lld",
-                undo.before.n_used, n_used, 0, 0);
+        return format("the undo names %u cells in use, more than the %u now", undo.before.n_used, n_used);
     }
     std::vector<uint8_t> seen; // RoPE positions met in one (layer, KV head)
     for (size_t i = 0; i < pos.size(); ++i) {
         if (live_end[i] > dead_end) {
-            return locret_cells_problem("layer %lld: live end %lld past the dead end %lld%lld",
-                    (long long) i, live_end[i], dead_end, 0);
+            return format("layer %zu: live end %u past the dead end %u", i, live_end[i], dead_end);
         }
         for (uint32_t h = 0; h < n_head_kv[i]; ++h) {
             const int32_t * p = pos_row(i, h);
@@ -186,20 +179,18 @@ std::string locret_cells::check() const {
             for (uint32_t c = 0; c < n_used; ++c) {
                 const bool masked = c >= live_end[i] && c < dead_end;
                 if (masked ? p[c] != -1 : (p[c] < 0 || p[c] >= logical_next)) {
-                    return locret_cells_problem("layer %lld, KV head %lld, cell %lld: logical position %lld out of place",
-                            (long long) i, h, c, p[c]);
+                    return format("layer %zu, KV head %u, cell %u: logical position %d out of place", i, h, c, p[c]);
                 }
                 if (c >= uniform_from && (p[c] != pos_row(0, 0)[c] || (c > uniform_from && p[c] <= p[c - 1]))) {
-                    return locret_cells_problem("layer %lld, KV head %lld, cell %lld: logical position %lld breaks "
-                            "the uniform part", (long long) i, h, c, p[c]);
+                    return format("layer %zu, KV head %u, cell %u: logical position %d breaks the uniform part",
+                            i, h, c, p[c]);
                 }
                 if (r == nullptr || masked) {
                     continue;
                 }
                 const bool uniform_ok = c < uniform_from || r[c] == (int32_t) rope_next - (int32_t) (n_used - c);
                 if (r[c] < 0 || r[c] >= (int32_t) rope_next || seen[r[c]] || !uniform_ok) {
-                    return locret_cells_problem("layer %lld, KV head %lld, cell %lld: RoPE position %lld out of place",
-                            (long long) i, h, c, r[c]);
+                    return format("layer %zu, KV head %u, cell %u: RoPE position %d out of place", i, h, c, r[c]);
                 }
                 seen[r[c]] = 1;
             }
