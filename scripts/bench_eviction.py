@@ -4,7 +4,8 @@
     .venv/bin/python scripts/bench_eviction.py [--model M.gguf | --shape NAME] [--heads H.gguf] [--budget 2048]
         [--ubatch 512] [--lengths 2048,8192,32768,131072] [--plain-lengths 2048,8192,32768] [--decode-depth 131072]
         [--decode-tokens N]
-        [--gpu-layers -1] [--policies heads,lagkv,streaming] [--lag 128] [--positions inplace,compact,keep]
+        [--gpu-layers -1] [--policies heads,lagkv,streaming] [--policy-settings NAME:K=V,...]
+        [--positions inplace,compact,keep]
         [--profile-compaction] [--decode-split]
 
 Prints a markdown table of every figure (tok/s; peak host RSS; on a GPU the device memory in use with the context
@@ -25,8 +26,9 @@ selection, read-back, compaction) and the issue's targets as ratios measured in 
     Locret works at (llama-bench -p B -d b+B: the per-ubatch cost the comparison really is; >= 0.9 on a GPU).
 Exits 1 when a target is missed (the targets are the first policy's, with the first --positions). --policies runs
 the same figures for each eviction policy (and --positions compact,keep: each way of placing the kept units), side by
-side (lagkv with --lag; sage, random and streaming need no heads; sage caches each whole prompt, so its lengths must
-reach the budget plus the ubatch); every policy's prefill and decode are also reported against plain llama.cpp.
+side (--policy-settings NAME:K=V,... gives a policy its own settings, passed as --locret-policy NAME:K=V,...; sage,
+random and streaming need no heads; sage caches each whole prompt, so its lengths must reach the budget plus the
+ubatch); every policy's prefill and decode are also reported against plain llama.cpp.
 Without --heads it makes random heads (speed does not depend on their values). --profile-compaction adds a table of
 the compaction graph (its nodes, and the host's time to build, allocate and launch it per compaction), from two
 more prefills per run with LOCRET_PROFILE=1, the graph stacked over the layers (the default) and built layer by layer
@@ -113,12 +115,15 @@ def bench(args: argparse.Namespace, *, locret: bool, prompt: int, gen: int, dept
         cmd += ["-ngl", str(99999 if args.gpu_layers < 0 else args.gpu_layers)]
     if locret:
         policy, _, schedule = policy.partition(":")
+        settings = args.policy_settings.get(policy)
         cmd += ["--locret-budget", str(args.budget if budget is None else budget)]
-        cmd += ["--locret-heads", str(args.heads)] if policy == "heads" else ["--locret-policy", policy]
+        if policy == "heads":
+            cmd += ["--locret-heads", str(args.heads)]
+        if policy != "heads" or settings:
+            # the policy's own settings go through as they are, after its name: the library checks them
+            cmd += ["--locret-policy", f"{policy}:{settings}" if settings else policy]
         if schedule:
             cmd += ["--locret-budget-schedule", schedule]
-        if policy == "lagkv" and args.lag is not None:
-            cmd += ["--locret-lag", str(args.lag)]
         if args.stabilizers is not None and policy != "sage":   # SAGE-KV's recent window is its own
             cmd += ["--locret-stabilizers", str(args.stabilizers)]
         if positions:
@@ -204,7 +209,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--policies", default="heads",
                     help="eviction policies to measure, comma-separated (heads, lagkv, sage, streaming, random; default "
                          "heads); POLICY:SCHEDULE adds a budget schedule (heads:pyramid, streaming:FILE)")
-    ap.add_argument("--lag", type=int, help="LagKV's partition for the lagkv policy (default: the engine's, 128)")
+    ap.add_argument("--policy-settings", action="append", default=[], metavar="NAME:K=V,...",
+                    help="a policy's own settings, key=value pairs separated by commas after its name (repeatable, once "
+                         "per policy of --policies), passed as --locret-policy NAME:K=V,...; each policy's keys: "
+                         "docs/policies.md (default: the policy's own)")
     ap.add_argument("--positions", default=None,
                     help="--locret-positions values to measure, comma-separated (inplace, compact, keep, keep:N; default: the "
                          "engine's default only); every policy runs with each")
@@ -223,7 +231,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
                          "per-token work, the paper's 2.5-8%% range; its d_R = 1024 is for 3.8B-8B models)")
     ns = ap.parse_args(argv)
     ns.argv = list(argv)
+    ns.policy_settings = policy_settings(ns.policy_settings)
     return ns
+
+
+def policy_settings(entries: list[str]) -> dict[str, str]:
+    """--policy-settings NAME:K=V,... (repeatable) as {policy: "K=V,..."}; SystemExit for an entry without a name or
+    settings, or a policy given twice."""
+    out: dict[str, str] = {}
+    for entry in entries:
+        name, colon, settings = entry.partition(":")
+        if not colon or not name or not settings:
+            raise SystemExit(f"bench_eviction: error: --policy-settings takes NAME:key=value[,key=value...] "
+                             f"(got {entry!r})")
+        if name in out:
+            raise SystemExit(f"bench_eviction: error: --policy-settings gives the settings of {name} twice: give them "
+                             "once, comma-separated")
+        out[name] = settings
+    return out
 
 
 def main() -> int:
@@ -248,6 +273,19 @@ def main() -> int:
     if unknown or not policies:
         raise SystemExit(f"bench_eviction: error: unknown policy {','.join(unknown) or '(none)'}; "
                          f"valid: {', '.join(POLICIES)}")
+    measured_policies = {p.partition(":")[0] for p in policies}
+    unused = [name for name in args.policy_settings if name not in measured_policies]
+    if unused:
+        raise SystemExit(f"bench_eviction: error: --policy-settings for {', '.join(unused)}, which --policies does not "
+                         f"measure ({args.policies})")
+    from locret.eviction import parse_policy
+    from locret.heads import HeadsError
+
+    for name, settings in args.policy_settings.items():
+        try:
+            parse_policy(f"{name}:{settings}")   # the library's check, before any figure runs
+        except HeadsError as e:
+            raise SystemExit(f"bench_eviction: error: --policy-settings {name}:{settings}: {e}")
     if args.heads is None and any(p.partition(":")[0] == "heads" for p in policies):
         from locret import heads
 

@@ -51,8 +51,8 @@ LLAMA_API int32_t llama_locret_debug_read_scores(struct llama_context * ctx, lla
                                                  int32_t n_cells);
 
 // Debug: the post-RoPE queries the policy captured for sequence seq_id in layer il (SAGE-KV: the last token placed;
-// SnapKV: LLAMA_LOCRET_SNAPKV_QUESTION rows for a pinned question's last tokens, zero when none, then the last w tokens
-// of the last ubatch), F32 [rows][d_head_k * n_head], the newest row last, query head h of a
+// SnapKV: its question rows for a pinned question's last tokens, zero when none, then its window's rows, the last
+// tokens of the last ubatch), F32 [rows][d_head_k * n_head], the newest row last, query head h of a
 // row at h * d_head_k; and the layer's attention scale in *kq_scale. Returns rows * d_head_k * n_head (copies only when
 // n_max holds it), or -1 when the context's policy captures no queries, or the sequence or layer is wrong.
 LLAMA_API int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t il, float * out,

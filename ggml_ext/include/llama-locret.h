@@ -109,7 +109,7 @@ enum llama_locret_policy {
     LLAMA_LOCRET_POLICY_HEADS     = 0, // the causal importance scores of the retaining heads (Locret)
     LLAMA_LOCRET_POLICY_RANDOM    = 1, // a fixed pseudo-random number in [0, 1) per (layer, KV head, logical position)
     LLAMA_LOCRET_POLICY_STREAMING = 2, // StreamingLLM: the first 4 logical positions (attention sinks), then recency
-    LLAMA_LOCRET_POLICY_LAGKV     = 3, // LagKV: each partition of `lag` units scored against the next partition's
+    LLAMA_LOCRET_POLICY_LAGKV     = 3, // LagKV: each partition of units scored against the next partition's
                                        // per-channel min/max of K and V, from the cache itself (no heads); the first
                                        // 16 units (sinks) and the units without a complete next partition are kept
     LLAMA_LOCRET_POLICY_SAGE      = 4, // SAGE-KV: the whole prompt is kept while it is read (the cache is sized for
@@ -118,27 +118,21 @@ enum llama_locret_policy {
                                        // query, max over the KV head's query heads): b/4 sinks, b/2 chosen units, b/4
                                        // recent units; generation then slides the recent window over that fixed set
     LLAMA_LOCRET_POLICY_SNAPKV    = 5, // SnapKV per chunk: at each eviction the queries of the last part's last
-                                       // LLAMA_LOCRET_SNAPKV_WINDOW tokens (post-RoPE, causal) score every cached unit
+                                       // tokens (its observation window; post-RoPE, causal) score every cached unit
                                        // by their attention, averaged over the window and the KV head's query heads,
-                                       // pooled over neighbouring units (--locret-pool, default 5); the window is kept;
-                                       // with a pinned query (Locret-Q) its last LLAMA_LOCRET_SNAPKV_QUESTION tokens
-                                       // are the window instead, read as if after the cache
+                                       // pooled over neighbouring units; the window is kept; with a pinned query
+                                       // (Locret-Q) the question's last tokens are the window instead, read as if
+                                       // after the cache
 };
+// A policy's own knobs (LagKV's partition, SnapKV's window) are its settings: a string "key=value[,key=value...]"
+// that the policy parses (llama_locret_params.policy_settings; the tools' --locret-policy NAME:SETTINGS).
+// llama_locret_policy_settings_help() lists each policy's settings and docs/policies.md says what they do.
 
 // Units LagKV always keeps at the start of a sequence (its attention sinks; the paper's S = 16).
 #define LLAMA_LOCRET_LAGKV_SINKS 16
-// LagKV's default partition (lag) size: the paper's L = 128.
-#define LLAMA_LOCRET_LAGKV_LAG 128
 // SAGE-KV's split of the budget b (the paper's appendix): b/4 sink units, b/4 recent units, the rest chosen by score.
 #define LLAMA_LOCRET_SAGE_SINK_DIV   4
 #define LLAMA_LOCRET_SAGE_RECENT_DIV 4
-// SnapKV's observation window: the queries of a part's last 32 tokens (fewer in a shorter part).
-#define LLAMA_LOCRET_SNAPKV_WINDOW 32
-// SnapKV's default pooling window over neighbouring units (kvpress's kernel_size).
-#define LLAMA_LOCRET_SNAPKV_POOL 5
-// SnapKV with a pinned query (Locret-Q): the queries of the last 64 pinned tokens (the question; fewer when fewer are
-// pinned) are the observation window of every eviction, read as if after the cache.
-#define LLAMA_LOCRET_SNAPKV_QUESTION 64
 
 // The policies are 0 .. llama_locret_policy_count() - 1, in this enum's order.
 LLAMA_API int32_t llama_locret_policy_count(void);
@@ -155,6 +149,15 @@ LLAMA_API const char * llama_locret_policies_help(void);
 // Parse a policy name into *out. Returns 0, or -1 for an unknown name (llama_locret_last_error() says which
 // names are valid).
 LLAMA_API int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out);
+
+// Parse a policy with its settings, "NAME" or "NAME:SETTINGS" (--locret-policy NAME:key=value), into *out and *settings
+// (a pointer into `spec` after the ':', or to "" when there is none). The settings are checked against the policy's
+// own: returns 0, or -1 for an unknown name or a setting the policy refuses (llama_locret_last_error() names the key).
+LLAMA_API int32_t llama_locret_policy_from_spec(const char * spec, enum llama_locret_policy * out, const char ** settings);
+
+// One line listing a policy's settings ("key=VALUE: what it sets (range; default)", "; " between them); "" for a
+// policy without settings; NULL for a value that is not a policy.
+LLAMA_API const char * llama_locret_policy_settings_help(enum llama_locret_policy policy);
 
 // Where the units an eviction keeps sit in RoPE's positions (docs/memory.md, "Cells, positions and compaction").
 enum llama_locret_positions {
@@ -184,8 +187,8 @@ struct llama_locret_params {
                          // window of `pool` tokens centred on it (odd, <= n_ubatch), within its ubatch and sequence
                          // (clipped at their edges), so that the neighbours of a high-scoring token (the rest of its
                          // sentence or number) are kept with it. 0 or 1 = none; -1 = default (none: the paper's Locret)
-    int32_t lag;         // LAGKV policy: units per partition (>= 2); 0 or -1 = default (LLAMA_LOCRET_LAGKV_LAG). The budget
-                         // must hold the sinks, two partitions and the stabilizers.
+    const char * policy_settings; // the policy's own settings, "key=value[,key=value...]"; NULL or "": its
+                                  // defaults (llama_locret_policy_settings_help). Copied by configure.
     const char * budget_schedule; // how the budget is spread over the layers: NULL or "uniform", "pyramid", or a file of
                                   // per-layer budgets (see llama_locret_model_set_budget_schedule)
     struct llama_locret_settings defaults; // the recommended values that settings left at -1 take when `heads` is NULL
@@ -197,7 +200,7 @@ struct llama_locret_params {
                             // context (n_ctx_train)
 };
 
-// heads NULL, budget 0, stabilizers, local, pool, lag, positions and position_limit -1, policy HEADS, no schedule, no
+// heads NULL, budget 0, stabilizers, local, pool, positions and position_limit -1, policy HEADS and its default settings, no schedule, no
 // defaults. Defaults, resolved
 // when a context is created: the heads file's recommended values (else the paper's n_s = 2500 and n_loc = 100), clamped
 // to n_ubatch, and n_s to b/2.
@@ -239,9 +242,9 @@ LLAMA_API int64_t llama_locret_kv_cells(const struct llama_model * model, const 
 LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params);
 
 // The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local,
-// --locret-policy, --locret-pool, --locret-lag): heads from `heads_path` when it is non-empty, else the ones embedded
-// in `model_path`'s model, else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local/pool/lag
-// -1 their defaults.
+// --locret-policy NAME:SETTINGS, --locret-pool): heads from `heads_path` when it is non-empty, else the ones embedded
+// in `model_path`'s model, else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local/pool
+// -1 their defaults, policy_settings NULL or "" the policy's defaults.
 // The RANDOM, STREAMING and LAGKV policies need a budget and no heads: heads given or embedded are then not loaded
 // (a warning says so). Registers the result with llama_locret_model_configure for the contexts created next
 // from `model`. The heads found are returned in *out (NULL when none); the caller frees them after those contexts.
@@ -249,7 +252,7 @@ LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const
 LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, const char * model_path,
                                                  const char * heads_path, int32_t budget, int32_t stabilizers,
                                                  int32_t local, enum llama_locret_policy policy, int32_t pool,
-                                                 int32_t lag, struct llama_locret_heads ** out);
+                                                 const char * policy_settings, struct llama_locret_heads ** out);
 
 // What the rule book resolves for a context before its model is loaded (llama_locret_resolve_file).
 struct llama_locret_resolved {
@@ -367,7 +370,7 @@ struct llama_locret_stats {
     uint64_t t_readback_us;    // reading each ubatch's scores back from the backend (waiting for the graph included)
     uint32_t n_pinned;         // Locret-Q: the sequence's first n_pinned positions are never evicted (0: none)
     uint32_t pool;             // score pooling window (0: none)
-    uint32_t lag;              // LagKV's partition size (0: another policy)
+    char     policy_settings[64]; // the policy's settings as resolved, "key=value,..." ("": it has none)
     uint64_t n_compactions;    // compaction graphs this context ran since it was made, for all its sequences
                                // (sequences evicting in the same ubatch share one, up to 4 per graph); not in states
     // what evictions cost, since the context was made, for all its sequences (not in states); a row is one (layer, KV

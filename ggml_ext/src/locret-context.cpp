@@ -166,8 +166,8 @@ int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path
 }
 
 int32_t llama_locret_configure_default(llama_model * model, const char * model_path, const char * heads_path,
-        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, int32_t pool, int32_t lag,
-        llama_locret_heads ** out) {
+        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, int32_t pool,
+        const char * policy_settings, llama_locret_heads ** out) {
     *out = nullptr;
     locret_set_error("");
     const locret_policy_entry * entry = locret_policy_find(policy);
@@ -185,12 +185,8 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         locret_set_error("--locret-pool needs --locret-budget");
         return -1;
     }
-    if (budget == -1 && lag >= 0) {
-        locret_set_error("--locret-lag needs --locret-budget and --locret-policy lagkv");
-        return -1;
-    }
-    if (lag == 0) {
-        locret_set_error("the LagKV partition (--locret-lag) must be at least 2 units (got 0)");
+    if (budget == -1 && policy_settings != nullptr && policy_settings[0] != '\0') {
+        locret_set_error(format("the settings of --locret-policy %s need --locret-budget", policy_name));
         return -1;
     }
     if (budget == -1 && !entry->needs_heads) {
@@ -208,7 +204,7 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
     params.local       = local;
     params.policy      = policy;
     params.pool        = pool;
-    params.lag         = lag;
+    params.policy_settings = policy_settings;
     if (!entry->needs_heads) {
         // the scores come from the policy: loading the heads would only add their cost to every ubatch
         if (!path.empty()) {

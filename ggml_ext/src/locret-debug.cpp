@@ -50,7 +50,10 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.t_readback_us   = mem->t.readback_us;
     st.n_pinned        = s->n_pinned;
     st.pool            = cfg.pool;
-    st.lag             = cfg.lag;
+    {
+        const std::string settings = locret_policy_settings_str(*locret_policy_find(cfg.policy), cfg.policy_values);
+        snprintf(st.policy_settings, sizeof(st.policy_settings), "%s", settings.c_str());
+    }
     st.n_compactions   = mem->t.n_compactions;
     st.n_rows_moved    = mem->t.n_rows_moved;
     st.n_rows_rotated  = mem->t.n_rows_rotated;

@@ -434,7 +434,7 @@ locret_plan_stream llama_locret_memory::plan_stream(size_t s) const {
     p.prev_output = streams[s].prev_output;
     p.rope_next   = streams[s].rope_next;
     p.offset      = streams[s].logical_next - (llama_pos) streams[s].rope_next;
-    p.sage_fresh  = policy->selection_due(streams[s].policy_state);
+    p.selection_due  = policy->selection_due(streams[s].policy_state);
     // a budget schedule: the layer nearest its own budget decides when the stream evicts (locret_plan_stream::lead)
     int64_t lead = 0;
     for (size_t i = 0; i < cfg.layer_budget.size(); ++i) {
@@ -592,8 +592,9 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     {
         const locret_plan_error err = plan_batch(params, ubatches, sim, sinfos, plans, physical, window_frame);
         if (!err.ok()) {
-            if (err.status == LOCRET_PLAN_SAGE_TOO_LONG) {
-                locret_set_error(err.msg); // the user's to fix: the reason goes to llama_locret_last_error
+            if (err.status == LOCRET_PLAN_PROMPT_TOO_LONG) {
+                // the user's to fix: the reason goes to llama_locret_last_error
+                locret_set_error(format("policy %s: %s", locret_policy_find(cfg.policy)->name, err.msg.c_str()));
             }
             LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, err.msg.c_str());
             return failed();
@@ -709,7 +710,7 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
         locret_cells & s = streams[st.strm];
         // the ubatch split planned this part after the same evictions that ran before it
         GGML_ASSERT(st.first_cell == s.n_used && "Locret: ubatch placement does not follow the eviction plan");
-        const bool prompt_end = locret_plan_sage_prompt_end(s.prev_output, st.n_tokens, st.output);
+        const bool prompt_end = locret_plan_prompt_end(s.prev_output, st.n_tokens, st.output);
         s.place_part(st.first_cell, st.first_rope, st.n_tokens, st.output, st.first_logical);
         policy->placed(cfg, s.policy_state, s.n_used, st.n_tokens, s.n_pinned, prompt_end);
     }
@@ -784,13 +785,13 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
         return false;
     }
     // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget (with what the
-    // policy keeps unscored, LagKV's sinks and partitions)
+    // policy keeps unscored)
     const uint64_t unscored = policy->unscored_units(cfg);
     if ((uint64_t) n_tokens + cfg.stabilizers + unscored >= min_layer_budget()) {
         locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head%s, "
                 "%u stabilizers%s): shorten the query or raise the budget", n_tokens, min_layer_budget(),
                 has_schedule() ? " in the smallest layer budget of the schedule" : "", cfg.stabilizers,
-                unscored > 0 ? format(", LagKV's %d sinks and 2 partitions of %u", LLAMA_LOCRET_LAGKV_SINKS, cfg.lag).c_str() : ""));
+                unscored > 0 ? (", " + policy->unscored_what(cfg)).c_str() : ""));
         return false;
     }
     s.n_pinned = n_tokens;

@@ -69,16 +69,16 @@ uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining,
     return take;
 }
 
-uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool sage_fresh,
+uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool selection_due,
                               uint32_t n_tokens, bool output, uint32_t * n_stab) {
     *n_stab = 0;
     if (p.selects_once) {
-        // SAGE-KV: never while a prompt is read; its one selection at the first part after the prompt's end; then the
+        // a policy that selects once: never while a prompt is read; its one selection at the first part after the prompt's end; then the
         // recent window slides when generation would pass the budget by a ubatch (evict() splits what stays)
         if (!prev_output) {
             return n_used;
         }
-        if (sage_fresh || n_used + n_tokens > p.budget + p.n_ubatch) {
+        if (selection_due || n_used + n_tokens > p.budget + p.n_ubatch) {
             return std::min(p.budget, n_used);
         }
         return n_used;
@@ -100,7 +100,7 @@ bool locret_plan_due(const locret_plan_params & p, const locret_plan_stream & s,
     // (the uniform case: every layer holds n_used); at an eviction every layer keeps at most its own budget, so the
     // largest, which is never masked, keeps min(b_max, n_used)
     const uint32_t fullest = s.n_used + s.lead;
-    const uint32_t k = locret_plan_eviction(p, fullest, s.prev_output, s.sage_fresh, n_tokens, output, n_stab);
+    const uint32_t k = locret_plan_eviction(p, fullest, s.prev_output, s.selection_due, n_tokens, output, n_stab);
     *n_stab = std::min(*n_stab, s.n_used);
     if (k >= fullest) {
         *n_keep = s.n_used;
@@ -186,7 +186,7 @@ static locret_plan_error plan_step(const locret_plan_params & p, locret_plan_str
     st.first_logical = first_logical;
     st.output        = output;
     if (p.selects_once && st.first_cell + n > p.capacity) {
-        return plan_fail(LOCRET_PLAN_SAGE_TOO_LONG, plan_format("SAGE-KV keeps the whole prompt until its end: "
+        return plan_fail(LOCRET_PLAN_PROMPT_TOO_LONG, plan_format("the policy keeps the whole prompt until its end: "
                 "sequence %u would hold %u units, more than the context per sequence (%u); raise -c or shorten the "
                 "prompt", s, st.first_cell + n, p.capacity));
     }
@@ -212,8 +212,8 @@ static void plan_place(const locret_plan_params & p, const locret_plan_tokens & 
     }
     if (p.selects_once) {
         // as placed() and evict() will set it
-        const bool end = locret_plan_sage_prompt_end(sim.prev_output, n, st.output);
-        sim.sage_fresh = end ? st.first_cell + n > p.budget : sim.sage_fresh && st.n_keep == sim.n_used;
+        const bool end = locret_plan_prompt_end(sim.prev_output, n, st.output);
+        sim.selection_due = end ? st.first_cell + n > p.budget : sim.selection_due && st.n_keep == sim.n_used;
     }
     sim.n_used      = st.first_cell + n;
     sim.rope_next   = st.first_rope + n;

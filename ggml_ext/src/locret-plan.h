@@ -40,12 +40,13 @@ struct locret_ubatch_plan {
 // the settings planning reads (from locret_config; a budget schedule plans with its largest layer budget)
 struct locret_plan_params {
     uint32_t budget       = 0;     // b
-    uint32_t stabilizers  = 0;     // n_s (SAGE-KV: its recent window)
+    uint32_t stabilizers  = 0;     // n_s (a policy that selects once: its recent window)
     uint32_t local        = 0;     // n_loc: a prompt end's last n_loc tokens form their own ubatch (0: none)
     uint32_t n_ubatch     = 0;     // B
-    uint32_t capacity     = 0;     // b + B (SAGE-KV: the context per sequence, which a prompt must fit)
+    uint32_t capacity     = 0;     // b + B (selects_once: the context per sequence, which a prompt must fit)
     uint32_t n_cells      = 0;     // KV cells per sequence
-    bool     selects_once = false; // SAGE-KV: one selection after the prompt's end, then a sliding recent window
+    bool     selects_once = false; // the policy reads the prompt whole (locret_policy::reads_prompt_whole): one
+                                   // selection after the prompt's end, then a sliding recent window
     bool     keep_positions = false; // kept units keep their RoPE positions (locret_config::keep_positions)
     uint32_t position_limit = 0;     // ... which stay below this
 };
@@ -57,7 +58,7 @@ struct locret_plan_stream {
     uint32_t  rope_next   = 0;     // the RoPE position of the next token (== n_used unless positions are kept)
     llama_pos offset      = 0;     // logical_next - rope_next at the batch's start: a token's position in the window
                                    // cache's frame is its logical one minus this (constant over a batch)
-    bool      sage_fresh  = false; // SAGE-KV: a prompt ended and its one selection has not run yet
+    bool      selection_due  = false; // selects_once: a prompt ended and its one selection has not run yet
     // a budget schedule: how far the layer nearest its own budget is ahead of the largest layer, max over layers of
     // (b_max - b_l) - (its masked cells); 0 without a schedule. That layer holds n_used + lead - b_max units over its
     // budget (negative: under it), and Algorithm 1's rules apply to it: the memory evicts when any layer would.
@@ -77,7 +78,7 @@ enum locret_plan_status {
     LOCRET_PLAN_MULTI_SEQ,       // a token belongs to several sequences (or none)
     LOCRET_PLAN_SEQ_RANGE,       // a sequence id outside [0, n_streams)
     LOCRET_PLAN_EMPTY,           // a ubatch without tokens
-    LOCRET_PLAN_SAGE_TOO_LONG,   // SAGE-KV: a prompt would pass the context per sequence (a user error)
+    LOCRET_PLAN_PROMPT_TOO_LONG, // selects_once: a prompt would pass the context per sequence (a user error)
     LOCRET_PLAN_NO_ROOM,         // a part does not fit after the retained units in the stream's cells
     LOCRET_PLAN_NOT_CONSECUTIVE, // a ubatch's sequences are not consecutive streams (one slot_info cannot hold them)
 };
@@ -105,8 +106,8 @@ locret_plan_error locret_plan_scan(uint32_t n_tokens, const int32_t * n_seq_id, 
 // whether a batch that ends stream s's prompt with n_tokens of it must place the prompt's last `local` tokens in a
 // ubatch of their own: only when something may be evicted (or positions compacted) before them. A prompt that fits
 // in the budget with what the stream holds evicts nothing in any split, so it is split as llama.cpp splits it (one
-// ubatch fewer: a short chat turn paid a whole extra pass over the weights for nothing). SAGE-KV always splits (its
-// one selection comes after the prompt's end).
+// ubatch fewer: a short chat turn paid a whole extra pass over the weights for nothing). A policy that selects once
+// always splits (its one selection comes after the prompt's end).
 bool locret_plan_tail_alone(const locret_plan_params & p, const locret_plan_stream & s, uint32_t n_tokens);
 
 // how many of a sequence's `remaining` tokens its next ubatch takes: at most n_ubatch, and when its prompt's local
@@ -117,7 +118,7 @@ uint32_t locret_plan_take(uint32_t n_ubatch, uint32_t local, uint32_t remaining,
 // (prev_output): the units kept per (layer, KV head) by the eviction before it (== n_used: none), and in *n_stab how
 // many of them are stabilizers. With a budget schedule it is the rule of the layer nearest its budget: n_used is then
 // n_used + lead (locret_plan_due).
-uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool sage_fresh,
+uint32_t locret_plan_eviction(const locret_plan_params & p, uint32_t n_used, bool prev_output, bool selection_due,
                               uint32_t n_tokens, bool output, uint32_t * n_stab);
 
 // The eviction due before a part of n_tokens after stream s (the rule of the layer nearest its own budget): whether
@@ -131,13 +132,13 @@ uint32_t locret_plan_lead_after(const locret_plan_params & p, uint32_t n_used, u
 // Speculative decoding: the most tokens a generation part (every token asking for an output: the sampled token and
 // its draft) may hold so that the cache ends up as a token-by-token run leaves it once the rejected tokens are removed
 // (llama_memory_seq_rm of the part's tail). No eviction or repositioning may fall inside the part: it comes before the
-// part only where it would come before a single token too, and the part then fits the room after it. With SAGE-KV 1
+// part only where it would come before a single token too, and the part then fits the room after it. With selects_once 1
 // (a part of several tokens would read as a prompt's end). Never 0.
 uint32_t locret_plan_room(const locret_plan_params & p, const locret_plan_stream & s);
 
-// SAGE-KV: a part ends a prompt (its last token asks for an output, and it is more than one token or follows a part
+// selects_once: a part ends a prompt (its last token asks for an output, and it is more than one token or follows a part
 // without one)
-static inline bool locret_plan_sage_prompt_end(bool prev_output, uint32_t n_tokens, bool output) {
+static inline bool locret_plan_prompt_end(bool prev_output, uint32_t n_tokens, bool output) {
     return output && (n_tokens > 1 || !prev_output);
 }
 

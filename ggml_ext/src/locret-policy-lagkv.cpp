@@ -13,33 +13,48 @@
 
 namespace {
 
+// its settings: lagkv:lag=N, units per partition (the paper's L = 128)
+enum { LAG = 0 };
+const locret_policy_knob KNOBS[] = {
+    { "lag", "units per partition", 128, 2, 65536 },
+};
+
+uint32_t lag_of(const locret_config & cfg) {
+    return (uint32_t) cfg.policy_values.value[LAG];
+}
+
 struct locret_policy_lagkv : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_LAGKV; }
     bool reads_cells_in_order() const override { return true; }
     bool stores_scores() const override { return true; }
 
-    void configure(const llama_locret_params & p, uint32_t, locret_config & cfg, std::string & err) const override {
+    std::vector<locret_policy_knob> knobs() const override { return { std::begin(KNOBS), std::end(KNOBS) }; }
+
+    void configure(const llama_locret_params &, uint32_t, locret_config & cfg, std::string & err) const override {
         // the budget must keep the sinks, the partitions not yet scored (fewer than two) and the stabilizers whatever
         // the scores say
-        cfg.lag = p.lag > 0 ? (uint32_t) p.lag : LLAMA_LOCRET_LAGKV_LAG;
-        const uint64_t kept = locret_lagkv_unscored(cfg.lag) + cfg.stabilizers;
+        const uint32_t lag = lag_of(cfg);
+        const uint64_t kept = locret_lagkv_unscored(lag) + cfg.stabilizers;
         if (kept >= cfg.budget) {
             err = format("with LagKV the budget (%u) must exceed what it keeps unscored: %u sinks + 2 partitions of %u "
-                    "units + %u stabilizers = %llu (lower --locret-lag or --locret-stabilizers, or raise the budget)",
-                    cfg.budget, (unsigned) LLAMA_LOCRET_LAGKV_SINKS, cfg.lag, cfg.stabilizers, (unsigned long long) kept);
+                    "units + %u stabilizers = %llu (lower lagkv:lag or --locret-stabilizers, or raise the budget)",
+                    cfg.budget, (unsigned) LLAMA_LOCRET_LAGKV_SINKS, lag, cfg.stabilizers, (unsigned long long) kept);
         }
     }
-    uint64_t unscored_units(const locret_config & cfg) const override { return locret_lagkv_unscored(cfg.lag); }
+    uint64_t unscored_units(const locret_config & cfg) const override { return locret_lagkv_unscored(lag_of(cfg)); }
+    std::string unscored_what(const locret_config & cfg) const override {
+        return format("LagKV's %d sinks and 2 partitions of %u", LLAMA_LOCRET_LAGKV_SINKS, lag_of(cfg));
+    }
     std::string describe(const locret_config & cfg) const override {
-        return format(", lag %u, %d sinks", cfg.lag, LLAMA_LOCRET_LAGKV_SINKS);
+        return format(", lag %u, %d sinks", lag_of(cfg), LLAMA_LOCRET_LAGKV_SINKS);
     }
 
     size_t score_graph_nodes(size_t n_layers) const override { return locret_lagkv_n_nodes(n_layers); }
     void build_worst_score_graph(const locret_policy_env & env, ggml_context * ctx, ggml_cgraph * gf) const override {
         // a full cache after the sinks, all but its last partition scored
-        const uint32_t n_part = (env.cfg.capacity - LLAMA_LOCRET_LAGKV_SINKS) / env.cfg.lag;
+        const uint32_t n_part = (env.cfg.capacity - LLAMA_LOCRET_LAGKV_SINKS) / lag_of(env.cfg);
         locret_build_lagkv(ctx, gf, env.layers, env.v_trans, env.cfg.n_cells, 0, LLAMA_LOCRET_LAGKV_SINKS, n_part - 1,
-                env.cfg.lag);
+                lag_of(env.cfg));
     }
 
     bool prepare(const locret_policy_env & env, const locret_evict_args & a, locret_policy_state & st,
@@ -47,7 +62,7 @@ struct locret_policy_lagkv : locret_policy {
         // score the partitions that have a complete successor now (one graph for every layer); the sinks stay like a
         // pinned prefix, the units still waiting for their successor like stabilizers (the budget was checked to hold
         // both)
-        const uint32_t lag   = env.cfg.lag;
+        const uint32_t lag   = lag_of(env.cfg);
         uint32_t & scored_to = st.word[0];
         const uint32_t start = std::max({ scored_to, a.n_pinned, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, a.n_used) });
         const uint32_t n_part = a.n_used > start ? (a.n_used - start) / lag : 0;

@@ -1,17 +1,18 @@
 // SnapKV applied per chunk (Li et al., 2024; as kvpress's SnapKVPress scores a prompt after its prefill, here at every
 // eviction of a chunked prefill and of generation). Training-free and query-aware: the attention layers hand the
-// post-RoPE queries of the last part's last w = LLAMA_LOCRET_SNAPKV_WINDOW tokens of each sequence to the query store
+// post-RoPE queries of the last part's last w tokens (snapkv:window, default 32) of each sequence to the query store
 // (the graph hook SAGE-KV uses, locret-graph.cpp); at an eviction a graph scores every cached unit j of the sequence:
 //     p_{t,h}(j) = softmax over units i <= cell(t) of (scale * q_{t,h} . k_i)    window query t, query head h (causal)
 //     s(j, KV head) = mean over the window's queries t and over the query heads h of the KV head's group of p_{t,h}(j)
-//     score = s averaged over the `pool` units centred on j (within the sequence's cells; --locret-pool, default 5)
+//     score = s averaged over the `pool` units centred on j (within the sequence's cells; snapkv:pool or --locret-pool,
+//             default 5)
 // into the memory's score store, and the top-b selection keeps the best units beside the window itself (kept like
 // stabilizers: it is the observation). The window is the last part's: a prefill ubatch's last w tokens, or during
 // generation (parts of one token) the newest token alone.
 //
 // With a pinned query (Locret-Q: the question placed at the start and pinned), the question is the observation
 // window instead, as SnapKV reads a prompt whose question is at its end: the graph captures the queries of the last
-// q = min(Q, n_pinned) pinned positions (Q = LLAMA_LOCRET_SNAPKV_QUESTION, the store's leading rows) when they are
+// q = min(Q, n_pinned) pinned positions (Q = snapkv:question, default 64, the store's leading rows) when they are
 // read, and every eviction scores all cached units by them, re-rotated (exactly, as compaction re-rotates keys) from
 // their positions n_pinned - q + t to the positions right after the cache, n_used + t, so that they read the units
 // as a question after the document would; no causal mask (every unit precedes them), and nothing kept for a window
@@ -35,9 +36,19 @@
 
 namespace {
 
-constexpr uint32_t W = LLAMA_LOCRET_SNAPKV_WINDOW;
-constexpr uint32_t Q = LLAMA_LOCRET_SNAPKV_QUESTION;
-constexpr uint32_t R = Q + W; // query store rows per stream: [0, Q) the pinned question's, [Q, R) the last part's
+// its settings: snapkv:window=W,question=Q,pool=P
+enum { WINDOW = 0, QUESTION = 1, POOL = 2 };
+const locret_policy_knob KNOBS[] = {
+    { "window",   "the observation window: queries of a part's last tokens", 32, 1, 4096 },
+    { "question", "with a pinned question, its last tokens' queries",       64, 1, 4096 },
+    { "pool",     "score pooling over neighbouring units (odd; kvpress's kernel_size; --locret-pool sets it too)", 5, 0, 1023 },
+};
+
+// the window w (fewer in a shorter part), the question's rows q, and the query store's rows per stream: [0, q) the
+// pinned question's, [q, q + w) the last part's
+uint32_t W(const locret_config & cfg) { return (uint32_t) cfg.policy_values.value[WINDOW]; }
+uint32_t Q(const locret_config & cfg) { return (uint32_t) cfg.policy_values.value[QUESTION]; }
+uint32_t R(const locret_config & cfg) { return Q(cfg) + W(cfg); }
 
 // the question window's input: the re-rotation of its queries (one delta per query; each layer's frequency factors
 // are resident, locret_rerotation::factors)
@@ -57,7 +68,7 @@ void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env 
     }
     for (size_t i = 0; i < env.layers.size(); ++i) {
         const locret_kv_layer & L = env.layers[i];
-        ggml_tensor * store = env.queries[i]; // F32 [d*nq, R*n_stream]
+        ggml_tensor * store = env.queries[i]; // F32 [d*nq, (q + w)*n_stream]
         const int64_t d  = L.d_k;
         const int64_t H  = L.n_head_kv;
         const int64_t nq = store->ne[0] / d;  // query heads
@@ -68,7 +79,7 @@ void snapkv_build(ggml_context * ctx, ggml_cgraph * gf, const locret_policy_env 
                 (size_t) strm * L.k->nb[2]);
         k = ggml_permute(ctx, k, 0, 2, 1, 3);
         // the window's queries, oldest first: [d*nq, nw] -> [d, nq, nw]
-        const size_t row0 = (size_t) strm * R + (question != nullptr ? Q - nw : R - nw);
+        const size_t row0 = (size_t) strm * R(env.cfg) + (question != nullptr ? Q(env.cfg) - nw : R(env.cfg) - nw);
         ggml_tensor * q = ggml_view_2d(ctx, store, store->ne[0], nw, store->nb[1], row0 * store->nb[1]);
         q = ggml_reshape_3d(ctx, ggml_cont(ctx, q), d, nq, nw);
         if (question != nullptr && L.rot.rope) {
@@ -113,35 +124,49 @@ struct locret_policy_snapkv : locret_policy {
     bool stores_scores() const override { return true; }
     bool pools_scores() const override { return true; }
 
+    std::vector<locret_policy_knob> knobs() const override { return { std::begin(KNOBS), std::end(KNOBS) }; }
+    std::string params_problem(const llama_locret_params & p, const locret_policy_values & v) const override {
+        if ((v.given & (1u << POOL)) && p.pool != -1) {
+            return "snapkv:pool and --locret-pool both set SnapKV's pooling; give one";
+        }
+        if (v.value[POOL] > 1 && v.value[POOL] % 2 == 0) {
+            return format("snapkv:pool must be odd, a window centred on each unit (got %d)", v.value[POOL]);
+        }
+        return "";
+    }
+
     void configure(const llama_locret_params & p, uint32_t, locret_config & cfg, std::string & err) const override {
         if (p.pool == -1) {
-            cfg.pool = LLAMA_LOCRET_SNAPKV_POOL;
+            cfg.pool = (uint32_t) cfg.policy_values.value[POOL];
         }
-        if (cfg.budget <= std::max(cfg.stabilizers, W)) {
+        if (cfg.budget <= std::max(cfg.stabilizers, W(cfg))) {
             err = format("with SnapKV the budget (%u) must be larger than its observation window (%u units), which it "
-                    "keeps, and the stabilizers (%u)", cfg.budget, W, cfg.stabilizers);
+                    "keeps, and the stabilizers (%u)", cfg.budget, W(cfg), cfg.stabilizers);
         }
     }
     uint64_t unscored_units(const locret_config & cfg) const override {
-        return W > cfg.stabilizers ? W - cfg.stabilizers : 0; // the window beyond the stabilizers
+        return W(cfg) > cfg.stabilizers ? W(cfg) - cfg.stabilizers : 0; // the window beyond the stabilizers
     }
-    std::string describe(const locret_config &) const override {
-        return format(", observation window %u", W);
+    std::string unscored_what(const locret_config & cfg) const override {
+        return format("SnapKV's observation window of %u", W(cfg));
+    }
+    std::string describe(const locret_config & cfg) const override {
+        return format(", observation window %u", W(cfg));
     }
 
-    uint32_t query_rows(const locret_config &) const override { return R; }
-    uint32_t query_pin_rows(const locret_config &) const override { return Q; }
+    uint32_t query_rows(const locret_config & cfg) const override { return R(cfg); }
+    uint32_t query_pin_rows(const locret_config & cfg) const override { return Q(cfg); }
     size_t score_graph_nodes(size_t n_layers) const override { return 56 * n_layers + 16; }
     void build_worst_score_graph(const locret_policy_env & env, ggml_context * ctx, ggml_cgraph * gf) const override {
         // the question's graph is the larger (a rope per layer; the same matrices as the window's when Q >= W)
         snapkv_question_inputs question;
-        snapkv_build(ctx, gf, env, 0, env.cfg.capacity, std::max(Q, W), std::vector<float>(env.layers.size(), 1.0f),
+        snapkv_build(ctx, gf, env, 0, env.cfg.capacity, std::max(Q(env.cfg), W(env.cfg)), std::vector<float>(env.layers.size(), 1.0f),
                 &question);
     }
 
-    void placed(const locret_config &, locret_policy_state & st, uint32_t n_used, uint32_t n_tokens, uint32_t n_pinned,
-                bool) const override {
-        st.word[0] = std::min(W, n_tokens);
+    void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t n_tokens,
+                uint32_t n_pinned, bool) const override {
+        st.word[0] = std::min(W(cfg), n_tokens);
         if (n_pinned > 0 && n_used - n_tokens < n_pinned && n_pinned <= n_used) {
             st.word[1] = n_pinned; // the part held the last pinned position: the question's rows are captured
         }
@@ -151,7 +176,7 @@ struct locret_policy_snapkv : locret_policy {
         out.n_pin = a.n_pinned;
         const bool quantized_k = !env.layers.empty() && ggml_is_quantized(env.layers[0].k->type);
         if (a.n_pinned > 0 && st.word[1] == a.n_pinned && !quantized_k) {
-            const uint32_t nq = std::min(Q, a.n_pinned);
+            const uint32_t nq = std::min(Q(env.cfg), a.n_pinned);
             out.n_stab = a.n_stab;
             if (!locret_queries_captured(env, "SnapKV")) {
                 return false;
@@ -191,8 +216,8 @@ struct locret_policy_snapkv : locret_policy {
             st.word[1] = 0; // and the question's
         }
     }
-    bool state_ok(const locret_config &, const locret_policy_state & st, uint32_t n_used) const override {
-        return st.word[0] <= std::min(W, n_used) && st.word[1] <= n_used;
+    bool state_ok(const locret_config & cfg, const locret_policy_state & st, uint32_t n_used) const override {
+        return st.word[0] <= std::min(W(cfg), n_used) && st.word[1] <= n_used;
     }
 };
 

@@ -17,7 +17,19 @@ struct ggml_context;
 struct ggml_cgraph;
 struct ggml_tensor;
 struct locret_config;
+struct locret_policy_values;
 struct locret_kv_layer;
+
+// One of a policy's own settings (LagKV's partition, SnapKV's window): an integer the user gives as key=value after the
+// policy's name (--locret-policy NAME:key=value,key=value). The policy file holds its table; locret-policy.cpp parses,
+// checks the range, prints, and compares saved settings, the same way for every policy.
+struct locret_policy_knob {
+    const char * key;
+    const char * help; // what it sets, a few words
+    int32_t      def;
+    int32_t      min;
+    int32_t      max;
+};
 
 // what a policy may look at when it scores one (layer, KV head) of one sequence at an eviction
 struct locret_score_args {
@@ -86,10 +98,16 @@ struct locret_policy {
     // settings (the rule book, locret-settings.cpp, asks these before any memory exists)
     //
 
-    // a refusal of settings that need no model ("" when they are fine)
-    virtual std::string params_problem(const llama_locret_params & p) const { (void) p; return ""; }
+    // the policy's own settings, in the order of cfg.policy_values (none by default); their layout's version, which
+    // state files record beside their values (raise it when a key's meaning changes)
+    virtual std::vector<locret_policy_knob> knobs() const { return {}; }
+    virtual uint32_t settings_version() const { return 1; }
+    // a refusal of settings that need no model ("" when they are fine); v: the policy's own settings, parsed
+    virtual std::string params_problem(const llama_locret_params & p, const locret_policy_values & v) const {
+        (void) p; (void) v; return "";
+    }
     // the policy's part of the resolved settings: its own fields of cfg, and a capacity other than b + B; n_ctx_seq:
-    // the context per sequence. A refusal goes to err.
+    // the context per sequence; cfg.policy_values holds its settings. A refusal goes to err.
     virtual void configure(const llama_locret_params & p, uint32_t n_ctx_seq, locret_config & cfg, std::string & err) const {
         (void) p; (void) n_ctx_seq; (void) cfg; (void) err;
     }
@@ -100,6 +118,8 @@ struct locret_policy {
     virtual bool reads_cells_in_order() const { return false; }
     // the units a sequence keeps unscored besides the stabilizers and a pinned query (they must fit in the budget)
     virtual uint64_t unscored_units(const locret_config & cfg) const { (void) cfg; return 0; }
+    // those units in words, for messages ("" when there are none)
+    virtual std::string unscored_what(const locret_config & cfg) const { (void) cfg; return ""; }
     // why a pinned query (Locret-Q) does not apply ("" when it does)
     virtual std::string pin_problem() const { return ""; }
     // the policy's settings in the memory's creation log (after the stabilizers and local length)
@@ -136,7 +156,7 @@ struct locret_policy {
     // a selection is due at the next eviction whatever the cache holds (ubatch planning of reads_prompt_whole policies)
     virtual bool selection_due(const locret_policy_state & st) const { (void) st; return false; }
     // a part of n_tokens was placed; the sequence now uses n_used cells, n_pinned of them pinned (Locret-Q); prompt_end:
-    // it asked for an output after a prompt (locret_plan_sage_prompt_end)
+    // it asked for an output after a prompt (locret_plan_prompt_end)
     virtual void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t n_tokens,
                         uint32_t n_pinned, bool prompt_end) const {
         (void) cfg; (void) st; (void) n_used; (void) n_tokens; (void) n_pinned; (void) prompt_end;
@@ -193,6 +213,18 @@ const locret_policy_entry & locret_policy_at(size_t i);
 const locret_policy_entry * locret_policy_find(llama_locret_policy id);
 
 std::unique_ptr<locret_policy> locret_policy_make(llama_locret_policy id);
+
+// Parse a policy's settings "key=value[,key=value...]" (NULL or "": none given) into out: every knob at its default
+// but those given, checked against the knob's range. false, with the reason naming the key in err, when one is not
+// the policy's, not an integer in range, or given twice.
+bool locret_policy_settings_parse(const locret_policy_entry & e, const char * text, locret_policy_values & out,
+                                  std::string & err);
+// "key=value,..." for every knob of the policy ("" for a policy without any)
+std::string locret_policy_settings_str(const locret_policy_entry & e, const locret_policy_values & v);
+// why settings saved by a state file (their layout's version and values) cannot continue under `cur` ("" when they
+// can: the same version and values)
+std::string locret_policy_settings_mismatch(const locret_policy_entry & e, uint32_t saved_version,
+                                            const std::vector<int32_t> & saved, const locret_policy_values & cur);
 
 // the random policy's score of (layer, KV head, logical position); tests/py/test_policies.py mirrors it
 float locret_random_score(uint32_t il, uint32_t ih, int32_t pos);

@@ -4,7 +4,6 @@
 
 #include "locret-settings.h"
 #include "locret-heads.h"
-#include "locret-lagkv.h"
 #include "locret-hooks.h"
 #include "locret-policy.h"
 
@@ -29,6 +28,7 @@
 static std::mutex                                          g_config_mutex;
 static std::map<const llama_model *, llama_locret_params>  g_config;
 static std::map<const llama_model *, locret_schedule_spec> g_schedule; // only schedules other than uniform
+static std::map<const llama_model *, std::string>          g_policy_settings; // the caller's string, copied
 
 struct llama_locret_params llama_locret_params_default(void) {
     llama_locret_params p;
@@ -38,7 +38,7 @@ struct llama_locret_params llama_locret_params_default(void) {
     p.local       = -1;
     p.policy      = LLAMA_LOCRET_POLICY_HEADS;
     p.pool        = -1;
-    p.lag         = -1;
+    p.policy_settings = nullptr;
     p.budget_schedule = nullptr;
     p.defaults    = {};
     p.positions      = -1;
@@ -80,6 +80,8 @@ int32_t llama_locret_model_configure(struct llama_model * model, const struct ll
     }
     g_config[model] = *params;
     g_config[model].budget_schedule = nullptr; // the caller's string; its parsed form is kept below
+    g_policy_settings[model] = params->policy_settings != nullptr ? params->policy_settings : "";
+    g_config[model].policy_settings = g_policy_settings[model].c_str();
     if (schedule.kind != locret_schedule_spec::UNIFORM) {
         g_schedule[model] = schedule;
     }
@@ -90,6 +92,7 @@ void llama_locret_model_forget(const llama_model * model) {
     std::lock_guard<std::mutex> lock(g_config_mutex);
     g_config.erase(model);
     g_schedule.erase(model);
+    g_policy_settings.erase(model);
 }
 
 //
@@ -394,14 +397,15 @@ std::string locret_params_problem(const llama_locret_params & p) {
         return format("score pooling averages a policy's scores over neighbouring units; policy %s has none to pool",
                 policy->name);
     }
-    if (p.lag < -1 || p.lag == 1) {
-        return format("the LagKV partition (--locret-lag) must be at least 2 units (got %d)", p.lag);
-    }
-    if (p.lag > 0 && p.policy != LLAMA_LOCRET_POLICY_LAGKV) {
-        return format("--locret-lag sets LagKV's partition; policy %s has none (use --locret-policy lagkv)", policy->name);
+    locret_policy_values values;
+    {
+        std::string problem;
+        if (!locret_policy_settings_parse(*policy, p.policy_settings, values, problem)) {
+            return problem;
+        }
     }
     {
-        const std::string problem = scorer->params_problem(p);
+        const std::string problem = scorer->params_problem(p, values);
         if (!problem.empty()) {
             return problem;
         }
@@ -656,10 +660,13 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     const llama_locret_settings rec = p.heads != nullptr ? llama_locret_heads_recommended(p.heads) : p.defaults;
     locret_config cfg = locret_config_sizes(p, rec, cparams.n_ubatch);
 
-    // the policy's own rules and fields (LagKV's partition, SAGE-KV's split of the budget and its whole-prompt cache)
+    // the policy's own settings and rules (SAGE-KV's split of the budget and its whole-prompt cache, ...)
     const std::unique_ptr<locret_policy> scorer = locret_policy_make(p.policy);
     {
         std::string err;
+        if (!locret_policy_settings_parse(*locret_policy_find(p.policy), p.policy_settings, cfg.policy_values, err)) {
+            throw std::runtime_error(err);
+        }
         scorer->configure(p, cparams.n_ctx_seq, cfg, err);
         if (!err.empty()) {
             throw std::runtime_error(err);

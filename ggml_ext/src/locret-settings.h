@@ -13,16 +13,24 @@
 struct llama_cparams;
 struct llama_model;
 
+// a policy's own settings (locret-policy.h: locret_policy_knob), in the order of its knob table
+struct locret_policy_values {
+    static constexpr uint32_t MAX = 8;
+    int32_t  value[MAX] = {};
+    uint32_t n          = 0;
+    uint32_t given      = 0; // bit i: knob i was given (else it holds its default)
+};
+
 // the settings of one evicting context, resolved when the context is created
 struct locret_config {
     const llama_locret_heads * heads = nullptr; // scores the units with the heads policy
     llama_locret_policy policy = LLAMA_LOCRET_POLICY_HEADS;
+    locret_policy_values policy_values; // the policy's own settings (--locret-policy NAME:key=value)
 
     uint32_t budget      = 0; // b: units kept per layer and KV head
     uint32_t stabilizers = 0; // n_s (SAGE-KV: its recent window, b/4)
     uint32_t local       = 0; // n_loc
     uint32_t pool        = 0; // score pooling window in tokens (odd; 0: none)
-    uint32_t lag         = 0; // LagKV's partition in units (0: another policy)
     uint32_t n_ubatch    = 0; // B: the chunk
     uint32_t capacity    = 0; // b + B: generation evicts back to b when the next ubatch would pass it (SAGE-KV: the
                               // context per sequence, which a prompt must fit)

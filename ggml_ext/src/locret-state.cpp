@@ -3,6 +3,7 @@
 
 #include "locret-memory.h"
 #include "locret-heads.h"
+#include "locret-policy.h"
 
 #include "llama-impl.h"
 #include "llama-io.h"
@@ -38,9 +39,12 @@ static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
 // query (Locret-Q). 5, 4, 3 and 2 (read as unpinned) load too, into a context without a schedule.
 // 7: after the schedule, the positions mode (0 compact, 1 kept, 2 in place) and limit; per sequence its next RoPE position after
 // the masks, and with kept (or in-place) positions each (layer, KV head)'s RoPE positions after its scores.
-// 8: a policy's captured queries include the rows of a pinned question (SnapKV: LLAMA_LOCRET_SNAPKV_QUESTION rows
+// 8: a policy's captured queries include the rows of a pinned question (SnapKV: its question setting's rows
 // before its window's); such a policy's state of an earlier version is refused.
-static const uint32_t LOCRET_STATE_VERSION = 8;
+// 9: after the positions, the policy's own settings (locret-policy.h: their layout's version, their count, their
+// values); the header's window is then the score pooling alone. Before, a policy with settings and no pooling (LagKV)
+// kept its one setting there.
+static const uint32_t LOCRET_STATE_VERSION = 9;
 
 // the positions mode a state records (enum llama_locret_positions: 0 compact, 1 kept, 2 in place; the value 2 needs no
 // new version: an older build refuses it as another mode, and both modes with holes write their RoPE positions)
@@ -58,8 +62,8 @@ struct locret_state_header {
     uint32_t budget;
     uint32_t policy;
     uint32_t n_streams;  // streams that follow
-    uint32_t window;     // the policy's window: score pooling (heads, snapkv; 0: none) or the partition (lagkv); a
-                         // zero "reserved" field before pooling existed
+    uint32_t window;     // score pooling (0: none); before 9, a policy's one setting when it had no pooling; a zero
+                         // "reserved" field before pooling existed
     uint64_t heads_fingerprint;
 };
 
@@ -88,6 +92,53 @@ static size_t locret_meta_fields(uint32_t version) {
 }
 
 //
+// the policy's own settings
+//
+
+static void state_write_policy_settings(llama_io_write_i & io, const locret_config & cfg) {
+    const uint32_t head[2] = { locret_policy_make(cfg.policy)->settings_version(), cfg.policy_values.n };
+    io.write(head, sizeof(head));
+    locret_write_span(io, cfg.policy_values.value, sizeof(int32_t) * cfg.policy_values.n);
+}
+
+// a state continues only under the settings its scores were made with: the same score pooling (else the saved scores
+// are on another scale than the ones this context computes next) and the same policy settings (LagKV's saved scores
+// rank partitions of its size)
+static void state_check_policy_settings(llama_io_read_i & io, uint32_t version, uint32_t window, const locret_config & cfg,
+        const locret_policy & pol) {
+    const locret_policy_entry & e = *locret_policy_find(cfg.policy);
+    uint32_t saved_version = pol.settings_version();
+    std::vector<int32_t> saved(cfg.policy_values.value, cfg.policy_values.value + cfg.policy_values.n);
+    bool window_is_pool = true;
+    if (version >= 9) {
+        uint32_t head[2];
+        io.read(head, sizeof(head));
+        if (head[1] > locret_policy_values::MAX) {
+            throw std::runtime_error("Locret: the saved state is corrupt (bad policy settings)");
+        }
+        saved_version = head[0];
+        saved.resize(head[1]);
+        locret_read_span(io, saved.data(), sizeof(int32_t) * head[1]);
+    } else if (cfg.policy_values.n > 0 && !pol.pools_scores()) {
+        // before 9 the window held such a policy's one setting; the others were fixed at their defaults
+        const std::vector<locret_policy_knob> knobs = pol.knobs();
+        for (size_t i = 0; i < saved.size(); ++i) {
+            saved[i] = knobs[i].def;
+        }
+        saved[0] = (int32_t) window;
+        window_is_pool = false;
+    }
+    if (window_is_pool && window != cfg.pool) {
+        throw std::runtime_error(format("Locret: the saved state's scores were pooled over %u tokens, this context's "
+                "over %u (--locret-pool)", window, cfg.pool));
+    }
+    const std::string why = locret_policy_settings_mismatch(e, saved_version, saved, cfg.policy_values);
+    if (!why.empty()) {
+        throw std::runtime_error("Locret: " + why);
+    }
+}
+
+//
 // writing
 //
 
@@ -111,7 +162,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     h.budget            = cfg.budget;
     h.policy            = (uint32_t) cfg.policy;
     h.n_streams         = (uint32_t) ids.size();
-    h.window            = cfg.lag > 0 ? cfg.lag : cfg.pool;
+    h.window            = cfg.pool;
     h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
     io.write(&h, sizeof(h));
     const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
@@ -119,6 +170,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
     const uint32_t positions[2] = { state_positions_mode(cfg), cfg.keep_positions ? cfg.position_limit : 0u };
     io.write(positions, sizeof(positions));
+    state_write_policy_settings(io, cfg);
     for (uint32_t id : ids) {
         state_write_meta(io, id);
         state_write_data(io, id);
@@ -268,16 +320,6 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
     if (h.policy != (uint32_t) cfg.policy || h.heads_fingerprint != fp) {
         throw std::runtime_error("Locret: the saved state was scored by another policy or other retaining heads");
     }
-    if (cfg.lag > 0 && h.window != cfg.lag) {
-        // the saved scores rank partitions of another size than the ones this context would score next
-        throw std::runtime_error(format("Locret: the saved state was scored by LagKV with partitions of %u units, this "
-                "context's are %u (--locret-lag)", h.window, cfg.lag));
-    }
-    if (cfg.lag == 0 && h.window != cfg.pool) {
-        // the saved units' scores are on another scale than the ones this context would compute next
-        throw std::runtime_error(format("Locret: the saved state's scores were pooled over %u tokens, this context's "
-                "over %u (--locret-pool)", h.window, cfg.pool));
-    }
     std::vector<uint32_t> sched;
     if (h.version >= 6) {
         uint32_t n_sched = 0;
@@ -292,6 +334,7 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
     if (h.version >= 7) {
         io.read(positions, sizeof(positions));
     }
+    state_check_policy_settings(io, h.version, h.window, cfg, *policy);
     // compact positions are a case of in-place ones (every unit in its rank's cell): such a state loads into either
     rope_from_cells = positions[0] == LLAMA_LOCRET_POSITIONS_COMPACT && cfg.rotate_in_place;
     if (!rope_from_cells &&

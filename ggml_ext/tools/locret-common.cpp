@@ -114,7 +114,7 @@ bool locret_common_configure_draft(const common_params & params, llama_model * m
     const llama_locret_policy policy = p.policy;
     llama_locret_heads * loaded = nullptr;
     const int32_t rc = llama_locret_configure_default(model_dft, path.c_str(), o.draft_heads.c_str(), budget, -1, -1,
-            policy, -1, -1, &loaded);
+            policy, -1, nullptr, &loaded);
     heads.reset(loaded);
     if (rc != 0) {
         locret_stop(std::string("the draft model's cache: ") + llama_locret_last_error());

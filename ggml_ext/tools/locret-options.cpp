@@ -18,7 +18,7 @@ llama_locret_params locret_options::params() const {
     p.local           = local;
     p.policy          = policy;
     p.pool            = pool;
-    p.lag             = lag;
+    p.policy_settings = policy_settings.c_str();
     p.budget_schedule = budget_schedule.empty() ? nullptr : budget_schedule.c_str();
     p.positions       = positions;
     p.position_limit  = position_limit;
@@ -78,11 +78,13 @@ static std::vector<locret_option> locret_make_options() {
           "Locret: last prompt tokens processed after the compression and never evicted with it\n"
           "(at most -ub; default: the heads file's value, else 100)",
           [](locret_options & o, const std::string & v) { o.local = locret_parse_int("--locret-local", v); } },
-        { "--locret-policy", "NAME", "LLAMA_ARG_LOCRET_POLICY", llama_locret_policies_help(),
+        { "--locret-policy", "NAME[:KEY=N,...]", "LLAMA_ARG_LOCRET_POLICY", llama_locret_policies_help(),
           [](locret_options & o, const std::string & v) {
-              if (llama_locret_policy_from_name(v.c_str(), &o.policy) != 0) {
+              const char * settings = nullptr;
+              if (llama_locret_policy_from_spec(v.c_str(), &o.policy, &settings) != 0) {
                   throw std::invalid_argument(llama_locret_last_error());
               }
+              o.policy_settings = settings;
           } },
         { "--locret-draft-budget", "N", "LLAMA_ARG_LOCRET_DRAFT_BUDGET",
           "Locret: with a draft model (-md, --spec-type draft-simple), the draft context's own budget: it evicts\n"
@@ -106,10 +108,13 @@ static std::vector<locret_option> locret_make_options() {
           "so that a sentence or a number tends to be kept whole rather than a few of its tokens; needs\n"
           "--locret-budget; 0: none (default: the heads file's recommended window, else none, the paper's Locret)",
           [](locret_options & o, const std::string & v) { o.pool = locret_parse_int("--locret-pool", v); } },
+        // a knob of one policy is that policy's setting now: the old option names the new form
         { "--locret-lag", "N", "LLAMA_ARG_LOCRET_LAG",
-          "Locret: LagKV's partition in units (--locret-policy lagkv; at least 2; the budget must hold 16 sinks,\n"
-          "two partitions and the stabilizers) (default: 128, the paper's)",
-          [](locret_options & o, const std::string & v) { o.lag = locret_parse_int("--locret-lag", v); } },
+          "Locret: replaced by --locret-policy lagkv:lag=N (refused)",
+          [](locret_options &, const std::string &) {
+              throw std::invalid_argument("--locret-lag is gone: LagKV's partition is a setting of its policy, "
+                      "--locret-policy lagkv:lag=N");
+          } },
         { "--locret-budget-schedule", "uniform|pyramid|FILE", "LLAMA_ARG_LOCRET_BUDGET_SCHEDULE",
           "Locret: how the budget is spread over the evicting layers: uniform (each keeps --locret-budget), pyramid\n"
           "(PyramidKV: the first layer about 2b, the last b/20 (at least the stabilizers + 1), linear between) or a\n"
@@ -180,7 +185,7 @@ std::string locret_options_configure(const locret_options & o, llama_model * mod
         llama_locret_heads ** heads) {
     *heads = nullptr;
     if (llama_locret_configure_default(model, model_path.c_str(), o.heads.c_str(), o.budget, o.stabilizers, o.local,
-            o.policy, o.pool, o.lag, heads) != 0) {
+            o.policy, o.pool, o.policy_settings.c_str(), heads) != 0) {
         return llama_locret_last_error();
     }
     if ((!o.budget_schedule.empty() && llama_locret_model_set_budget_schedule(model, o.budget_schedule.c_str()) != 0) ||

@@ -19,7 +19,7 @@ struct locret_options {
     int32_t     local       = -1;               // -1: the heads file's value, fitted to the ubatch
     llama_locret_policy policy = LLAMA_LOCRET_POLICY_HEADS;
     int32_t     pool        = -1;               // -1: none
-    int32_t     lag         = -1;               // -1: LagKV's default
+    std::string policy_settings;                // --locret-policy NAME:SETTINGS (empty: the policy's defaults)
     std::string budget_schedule;                // empty: uniform
     // the draft model's own bounded cache (-md with --spec-type draft-simple): its budget (-1: --locret-budget), its
     // policy (-1: heads when it has heads, else streaming) and heads (empty: the ones embedded in the draft model)

@@ -170,7 +170,7 @@ void locret_server_init(const llama_context * ctx, common_params & params) {
         {"stabilizers",     st.stabilizers},
         {"local",           st.local},
         {"pool",            st.pool},
-        {"lag",             st.lag},
+        {"policy_settings", st.policy_settings},
         {"positions",       llama_locret_positions_name(st.positions)},
         {"position_limit",  st.position_limit},
         {"query",           o.query_auto_on ? "auto" : o.query.empty() ? "off" : "given"},

@@ -158,8 +158,11 @@ def _add_eval(sub) -> None:
                      "the heads' scores over that many tokens around it; auto: each heads file's recommended window "
                      "(the shipped Locret-Q heads 15, the plain heads none), the defaults as the tools ship them "
                      "(default: none)")
-    how.add_argument("--lag", type=int, help="LagKV's partition in units for the method lagkv (default: 128, the "
-                     "paper's; the budget must hold 16 sinks, two partitions and the stabilizers)")
+    how.add_argument("--policy-settings", action="append", metavar="METHOD:SETTINGS",
+                     help="a method's policy settings, key=value pairs separated by commas after the method's name "
+                     "(repeatable, once per method of --methods); passed as they are to the method's policy, "
+                     "--locret-policy POLICY:SETTINGS, which checks them: each policy's keys and defaults are in "
+                     "docs/policies.md (default: the policy's own)")
     how.add_argument("--positions", help="where kept units sit for every evicting method: inplace (positions 0..n-1 "
                      "after every eviction, keys re-rotated in their cells; the default for heads, random and "
                      "streaming), compact (the same positions, units moved to cells 0..n-1; the default for the "
@@ -215,8 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stabilizers", type=int, help="stabilizers n_s (default: the profile's, fitted to the chunk)")
     p.add_argument("--kv-type", help="KV cache type: f16, q8_0, q4_0, ...")
     p.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all'")
-    p.add_argument("--policy", help="eviction policy (default heads); sage (SAGE-KV) caches the whole context before "
-                   "it evicts, and the plan says so")
+    p.add_argument("--policy", help="eviction policy, NAME or NAME:SETTINGS with the policy's own settings (default "
+                   "heads); sage (SAGE-KV) caches the whole context before it evicts, and the plan says so")
     p.add_argument("--budget-schedule", help="uniform (default), pyramid (PyramidKV) or a file of per-layer budgets: "
                    "the cache is sized for the largest layer budget")
     p.add_argument("--slots", help="sequences served at once (llama-server -np N), each with its own cache of budget "

@@ -26,7 +26,7 @@ class _Buffers(ctypes.Structure):
 class _Params(ctypes.Structure):
     _fields_ = [("heads", ctypes.c_void_p), ("budget", ctypes.c_int32),
                 ("stabilizers", ctypes.c_int32), ("local", ctypes.c_int32),
-                ("policy", ctypes.c_int), ("pool", ctypes.c_int32), ("lag", ctypes.c_int32),
+                ("policy", ctypes.c_int), ("pool", ctypes.c_int32), ("policy_settings", ctypes.c_char_p),
                 ("budget_schedule", ctypes.c_char_p), ("defaults", _Settings),
                 ("positions", ctypes.c_int32), ("position_limit", ctypes.c_int32)]
 
@@ -40,8 +40,9 @@ class _Stats(ctypes.Structure):
                 ("n_ubatch", ctypes.c_uint32), ("policy", ctypes.c_int),
                 ("n_seq", ctypes.c_uint32), ("t_select_us", ctypes.c_uint64), ("t_compact_us", ctypes.c_uint64),
                 ("t_readback_us", ctypes.c_uint64), ("n_pinned", ctypes.c_uint32), ("pool", ctypes.c_uint32),
-                ("lag", ctypes.c_uint32), ("n_compactions", ctypes.c_uint64), ("n_rows_moved", ctypes.c_uint64),
-                ("n_rows_rotated", ctypes.c_uint64), ("n_rows_kept", ctypes.c_uint64), ("n_host_syncs", ctypes.c_uint64),
+                ("policy_settings", ctypes.c_char * 64),  # char[64]: the next field, a uint64, stays aligned
+                ("n_compactions", ctypes.c_uint64), ("n_rows_moved", ctypes.c_uint64), ("n_rows_rotated", ctypes.c_uint64),
+                ("n_rows_kept", ctypes.c_uint64), ("n_host_syncs", ctypes.c_uint64),
                 ("positions", ctypes.c_int), ("position_limit", ctypes.c_uint32), ("pos_rope_next", ctypes.c_int64),
                 ("n_repositions", ctypes.c_uint64), ("n_evictions_total", ctypes.c_uint64),
                 ("n_units_evicted_total", ctypes.c_uint64)]
@@ -50,8 +51,11 @@ class _Stats(ctypes.Structure):
 _SIGNATURES = {
     "llama_locret_configure_default": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
                                         ctypes.c_int32, ctypes.c_int32, ctypes.c_int, ctypes.c_int32,
-                                        ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
+                                        ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
     "llama_locret_policy_from_name": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int32),
+    "llama_locret_policy_from_spec": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_char_p)],
+                                      ctypes.c_int32),
+    "llama_locret_policy_settings_help": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_policy_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_policy_count": ([], ctypes.c_int32),
     "llama_locret_policy_help": ([ctypes.c_int], ctypes.c_char_p),
@@ -138,6 +142,12 @@ def policy_help(name: str) -> str:
     return _api().llama_locret_policy_help(policy_value(name)).decode()
 
 
+def policy_settings_help(name: str) -> str:
+    """One line listing a policy's own settings, each as key=N with its range and default, from the policy itself
+    (llama_locret_policy_settings_help); "" for a policy without settings."""
+    return _api().llama_locret_policy_settings_help(policy_value(name)).decode()
+
+
 def __getattr__(name: str):
     # POLICIES reads the registry when first asked for, so that importing this module loads no library
     if name == "POLICIES":
@@ -176,8 +186,9 @@ def _resolve_file(model_path: str | os.PathLike, *, heads: str | os.PathLike | N
     kv_bytes (K/V of the evicting layers), window_bytes (the window layers' cache, n_cells_window cells), store_bytes
     (scores and queries), layer_kv_bytes (each layer's K/V) and layer_budgets (the units each evicting layer keeps, in
     layer order), all from one metadata load (llama_locret_resolve_file_layers). swa_full None:
-    llama.cpp's default, a window cache as large as the evicting one (the tools' default is False). `settings`: stabilizers, local, policy, pool, lag, budget_schedule, positions as in
-    `configure`. Settings the rule book refuses raise HeadsError with the same message context creation would give."""
+    llama.cpp's default, a window cache as large as the evicting one (the tools' default is False). `settings`:
+    stabilizers, local, policy (a name or "NAME:SETTINGS"), pool, budget_schedule, positions as in `configure`.
+    Settings the rule book refuses raise HeadsError with the same message context creation would give."""
     p = _rule_params(budget=budget, **settings)
     cp = _context_params(n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=n_batch, n_seq=n_seq, kv_type=kv_type,
                          swa_full=swa_full)
@@ -219,11 +230,13 @@ def budget_for_mib(model_path: str | os.PathLike, mib: float, *, heads: str | os
 
 
 def _rule_params(*, budget: int, stabilizers: int | None = None, local: int | None = None, policy: str | None = None,
-                 pool: int | None = None, lag: int | None = None, budget_schedule: str | os.PathLike | None = None,
+                 pool: int | None = None, budget_schedule: str | os.PathLike | None = None,
                  positions: str | None = None) -> _Params:
     mode, limit = parse_positions(positions)
-    return _Params(heads=None, budget=budget, stabilizers=_arg(stabilizers), local=_arg(local),
-                   policy=policy_value("heads" if policy is None else policy), pool=_arg(pool), lag=_arg(lag),
+    value, settings = parse_policy("heads" if policy is None else policy)
+    # the structure keeps the bytes its char pointers were given alive as long as it lives
+    return _Params(heads=None, budget=budget, stabilizers=_arg(stabilizers), local=_arg(local), policy=value,
+                   pool=_arg(pool), policy_settings=settings.encode() or None,
                    budget_schedule=None if budget_schedule is None else os.fsencode(budget_schedule),
                    positions=mode, position_limit=limit)
 
@@ -273,27 +286,41 @@ def parse_positions(positions: str | None) -> tuple[int, int]:
     return mode.value, limit.value
 
 
+def parse_policy(spec: str) -> tuple[int, str]:
+    """(`enum llama_locret_policy` value, settings) of a policy given as "NAME" or "NAME:SETTINGS", SETTINGS being the
+    policy's own settings as key=value pairs separated by commas ("" when none are given: the policy's defaults).
+    Parsed and checked by the library (llama_locret_policy_from_spec), which alone knows each policy's settings;
+    HeadsError with its reason: an unknown name (naming the valid ones), a setting the policy does not have, a value
+    out of its range, a setting given twice."""
+    if not isinstance(spec, str):
+        raise HeadsError(f"the Locret policy must be a name, one of {', '.join(policies())}, or NAME:SETTINGS "
+                         f"(got {spec!r})")
+    raw = spec.encode()  # alive while the library's settings pointer, which points into it, is read
+    value, settings = ctypes.c_int(0), ctypes.c_char_p()
+    if _api().llama_locret_policy_from_spec(raw, ctypes.byref(value), ctypes.byref(settings)) != 0:
+        raise HeadsError(_last_error())
+    return value.value, (settings.value or b"").decode()
+
+
 def policy_value(name: str) -> int:
-    """The `enum llama_locret_policy` value of a policy name; HeadsError (naming the valid ones) if unknown."""
-    value = ctypes.c_int(0)
-    if not isinstance(name, str) or _api().llama_locret_policy_from_name(name.encode(), ctypes.byref(value)) != 0:
-        raise HeadsError(_last_error() if isinstance(name, str) else
-                         f"the Locret policy must be a name, one of {', '.join(policies())} (got {name!r})")
-    return value.value
+    """The `enum llama_locret_policy` value of a policy, "NAME" or "NAME:SETTINGS" (`parse_policy`, whose settings are
+    checked too); HeadsError with the reason (an unknown name names the valid ones)."""
+    return parse_policy(name)[0]
 
 
 def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.PathLike | None = None,
               budget: int | None = None, stabilizers: int | None = None, local: int | None = None,
-              policy: str | None = None, pool: int | None = None, lag: int | None = None,
+              policy: str | None = None, pool: int | None = None,
               budget_schedule: str | os.PathLike | None = None, positions: str | None = None) -> Heads | None:
     """Register Locret settings for the contexts created next from `model` (a `llama_model *`), the way the
     llama.cpp tools do: heads from `heads`, else the ones embedded in `model_path`. None leaves a setting
     to its default (`budget` None: no eviction; `policy` None: "heads"; `pool` None: no score pooling).
     `policy` "random", "streaming", "lagkv", "sage" or "snapkv" evicts without heads (given heads are then not loaded);
-    "sage" (SAGE-KV) reads each prompt whole, in a cache sized for n_ctx, and chooses once at its end. `pool` N
-    (odd): each unit is scored by the mean of the heads' scores over the N tokens around it. `lag` N: LagKV's
-    partition (policy "lagkv"; None: 128, the paper's). `budget_schedule`: "uniform" (None), "pyramid"
-    (PyramidKV's per-layer budgets) or a file of per-layer budgets, summing to `budget` times the evicting
+    "sage" (SAGE-KV) reads each prompt whole, in a cache sized for n_ctx, and chooses once at its end. A policy's own
+    settings follow its name, "NAME:key=value[,key=value...]" (`parse_policy`; each policy's keys:
+    `policy_settings_help`, docs/policies.md); without them it takes its defaults. `pool` N (odd): each unit is
+    scored by the mean of the heads' scores over the N tokens around it. `budget_schedule`: "uniform" (None),
+    "pyramid" (PyramidKV's per-layer budgets) or a file of per-layer budgets, summing to `budget` times the evicting
     layers (see `set_budget_schedule`). `positions`: "compact" (None: the paper's positions 0..n-1 after every
     eviction, moved to cells 0..n-1), "inplace" (the same positions, units re-rotated in their cells; the default for
     heads, random and streaming), "keep" or "keep:N" (units keep the positions they were read at; see
@@ -301,9 +328,10 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     loaded (keep them while the contexts live)."""
     out = ctypes.c_void_p()
     heads_path = os.fsencode(heads) if heads is not None else b""
-    policy_id = policy_value("heads" if policy is None else policy)
+    policy_id, settings = parse_policy("heads" if policy is None else policy)
+    settings_arg = settings.encode() or None  # NULL: the policy's defaults
     if _api().llama_locret_configure_default(model, os.fsencode(model_path), heads_path, _arg(budget),
-                                             _arg(stabilizers), _arg(local), policy_id, _arg(pool), _arg(lag),
+                                             _arg(stabilizers), _arg(local), policy_id, _arg(pool), settings_arg,
                                              ctypes.byref(out)) != 0:
         raise HeadsError(_last_error())
     result = Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path)) if out.value else None
@@ -365,7 +393,8 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
     budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage", "snapkv"), n_seq
     (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling
-    window, 0: none) and lag (LagKV's partition, 0: another policy); and the work done so far: t_select_us,
+    window, 0: none) and policy_settings (the policy's own settings as resolved, "key=value,..."; "" for a policy
+    without settings); and the work done so far: t_select_us,
     t_compact_us, t_readback_us (time spent), n_compactions (compaction graphs run), and what evictions cost since
     the context was made: n_rows_moved (K/V rows written to another cell), n_rows_rotated (keys re-rotated),
     n_rows_kept (units retained; a row is one layer, KV head and unit) and n_host_syncs (times an eviction waited
@@ -375,6 +404,7 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     out = {name: getattr(s, name) for name, _ in _Stats._fields_}
     name = _api().llama_locret_policy_name(s.policy)
     out["policy"] = name.decode() if name is not None else str(s.policy)
+    out["policy_settings"] = s.policy_settings.decode()
     out["positions"] = _api().llama_locret_positions_name(s.positions).decode()
     return out
 

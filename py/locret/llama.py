@@ -10,13 +10,15 @@ Existing code changes one line::
 
 `n_ctx` is the logical limit on positions; the KV cache holds `locret_budget + n_ubatch` cells
 (padded to 256) whatever `n_ctx` is. The chunk of Algorithm 1 is `n_ubatch`. `locret_policy`
-chooses what scores the units: "heads" (default), "lagkv" (LagKV: each partition of `locret_lag` units
-scored against the next one's K/V ranges), "sage" (SAGE-KV: each prompt read whole, in a cache of `n_ctx`
-cells, then one choice by the attention of its last token), "snapkv" (SnapKV per chunk: the attention of
-each part's last 32 queries, pooled over 5 units by default), or the ablations "random" and "streaming" (attention sinks, then
-recency); all but "heads" need no heads. `locret_pool=N` (odd) scores each unit by the mean of
-the heads' (or SnapKV's) scores over the N tokens around it, so that whole sentences and numbers survive eviction
-rather than scattered tokens of them (15 is what makes the main job's long log answerable).
+chooses what scores the units: "heads" (default), "lagkv" (LagKV: each partition of units scored against the
+next one's K/V ranges), "sage" (SAGE-KV: each prompt read whole, in a cache of `n_ctx` cells, then one choice by
+the attention of its last token), "snapkv" (SnapKV per chunk: the attention of each part's last queries, pooled
+over neighbouring units), or the ablations "random" and "streaming" (attention sinks, then recency); all but
+"heads" need no heads. A policy's own settings follow its name: `locret_policy="NAME:key=value[,key=value...]"`,
+checked by the library (each policy's keys and defaults: `locret.eviction.policy_settings_help(NAME)`,
+docs/policies.md); `locret_stats()["policy_settings"]` gives them as resolved. `locret_pool=N` (odd) scores each
+unit by the mean of the heads' (or SnapKV's) scores over the N tokens around it, so that whole sentences and numbers
+survive eviction rather than scattered tokens of them (15 is what makes the main job's long log answerable).
 `locret_budget_schedule` spreads the budget over the layers: "pyramid" (PyramidKV) or a file of per-layer
 budgets summing to `locret_budget` times the evicting layers; the cache is sized for the largest layer's.
 `locret_budget_mib=N` instead of `locret_budget`: the largest budget whose KV cache (budget and chunk cells, the
@@ -62,11 +64,17 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, locret_heads: str | os.PathLike | None = None,
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
-                 locret_query: str | None = None, locret_pool: int | None = None, locret_lag: int | None = None,
+                 locret_query: str | None = None, locret_pool: int | None = None,
                  locret_budget_schedule: str | os.PathLike | None = None, locret_positions: str | None = None,
                  locret_budget_mib: float | None = None, rpc_servers: str | Sequence[str] | None = None,
                  **kwargs: Any):
         self._stack = contextlib.ExitStack()  # what llama_cpp.Llama.__del__ closes, when a refusal below stops here
+        unknown = sorted(k for k in kwargs if k.startswith("locret_"))
+        if unknown:
+            # llama_cpp.Llama takes any keyword and ignores the ones it does not know: a Locret setting misspelt, or
+            # one that is now part of another, would otherwise be dropped without a word
+            raise HeadsError(f"locret.Llama has no argument {', '.join(unknown)}: a policy's own settings follow its "
+                             "name in locret_policy, 'NAME:key=value[,key=value...]' (docs/policies.md)")
         if rpc_servers:
             # llama.cpp's --rpc: the servers' devices are registered for this load (and stay, as in llama.cpp's
             # tools); n_gpu_layers puts layers, and their evicting caches, on them. RpcError when one cannot be reached
@@ -80,7 +88,7 @@ class Llama(llama_cpp.Llama):
             raise HeadsError("draft_model cannot be used with locret_budget: use llama-server's n-gram speculation "
                              "(--spec-type ngram-simple), or decode drafts of at most Llama.locret_room() tokens")
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
-                        local=locret_local, policy=locret_policy, pool=locret_pool, lag=locret_lag,
+                        local=locret_local, policy=locret_policy, pool=locret_pool,
                         budget_schedule=locret_budget_schedule, positions=locret_positions)
         self._locret_heads: Heads | None = None
         # the default query of every call (Locret-Q): text, "auto", or none ("" or "off"; None: what the heads recommend)

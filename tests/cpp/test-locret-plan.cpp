@@ -71,13 +71,13 @@ struct ubatch_in {
     }
 };
 
-static locret_plan_stream stream_at(uint32_t n_used, bool prev_output, llama_pos logical_next, bool sage_fresh = false) {
+static locret_plan_stream stream_at(uint32_t n_used, bool prev_output, llama_pos logical_next, bool selection_due = false) {
     locret_plan_stream s;
     s.n_used      = n_used;
     s.prev_output = prev_output;
     s.rope_next   = n_used; // compact positions: a token's RoPE position is its cell
     s.offset      = logical_next - (llama_pos) n_used;
-    s.sage_fresh  = sage_fresh;
+    s.selection_due  = selection_due;
     return s;
 }
 
@@ -492,7 +492,7 @@ static void test_sage() {
         const locret_ubatch_plan plan = plan_ok(p, ub, streams, frame);
         check_step(plan.steps[0], 0, 32*k, 0, 32*k, 32, (llama_pos) (32*k), false);
     }
-    CHECK_EQ(streams[0].sage_fresh, false);
+    CHECK_EQ(streams[0].selection_due, false);
     // the prompt's last chunk (no local tail with SAGE-KV): cells 480..511, and the prompt passes b: a selection is due
     {
         ubatch_in ub;
@@ -500,7 +500,7 @@ static void test_sage() {
         const locret_ubatch_plan plan = plan_ok(p, ub, streams, frame);
         check_step(plan.steps[0], 0, 480, 0, 480, 32, 480, true);
         CHECK_EQ(streams[0].n_used, 512);
-        CHECK_EQ(streams[0].sage_fresh, true);
+        CHECK_EQ(streams[0].selection_due, true);
     }
     // the first generated token: the one selection, to b = 96 (evict() splits it into sinks, window and chosen); then
     // no longer fresh (96 != 512)
@@ -509,7 +509,7 @@ static void test_sage() {
         ub.add(0, 512, 1, true);
         const locret_ubatch_plan plan = plan_ok(p, ub, streams, frame);
         check_step(plan.steps[0], 0, 96, 0, 96, 1, 512, true);
-        CHECK_EQ(streams[0].sage_fresh, false);
+        CHECK_EQ(streams[0].selection_due, false);
         CHECK_EQ(streams[0].n_used, 97);
     }
     // generation slides when the next token would pass b + B = 128 (not the capacity of 1024)
@@ -528,7 +528,7 @@ static void test_sage() {
         ubatch_in ub0;
         ub0.add(0, 0, 40, true);
         plan_ok(p, ub0, s2, frame);
-        CHECK_EQ(s2[0].sage_fresh, false);
+        CHECK_EQ(s2[0].selection_due, false);
         ubatch_in ub1;
         ub1.add(0, 40, 1, true);
         check_step(plan_ok(p, ub1, s2, frame).steps[0], 0, 40, 0, 40, 1, 40, true);
@@ -540,15 +540,15 @@ static void test_sage() {
         ub.add(0, 1000, 32, false);
         locret_ubatch_plan plan;
         const locret_plan_error err = locret_plan_ubatch(p, ub.view(), s2, plan, frame);
-        CHECK_EQ(err.status, LOCRET_PLAN_SAGE_TOO_LONG);
-        CHECK(err.msg == "SAGE-KV keeps the whole prompt until its end: sequence 0 would hold 1032 units, more than the "
+        CHECK_EQ(err.status, LOCRET_PLAN_PROMPT_TOO_LONG);
+        CHECK(err.msg == "the policy keeps the whole prompt until its end: sequence 0 would hold 1032 units, more than the "
                          "context per sequence (1024); raise -c or shorten the prompt", "%s", err.msg.c_str());
     }
     // the prompt-end rule: more than one token with an output, or one token with an output after a part without one
-    CHECK_EQ(locret_plan_sage_prompt_end(true,  2, true),  true);
-    CHECK_EQ(locret_plan_sage_prompt_end(false, 1, true),  true);
-    CHECK_EQ(locret_plan_sage_prompt_end(true,  1, true),  false); // generation
-    CHECK_EQ(locret_plan_sage_prompt_end(false, 9, false), false); // a prefill chunk
+    CHECK_EQ(locret_plan_prompt_end(true,  2, true),  true);
+    CHECK_EQ(locret_plan_prompt_end(false, 1, true),  true);
+    CHECK_EQ(locret_plan_prompt_end(true,  1, true),  false); // generation
+    CHECK_EQ(locret_plan_prompt_end(false, 9, false), false); // a prefill chunk
 }
 
 // --locret-positions keep with a position limit of 200: parts continue from the last RoPE position; a part that would

@@ -269,6 +269,19 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
       "none.txt"], "schedule file none.txt does not exist"),
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret-schedule", "--schedule",
       "conftest.py"], "is not a budget"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "lagkv", "--policy-settings",
+      "snapkv:window=16"], "--policy-settings snapkv:window=16: the method snapkv is not in this run's --methods (lagkv)"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "lagkv", "--policy-settings", "lagkv"],
+     "--policy-settings takes METHOD:key=value[,key=value...]"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "lagkv", "--policy-settings",
+      "lagkv:lag=32", "--policy-settings", "lagkv:lag=64"], "--policy-settings gives the settings of lagkv twice"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "full,lagkv", "--policy-settings",
+      "full:lag=32"], "full attention evicts nothing and has no policy to set"),
+    # the keys and values are the library's to check, before any run starts: naming the run and the key
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "lagkv", "--policy-settings",
+      "lagkv:lags=32"], "policy lagkv has no setting 'lags' (its settings: lag)"),
+    (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret", "--policy-settings",
+      "locret:lag=32"], "policy heads has no settings (got 'lag=32')"),
 ])
 def test_bad_settings_are_refused(args, message, tmp_path, model_path):
     proc = run(locret_cmd("eval", "--model", model_path, *args, "-o", tmp_path / "out"), timeout=300,
@@ -412,6 +425,37 @@ def test_a_schedule_variant_is_its_method_with_the_schedule(tmp_path, model_path
     # each variant runs apart: its own run name
     assert len({spec.labels["run"] for spec in specs.values()}) == 5
     assert specs["locret@pyramid"].name == "locret@pyramid-b128"
+
+
+def test_policy_settings_reach_their_methods_runs_and_old_records_read_as_them(tmp_path, model_path):
+    from locret.evaluation import runner
+    from locret.evaluation.worker import locret_settings
+
+    cfg = runner.EvalConfig(output=tmp_path / "o", model=str(model_path), tasks=["passkey"], lengths=[600],
+                            depths=[0.5], budgets=[256], ubatch=64, methods=["lagkv", "snapkv-q-auto", "streaming"],
+                            policy_settings=runner.parse_policy_settings(["lagkv:lag=32", "snapkv-q-auto:window=16"]))
+    runner.validate(cfg)
+    facts = runner.planner.read_model(model_path)
+    vocab = runner.items_module.vocab_model(str(model_path))
+    try:
+        its = runner.items_module.task_items(vocab, cfg.tasks, cfg.lengths, cfg.depths, 1, 0)
+    finally:
+        vocab.close()
+    runs, _ = runner.plan_runs(cfg, its, model_path, facts, {}, None, tmp_path)
+    policies = {spec.labels["method"]: locret_settings(spec)["locret_policy"] for spec, _ in runs}
+    # each method's settings after its policy's name, as they were given; the others at their policy's defaults
+    assert policies == {"lagkv": "lagkv:lag=32", "snapkv-q-auto": "snapkv:window=16", "streaming": "streaming"}
+    runner.check_runs(runs)  # the library takes them
+    # the settings decide the results: a run with other ones does not resume; a run without any keeps its old record
+    fingerprint = cfg.fingerprint()
+    assert fingerprint["policy_settings"] == {"lagkv": "lag=32", "snapkv-q-auto": "window=16"}
+    assert "policy_settings" not in dataclasses.replace(cfg, policy_settings={}).fingerprint()
+    # a record from before policy settings, when LagKV's partition was a key of its own, reads as today's form
+    lag_only = dataclasses.replace(cfg, policy_settings={"lagkv": "lag=32"}).fingerprint()
+    old = {k: v for k, v in lag_only.items() if k != "policy_settings"}
+    assert runner.upgrade_record(dict(old, lag=32)) == lag_only
+    assert runner.upgrade_record(dict(old, lag=None)) == old
+    assert runner.upgrade_record(old) == old
 
 
 def test_haystack_families_get_rows_of_their_own(tmp_path, model_path):

@@ -1,8 +1,8 @@
 """LagKV (--locret-policy lagkv): attention-free scores from the cache itself, checked against numpy.
 
-The engine scores a partition of `lag` units against the next partition's per-channel min/max of K and V, in a
-graph over the cache, at eviction time. Here every llama_decode call is one ubatch, so the K/V cache read back
-before a call is exactly what that call's eviction scores. `LagKV` below is an independent model of the whole
+The engine scores a partition of `lag` units (the policy's setting, --locret-policy lagkv:lag=N) against the next
+partition's per-channel min/max of K and V, in a graph over the cache, at eviction time. Here every llama_decode
+call is one ubatch, so the K/V cache read back before a call is exactly what that call's eviction scores. `LagKV` below is an independent model of the whole
 policy: which cells get scored when (sinks, pinned query, partitions with a complete successor), the paper's formula
 in float64 numpy, and the selection (sinks and unscored tail kept, top-b of the rest). It checks the engine's stored
 scores against its own after every eviction, and the retained sets against its selection.
@@ -127,7 +127,7 @@ class LagKV:
 
 def make(model_path, **kw):
     args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_budget=B, locret_stabilizers=NS, locret_local=NLOC,
-                locret_policy="lagkv", locret_lag=LAG, verbose=False, seed=1, n_threads=1, n_threads_batch=1)
+                locret_policy=f"lagkv:lag={LAG}", verbose=False, seed=1, n_threads=1, n_threads_batch=1)
     args.update(kw)
     return Llama(model_path=str(model_path), **args)
 
@@ -186,7 +186,7 @@ def test_lagkv_scores_and_retained_sets_match_numpy(select, n_pin, flash_attn, m
                 assert llm.locret_retained(il, h).tolist() == ref.units[il][h], f"layer {il} head {h} at {n_past}"
 
     stats = llm.locret_stats()
-    assert stats["policy"] == "lagkv" and stats["lag"] == LAG and stats["n_pinned"] == n_pin
+    assert stats["policy"] == "lagkv" and stats["policy_settings"] == f"lag={LAG}" and stats["n_pinned"] == n_pin
     assert n_evictions >= 9 and stats["n_evictions"] == n_evictions
     assert stats["n_host_syncs"] == n_evictions  # the partitions' scoring graph is queued: one wait per eviction
     assert n_checked > 50_000 and ref.n_scored > 50_000
@@ -210,19 +210,20 @@ def test_model_formula_is_the_papers_on_a_hand_example():
 
 def test_lagkv_settings_are_checked(model_path):
     # the budget must hold the sinks, two partitions and the stabilizers: 16 + 2*48 + 16 = 128
-    with pytest.raises(HeadsError, match=r"with LagKV the budget \(128\) must exceed what it keeps unscored"):
-        make(model_path, locret_lag=48)
-    with pytest.raises(HeadsError, match="must be at least 2 units"):
-        make(model_path, locret_lag=1)
-    with pytest.raises(HeadsError, match="must be at least 2 units"):
-        make(model_path, locret_lag=0)
-    with pytest.raises(HeadsError, match="policy streaming has none"):
-        make(model_path, locret_policy="streaming")
-    with pytest.raises(HeadsError, match="--locret-lag needs --locret-budget"):
+    with pytest.raises(HeadsError, match=r"with LagKV the budget \(128\) must exceed what it keeps unscored: .*"
+                                         r"\(lower lagkv:lag or --locret-stabilizers, or raise the budget\)"):
+        make(model_path, locret_policy="lagkv:lag=48")
+    for bad in ("1", "0", "x", "65537"):
+        with pytest.raises(HeadsError, match=re.escape(f"lagkv:lag must be an integer from 2 to 65536 (got '{bad}')")):
+            make(model_path, locret_policy=f"lagkv:lag={bad}")
+    with pytest.raises(HeadsError, match=re.escape("policy streaming has no settings (got 'lag=16')")):
+        make(model_path, locret_policy="streaming:lag=16")
+    # (with or without settings: "--locret-policy lagkv needs", "the settings of --locret-policy lagkv need")
+    with pytest.raises(HeadsError, match="--locret-policy lagkv need"):
         make(model_path, locret_budget=None, locret_stabilizers=None, locret_local=None)
     # the default lag (128, the paper's) does not fit this budget either
     with pytest.raises(HeadsError, match="2 partitions of 128 units"):
-        make(model_path, locret_lag=None)
+        make(model_path, locret_policy="lagkv")
     # a pinned query must leave room for what LagKV keeps
     llm = make(model_path)
     with pytest.raises(HeadsError, match="LagKV's 16 sinks and 2 partitions of 16"):
@@ -233,7 +234,7 @@ def test_lagkv_settings_are_checked(model_path):
 def test_tools_evict_with_lagkv(model_path):
     base = [tool("llama-completion"), "-m", model_path, "-c", "4096", "-b", "512", "-ub", "64",
             "-p", natural_text()[:2400], "-n", "4", "-no-cnv", "--temp", "0", "-t", "1", "-lv", "4"]
-    proc = run(base + ["--locret-policy", "lagkv", "--locret-budget", "192", "--locret-lag", "32"], timeout=180)
+    proc = run(base + ["--locret-policy", "lagkv:lag=32", "--locret-budget", "192"], timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"Locret eviction: policy lagkv \(selection on the host\), budget 192, stabilizers \d+, "
                      r"local \d+, lag 32, 16 sinks", proc.stderr), proc.stderr[-3000:]
@@ -241,14 +242,24 @@ def test_tools_evict_with_lagkv(model_path):
     # a cache of 256 cells held a prompt of about 500 tokens: it evicted
     assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +256 cells", proc.stderr), proc.stderr[-3000:]
     assert n_prompt and int(n_prompt.group(1)) > 256, proc.stderr[-3000:]
-    for bad, msg in ((["--locret-lag", "32"], "--locret-lag needs --locret-budget"),
-                     (["--locret-budget", "192", "--locret-lag", "32"], "policy heads has none"),
+    for bad, msg in ((["--locret-policy", "lagkv:lag=32"], "--locret-policy lagkv need"),
+                     (["--locret-budget", "192", "--locret-policy", "heads:lag=32"],
+                      "policy heads has no settings (got 'lag=32')"),
                      (["--locret-budget", "100", "--locret-policy", "lagkv"], "must exceed what it keeps unscored")):
         proc = run(base + bad, timeout=120)
         assert proc.returncode == 1 and msg in proc.stderr, (bad, proc.stderr[-2000:])
+    # the settings are checked where the option is read, naming what is wrong; the old option names the new form
+    for bad, msg in ((["--locret-budget", "192", "--locret-policy", "lagkv:lags=3"],
+                      "policy lagkv has no setting 'lags' (its settings: lag)"),
+                     (["--locret-budget", "192", "--locret-policy", "lagkv:lag=32,lag=16"], "lagkv:lag is given twice"),
+                     (["--locret-budget", "192", "--locret-policy", "lagkv", "--locret-lag", "32"],
+                      "--locret-lag is gone: LagKV's partition is a setting of its policy, --locret-policy lagkv:lag=N")):
+        proc = run(base + bad, timeout=120)
+        assert proc.returncode != 0 and msg in proc.stderr, (bad, proc.stderr[-2000:])
     proc = run([tool("llama-bench"), "-m", model_path, "-p", "32", "-n", "0", "-r", "1", "--locret-budget", "64",
-                "--locret-policy", "lagkv", "--locret-lag", "1"], timeout=120)
-    assert proc.returncode == 1 and "at least 2 units" in proc.stderr, proc.stderr[-2000:]
+                "--locret-policy", "lagkv:lag=1"], timeout=120)
+    assert proc.returncode == 1 and "lagkv:lag must be an integer from 2 to 65536 (got '1')" in proc.stderr, \
+        proc.stderr[-2000:]
 
 
 def test_a_lagkv_state_resumes_exactly_and_other_settings_are_refused(model_path, prompt_tokens):
@@ -283,8 +294,9 @@ def test_a_lagkv_state_resumes_exactly_and_other_settings_are_refused(model_path
     np.testing.assert_allclose(got, want_logits, rtol=0, atol=1e-4 * np.abs(want_logits).max())
     b.close()
 
-    for kw, reason in ((dict(locret_lag=8), "scored by LagKV with partitions of 16 units, this context's are 8"),
-                       (dict(locret_policy="streaming", locret_lag=None), "another policy")):
+    for kw, reason in ((dict(locret_policy="lagkv:lag=8"),
+                        "Locret: the saved state was made with policy settings lag=16, this context's are lag=8"),
+                       (dict(locret_policy="streaming"), "another policy")):
         c = make(model_path, **kw)
         refused = refusal_of(c, data)
         assert reason in refused, refused
@@ -296,10 +308,10 @@ def test_lagkv_graphs_stay_within_the_buffers_reserved_at_creation(model_path, p
     # eviction may grow its buffers. A ubatch far above the budget makes the scoring graph, which grows with the
     # cells, larger than the compaction graph, which grows with the budget: the reservation must be LagKV's.
     kw = dict(n_ctx=8192, n_batch=2048, n_ubatch=2048, locret_budget=64, locret_stabilizers=0)
-    streaming = make(model_path, locret_policy="streaming", locret_lag=None, **kw)
+    streaming = make(model_path, locret_policy="streaming", **kw)
     _, evict_streaming = eviction.compute_buffers(streaming._ctx.ctx)
     streaming.close()
-    llm = make(model_path, locret_lag=8, **kw)
+    llm = make(model_path, locret_policy="lagkv:lag=8", **kw)
     before = eviction.compute_buffers(llm._ctx.ctx)
     assert before[1] > 1.3 * evict_streaming, (before, evict_streaming)
     llm.eval((prompt_tokens * 2)[:2100])  # a full ubatch (it evicts), then a short one
@@ -309,14 +321,32 @@ def test_lagkv_graphs_stay_within_the_buffers_reserved_at_creation(model_path, p
     assert eviction.compute_buffers(llm._ctx.ctx) == before
 
 
-def test_bench_measures_lagkv_beside_the_heads(model_path):
+def test_bench_measures_lagkv_beside_the_heads(model_path, monkeypatch):
     import bench_eviction  # scripts/, on sys.path through conftest
 
-    args = bench_eviction.parse(["--model", str(model_path), "--budget", "256", "--ubatch", "128", "--lag", "32",
-                                 "--threads", "1", "--policies", "lagkv"])
+    commands = []
+    real_run = bench_eviction.subprocess.run
+
+    def recording_run(cmd, *args, **kw):
+        commands.append(list(cmd))
+        return real_run(cmd, *args, **kw)
+
+    monkeypatch.setattr(bench_eviction.subprocess, "run", recording_run)
+    args = bench_eviction.parse(["--model", str(model_path), "--budget", "256", "--ubatch", "128",
+                                 "--policy-settings", "lagkv:lag=32", "--threads", "1", "--policies", "lagkv"])
+    assert args.policy_settings == {"lagkv": "lag=32"}
     bench_eviction.apply_device(args)
     r = bench_eviction.bench(args, locret=True, prompt=1024, gen=0, depth=0, policy="lagkv")
+    # (the default lag, 128, does not fit this budget: the settings reached llama-bench)
     assert r["tps"] > 0 and r["eviction_ms"] > 0  # llama-bench evicted: 1024 tokens through 384 cells
-    with pytest.raises(SystemExit, match="unknown policy sink"):
-        bench_eviction.sys.argv = ["bench_eviction.py", "--model", str(model_path), "--policies", "lagkv,sink"]
-        bench_eviction.main()
+    cmd = commands[-1]
+    assert cmd[cmd.index("--locret-policy") + 1] == "lagkv:lag=32", cmd
+    monkeypatch.undo()
+    for argv, msg in ((["--policies", "lagkv,sink"], "unknown policy sink"),
+                      (["--policies", "lagkv", "--policy-settings", "lagkv:lags=3"], "'lags'"),
+                      (["--policies", "lagkv", "--policy-settings", "snapkv:window=16"],
+                       "--policy-settings for snapkv, which --policies does not measure"),
+                      (["--policies", "lagkv", "--policy-settings", "lagkv"], "--policy-settings takes NAME:")):
+        with pytest.raises(SystemExit, match=re.escape(msg)):
+            bench_eviction.sys.argv = ["bench_eviction.py", "--model", str(model_path), *argv]
+            bench_eviction.main()

@@ -38,7 +38,7 @@ SIZES = {
     "uniform": (dict(locret_budget=256), None),
     "pyramid": (dict(locret_budget=1024, locret_stabilizers=16, locret_budget_schedule="pyramid"), padded(1024 + UB)),
     "sage": (dict(locret_budget=256, locret_policy="sage"), padded(256 + UB)),
-    "lagkv": (dict(locret_budget=512, locret_policy="lagkv", locret_lag=64), None),
+    "lagkv": (dict(locret_budget=512, locret_policy="lagkv:lag=64"), None),
 }
 
 
@@ -56,8 +56,9 @@ def test_the_planned_cells_are_the_cells_a_context_allocates(model_path, heads_f
 
     # the C API on a loaded model gives the same count per sequence
     api = eviction._api()
+    policy, policy_settings = eviction.parse_policy(kw.get("policy", "heads"))
     p = eviction._Params(heads=None, budget=kw["budget"], stabilizers=kw.get("stabilizers", -1), local=-1,
-                         policy=eviction.policy_value(kw.get("policy", "heads")), pool=-1, lag=kw.get("lag", -1),
+                         policy=policy, pool=-1, policy_settings=policy_settings.encode() or None,
                          budget_schedule=kw.get("budget_schedule", "uniform").encode())
     if kw.get("policy", "heads") == "heads":  # the heads' recommended settings are the defaults
         assert api.llama_locret_file_recommended(str(heads_file).encode(), ctypes.byref(p.defaults)) >= 0
@@ -75,6 +76,14 @@ REFUSED = {
     "SnapKV budget within its window": (dict(locret_budget=32, locret_stabilizers=16, locret_policy="snapkv"), {},
                                         "must be larger than its observation window"),
     "LagKV budget too small": (dict(locret_budget=64, locret_policy="lagkv"), {}, "must exceed what it keeps unscored"),
+    "LagKV partition too large for the budget": (dict(locret_budget=128, locret_policy="lagkv:lag=64"), {},
+                                                 "(lower lagkv:lag or --locret-stabilizers, or raise the budget)"),
+    "settings for a policy without any": (dict(locret_budget=256, locret_policy="streaming:lag=4"), {},
+                                          "policy streaming has no settings (got 'lag=4')"),
+    "a setting the policy does not have": (dict(locret_budget=256, locret_policy="snapkv:windw=16"), {},
+                                           "policy snapkv has no setting 'windw'"),
+    "a setting out of its range": (dict(locret_budget=256, locret_policy="lagkv:lag=1"), {},
+                                   "lagkv:lag must be an integer from 2 to 65536 (got '1')"),
     "SAGE-KV in a short context": (dict(locret_budget=4000, locret_policy="sage"), {}, "must be larger than the budget plus"),
     "schedule with SAGE-KV": (dict(locret_budget=256, locret_policy="sage", locret_budget_schedule="pyramid"), {},
                               "a budget schedule works with the heads, random and streaming policies, not sage"),
@@ -134,3 +143,14 @@ def test_the_policies_come_from_one_registry(model_path):
         assert help_line and f"{name}: {help_line}" in shown, (name, help_line)
     with pytest.raises(HeadsError, match="valid policies: heads, random, streaming, lagkv, sage, snapkv"):
         eviction.policy_value("snapkv-typo")
+    with pytest.raises(HeadsError, match="valid policies: heads, random, streaming, lagkv, sage, snapkv"):
+        eviction.policy_value("snapkv-typo:window=16")
+    # each policy's settings are its own: named by the registry's help, nowhere else
+    for name in names:
+        settings_help = eviction.policy_settings_help(name)
+        if name in ("lagkv", "snapkv"):
+            assert settings_help and "\n" not in settings_help, (name, settings_help)
+        else:
+            assert settings_help == "", (name, settings_help)
+    assert "lag=" in eviction.policy_settings_help("lagkv") and "default 128" in eviction.policy_settings_help("lagkv")
+    assert all(f"{key}=" in eviction.policy_settings_help("snapkv") for key in ("window", "question", "pool"))

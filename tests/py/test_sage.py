@@ -258,7 +258,7 @@ def test_the_captured_query_is_the_last_tokens_whatever_its_ubatch(model_path, p
 def test_sage_settings_are_checked(model_path):
     for kw, msg in ((dict(locret_stabilizers=16), "--locret-stabilizers and --locret-local do not apply"),
                     (dict(locret_local=8), "--locret-stabilizers and --locret-local do not apply"),
-                    (dict(locret_lag=16), "policy sage has none"),
+                    (dict(locret_policy="sage:lag=16"), re.escape("policy sage has no settings (got 'lag=16')")),
                     (dict(locret_pool=5), "policy sage has none"),
                     (dict(locret_budget=4), "must be at least 8 units"),
                     (dict(n_ctx=256, locret_budget=240), r"the context per sequence \(\d+\) must be larger than the budget plus the ubatch"),
@@ -276,7 +276,7 @@ def test_a_prompt_longer_than_the_context_is_refused(model_path, prompt_tokens):
     with pytest.raises(AssertionError, match="llama_decode returned"):
         for tokens, output in prompt_calls(prompt_tokens[:9 * UB + 1]):
             n_past = decode(llm, tokens, n_past, output)
-    assert "SAGE-KV keeps the whole prompt until its end" in _last_error()
+    assert "policy sage: the policy keeps the whole prompt until its end" in _last_error()
     assert n_past == 8 * UB  # the ubatches that fit were kept
     assert llm.locret_stats()["n_evictions"] == 0
 

@@ -1,6 +1,7 @@
 """SnapKV per chunk (--locret-policy snapkv): a training-free, query-aware scorer, checked against numpy.
 
-The engine captures the post-RoPE queries of each part's last W tokens (the observation window) and, at every
+The engine captures the post-RoPE queries of each part's last W tokens (the observation window, the policy's setting
+`window`: --locret-policy snapkv:window=W) and, at every
 eviction, scores every cached unit by their attention: softmax over the units each window query saw (causal), the
 mean over the window and over the KV head's query heads, then an average over the `pool` units centred on each unit
 (inside the sequence's cells). The top-b selection keeps the best units beside the window (kept like stabilizers)
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
+import llama_cpp
 from locret import eviction
 from locret.heads import HeadsError
 from locret.llama import Llama
@@ -25,8 +27,9 @@ from test_eviction import decode, last_logits, prompt_tokens  # noqa: F401 (shar
 from test_sage import all_held, assert_resumes_exactly, shape
 
 B, UB, NS = 128, 64, 16
-W, POOL = 32, 5   # LLAMA_LOCRET_SNAPKV_WINDOW, LLAMA_LOCRET_SNAPKV_POOL
-Q = 64            # LLAMA_LOCRET_SNAPKV_QUESTION: the store rows of a pinned question, before the window's
+# snapkv's default settings (its policy file's, listed by eviction.policy_settings_help("snapkv"); checked below):
+W, POOL = 32, 5   # window=32 (the observation window), pool=5
+Q = 64            # question=64: the store rows of a pinned question, before the window's
 
 
 def snapkv_scores(k: np.ndarray, queries: np.ndarray, scale: float, n_head_kv: int, d: int, pool: int,
@@ -59,8 +62,9 @@ class SnapKV:
     """Per (layer, KV head) the logical positions held, in cell order; the plan of test_eviction's Algorithm 1 (no
     local tail), with the window kept like stabilizers."""
 
-    def __init__(self, n_layer, n_head_kv, d, pool, pinned=0, rtol=1e-4):
+    def __init__(self, n_layer, n_head_kv, d, pool, pinned=0, rtol=1e-4, window=W):
         self.pinned = pinned  # leading units a pinned question holds (kept, never scored away)
+        self.w = window       # the observation window: the queries of a part's last `window` tokens
         # how close the engine's float32 scores are to these: the queries are rounded to F16 for the product, and a
         # question's queries are rotated first (float32 there, float64 here), so a rounding can fall the other way
         self.rtol = rtol
@@ -124,7 +128,7 @@ class SnapKV:
             for units in layer:
                 units.extend(positions)
         self.prev_output = output
-        self.window = min(W, len(positions))
+        self.window = min(self.w, len(positions))
 
 
 def make(model_path, **kw):
@@ -158,17 +162,24 @@ def step(llm, ref, tokens, output, n_past, d_model, question=None):
     return n_past, queries
 
 
-@pytest.mark.parametrize("select,pool", [("host", 0), ("graph", POOL)])
-def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, model_path, prompt_tokens, monkeypatch):
-    # host: the host selects from the store (the CPU default); graph: the device's selection graph (a GPU's default)
+@pytest.mark.parametrize("select,pool,window", [("host", 0, W), ("graph", POOL, W), ("host", POOL, 16)])
+def test_snapkv_scores_and_kept_sets_match_numpy(select, pool, window, model_path, prompt_tokens, monkeypatch):
+    # host: the host selects from the store (the CPU default); graph: the device's selection graph (a GPU's default);
+    # window 16: the policy's setting (snapkv:window=16), the same model with its window
     monkeypatch.setenv("LOCRET_DEBUG_SELECT", select)
-    llm = make(model_path, **({} if pool == POOL else dict(locret_pool=pool)))  # POOL: the policy's default
+    kw = {} if pool == POOL else dict(locret_pool=pool)  # POOL: the policy's default
+    if window != W:
+        kw["locret_policy"] = f"snapkv:window={window}"
+    llm = make(model_path, **kw)
     ctx = llm._ctx.ctx
     n_layer, n_head_kv, d = shape(llm)
-    d_model = len(eviction.read_query(ctx, 0)[0]) // (Q + W)
-    ref = SnapKV(n_layer, n_head_kv, d, pool)
+    d_model = llama_cpp.llama_model_n_head(llm._model.model) * d  # a query row: every query head's
+    if window == W:
+        assert len(eviction.read_query(ctx, 0)[0]) == (Q + W) * d_model
+    ref = SnapKV(n_layer, n_head_kv, d, pool, window=window)
     stats = llm.locret_stats()
     assert stats["policy"] == "snapkv" and stats["stabilizers"] == NS
+    assert f"window={window}" in stats["policy_settings"].split(","), stats["policy_settings"]
 
     # a prompt in 8 ubatches and a short last part (the window is its 20 tokens), generation, a second prompt
     body = prompt_tokens[:8 * UB + 20]
@@ -271,13 +282,29 @@ def test_a_pinned_question_is_the_window_read_after_the_cache(model_path, prompt
 
 def test_snapkv_settings_are_checked(model_path):
     for kw, msg in ((dict(locret_budget=W), "must be larger than its observation window"),
+                    (dict(locret_budget=16, locret_stabilizers=8, locret_policy="snapkv:window=16"),
+                     "must be larger than its observation window"),
                     (dict(locret_pool=4), "must be odd"),
-                    (dict(locret_lag=16), "policy snapkv has none"),
+                    (dict(locret_policy="snapkv:lag=16"), "policy snapkv has no setting 'lag'"),
+                    (dict(locret_policy="snapkv:window=0"), r"snapkv:window .*\(got '0'\)"),
+                    (dict(locret_policy="snapkv:window=16,window=8"), "snapkv:window is given twice"),
+                    (dict(locret_policy="snapkv:pool=4"), "snapkv:pool must be odd"),
+                    (dict(locret_policy="snapkv:pool=3", locret_pool=3), "snapkv:pool and --locret-pool both set"),
                     (dict(locret_budget_schedule="pyramid"), "not snapkv")):
         with pytest.raises((HeadsError, ValueError), match=msg):
             make(model_path, **kw)
+    # the window the budget must exceed is the policy's setting: a window of 16 fits where the default does not
+    make(model_path, locret_budget=W, locret_policy="snapkv:window=16").close()
+    # the settings' defaults are the constants this file's model takes
+    settings_help = eviction.policy_settings_help("snapkv")
+    for key, default in (("window", W), ("question", Q), ("pool", POOL)):
+        assert f"{key}=" in settings_help and f"default {default}" in settings_help, settings_help
+    llm = make(model_path, locret_policy="snapkv:pool=3")  # the pooling window as a setting of the policy
+    assert llm.locret_stats()["pool"] == 3
+    llm.close()
     llm = make(model_path)
     assert llm.locret_stats()["pool"] == POOL
+    assert {f"window={W}", f"question={Q}"} <= set(llm.locret_stats()["policy_settings"].split(","))
     with pytest.raises(HeadsError, match="leaves no room in the budget"):
         llm.locret_pin_query(B - NS - (W - NS))
     llm.locret_pin_query(8)
@@ -305,6 +332,12 @@ def test_a_snapkv_state_resumes_exactly(model_path, prompt_tokens):
     c = make(model_path, locret_pool=3)
     refused = refusal_of(c, data)
     assert "pooled over 5 tokens" in refused, refused
+    c.close()
+    # another observation window would score by other queries: refused, naming the settings
+    c = make(model_path, locret_policy="snapkv:window=16")
+    refused = refusal_of(c, data)
+    assert re.search(r"Locret: the saved state was made with policy settings \S*window=32\S*, this context's are "
+                     r"\S*window=16", refused), refused
     c.close()
 
 

@@ -55,7 +55,9 @@ class EvalConfig:
     stabilizers: int | None = None
     local: int | None = None
     pool: int | None = None        # score pooling window of the heads methods (None: none)
-    lag: int | None = None         # LagKV's partition (None: the paper's 128)
+    # each method's policy settings (--policy-settings METHOD:SETTINGS): the base method's name -> "key=value,..."
+    # as the method's policy takes them after its name; the library parses and checks them ({}: every default)
+    policy_settings: dict[str, str] = field(default_factory=dict)
     positions: str | None = None   # where kept units sit ("inplace", "compact", "keep", "keep:N"; None: the default)
     schedule: str | None = None    # the budget schedule file of locret-schedule and METHOD@schedule
     ubatch: int | None = None      # None: the device profile's, else 512
@@ -83,8 +85,8 @@ class EvalConfig:
             d.pop(k)
         if d["haystacks"] == ["prose"]:
             d.pop("haystacks")  # what every run before the families was: such runs resume
-        if d["lag"] is None:
-            d.pop("lag")        # likewise for runs from before LagKV
+        if not d["policy_settings"]:
+            d.pop("policy_settings")  # likewise for runs from before policy settings (upgrade_record reads theirs)
         if d["positions"] is None:
             d.pop("positions")  # and from before kept positions
         for key, default in (("suite", None), ("ratios", []), ("presses", []), ("press_settings", ["outside"]),
@@ -153,10 +155,10 @@ def validate(cfg: EvalConfig) -> None:
         raise EvalError("lengths, budgets, samples, ubatch and threads must be positive")
     if cfg.heatmaps < 0 or (cfg.limit is not None and cfg.limit <= 0):
         raise EvalError("--heatmaps must be at least 0 and --limit positive")
-    # the values themselves (stabilizers, pooling window, partition, local tail) are checked by the library's rule
-    # book when the runs are planned (check_runs); these are the runner's own rules about which options go together
-    if cfg.lag is not None and "lagkv" not in cfg.methods:
-        raise EvalError(f"--lag is LagKV's partition (at least 2 units): give the method lagkv (got {cfg.lag})")
+    # the values themselves (stabilizers, pooling window, policy settings, local tail) are checked by the library's
+    # rule book when the runs are planned (check_runs); these are the runner's own rules about which options go together
+    if (problem := policy_settings_problem(cfg.policy_settings, bases)) is not None:
+        raise EvalError(problem)
     if (problem := pool_problem(cfg.pool, bases)) is not None:
         raise EvalError(problem)
     for method in QUERY_METHODS:
@@ -220,6 +222,50 @@ def budgets_for(cfg: EvalConfig, length: int) -> list[tuple[int, float | None]]:
     if cfg.ratios:
         return [(budget_at(r, length), r) for r in cfg.ratios]
     return [(b, None) for b in cfg.budgets]
+
+
+def policy_settings_problem(settings: dict[str, str], methods) -> str | None:
+    """Why --policy-settings cannot go with these (base) methods, or None: each names an evicting method of the run
+    (its policy's own keys and values are the library's to check)."""
+    for method, text in settings.items():
+        given = f"--policy-settings {method}:{text}"
+        if method == "full":
+            return f"{given}: full attention evicts nothing and has no policy to set"
+        if method not in methods:
+            return (f"{given}: the method {method} is not in this run's --methods ({', '.join(dict.fromkeys(methods))}); "
+                    "policy settings apply to a method of the run")
+        if not text:
+            return f"{given}: give the settings after the method, METHOD:key=value[,key=value...]"
+    return None
+
+
+def parse_policy_settings(entries: list[str] | None) -> dict[str, str]:
+    """--policy-settings METHOD:SETTINGS (repeatable, one per method) as {method: settings}; EvalError for an entry
+    without a method, without settings or for a method given twice."""
+    out: dict[str, str] = {}
+    for entry in entries or []:
+        method, colon, text = entry.partition(":")
+        method, text = method.strip(), text.strip()
+        if not colon or not method or not text:
+            raise EvalError(f"--policy-settings takes METHOD:key=value[,key=value...], a method of --methods and its "
+                            f"policy's settings (got {entry!r})")
+        if method in out:
+            raise EvalError(f"--policy-settings gives the settings of {method} twice ({method}:{out[method]} and "
+                            f"{entry}): give them once, comma-separated")
+        out[method] = text
+    return out
+
+
+def upgrade_record(old: dict) -> dict:
+    """A run's settings (config.json) as written by an older locret, in today's form, so that it resumes when it
+    asks for the same: before policy settings, LagKV's partition had a key of its own ("lag", absent or None for the
+    default), now the settings of the method lagkv. The one place an old record is translated."""
+    old = dict(old)
+    if "lag" in old:
+        lag = old.pop("lag")
+        if lag is not None:
+            old["policy_settings"] = dict(old.get("policy_settings") or {}, lagkv=f"lag={lag}")
+    return old
 
 
 def pool_problem(pool: int | None, methods) -> str | None:
@@ -319,7 +365,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                heads=heads.get(method) if method in TRAINED_HEADS_METHODS else
                                random_heads if method == "random-heads" else None,
                                pool=cfg.pool if method in HEADS_METHODS else None,
-                               lag=cfg.lag if method == "lagkv" else None,
+                               policy_settings=cfg.policy_settings.get(method, ""),
                                positions=cfg.positions,
                                schedule=_schedule_of(method, variant, cfg.schedule),
                                variant=variant,
@@ -468,7 +514,7 @@ def run(cfg: EvalConfig) -> int:
     config_path, fingerprint = out / "config.json", cfg.fingerprint()
     fingerprint["heads_used"] = _heads_used(heads, random_heads)
     if config_path.exists():
-        old = json.loads(config_path.read_text())
+        old = upgrade_record(json.loads(config_path.read_text()))
         if "heads_used" not in old and not _resolution_unchanged(cfg):
             raise EvalError(f"{out} holds a run that did not record which heads it used, and locret-q without --heads "
                             "now takes the Locret-Q heads: give another -o or delete it")
@@ -591,7 +637,8 @@ def run_cli(args) -> int:
                      depths=[float(x) for x in _split(args.depths)], samples=args.samples, seed=args.seed,
                      benchmark=args.benchmark, datasets=args.dataset or [], benchmark_task=args.benchmark_task,
                      limit=args.limit, methods=_split(args.methods), budgets=[int(x) for x in _split(args.budgets)],
-                     stabilizers=args.stabilizers, local=args.local, pool=_pool(args.pool), lag=args.lag,
+                     stabilizers=args.stabilizers, local=args.local, pool=_pool(args.pool),
+                     policy_settings=parse_policy_settings(args.policy_settings),
                      positions=args.positions, schedule=args.schedule, ubatch=args.ubatch,
                      threads=args.threads,
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),

@@ -42,7 +42,7 @@ class RunSpec:
     labels: dict = field(default_factory=dict)  # copied into every sample record
     pool: int | None = None      # score pooling window of the heads methods (None: none; POOL_RECOMMENDED: the heads
                                  # file's recommendation)
-    lag: int | None = None       # LagKV's partition (method lagkv; None: the paper's 128)
+    policy_settings: str = ""    # the method's policy settings, "key=value[,key=value...]" ("": the policy's defaults)
     positions: str | None = None # where kept units sit (locret_positions; None: the library's default)
     schedule: str | None = None  # the budget schedule: a file (locret-schedule, METHOD@schedule) or "pyramid"
                                  # (locret-pyramid, METHOD@pyramid); None: uniform
@@ -69,21 +69,31 @@ def make_llm(spec: RunSpec):
     return Llama(spec.model_path, **locret_settings(spec), **query, **kwargs)
 
 
+def policy_of(method: str) -> str:
+    """The engine's policy an evicting method runs (its name in the library's registry)."""
+    if method in HEADS_METHODS:
+        return "heads"
+    if method == "snapkv-q-auto":
+        return "snapkv"  # the pinned question is its observation window
+    return method
+
+
 def locret_settings(spec: RunSpec) -> dict:
-    """The Locret settings (locret.Llama's locret_* arguments) of an evicting method's run."""
+    """The Locret settings (locret.Llama's locret_* arguments) of an evicting method's run. The method's policy
+    settings (--policy-settings) go through as they are, after its policy's name ("NAME:SETTINGS"): the library
+    parses and checks them."""
+    policy = policy_of(spec.method)
+    if spec.policy_settings:
+        policy = f"{policy}:{spec.policy_settings}"
     out = dict(locret_budget=spec.budget, locret_stabilizers=spec.stabilizers, locret_local=spec.local,
                locret_positions=spec.positions)
     if spec.method in HEADS_METHODS:
         # what the run asks for and nothing the heads recommend: no pooling unless --pool (and no query but
         # locret-q's own, pinned by the worker: make_llm), so that a run means the same whatever heads file it reads
         pool = None if spec.pool == POOL_RECOMMENDED else spec.pool or 0  # None: the library takes the heads' own
-        return out | dict(locret_heads=spec.heads, locret_policy="heads", locret_pool=pool,
+        return out | dict(locret_heads=spec.heads, locret_policy=policy, locret_pool=pool,
                           locret_budget_schedule=spec.schedule)
-    if spec.method == "lagkv":
-        return out | dict(locret_policy="lagkv", locret_lag=spec.lag)
-    if spec.method == "snapkv-q-auto":
-        return out | dict(locret_policy="snapkv")  # the pinned question is its observation window
-    return out | dict(locret_policy=spec.method)
+    return out | dict(locret_policy=policy)
 
 
 def kv_heads(llm) -> tuple[int, int]:
