@@ -150,6 +150,23 @@ LLAMA_API const char * llama_locret_policies_help(void);
 // names are valid).
 LLAMA_API int32_t llama_locret_policy_from_name(const char * name, enum llama_locret_policy * out);
 
+// What a policy is, for planners and tools that must not know policies by name (the same answers the rule book
+// reads when it checks settings).
+struct llama_locret_policy_traits {
+    bool needs_heads;          // its scores come from retaining heads: a budget without heads is refused
+    bool per_layer_budgets;    // a budget schedule may give each layer its own budget
+    bool reads_prompt_whole;   // it reads each prompt whole before it evicts: its cache holds the context per sequence
+                               // (a prompt must fit in it), no chunk is compressed (the ubatch may exceed the budget)
+    bool sets_own_stabilizers; // it sets the stabilizers (and local tail) itself and refuses them
+    bool pools_scores;         // --locret-pool averages its scores
+    bool reads_cells_in_order; // --locret-positions keep and inplace are refused with it
+    bool takes_pinned_query;   // a pinned query (Locret-Q) applies to it
+    bool has_settings;         // it has settings of its own (NAME:key=value)
+};
+
+// The traits of a policy into *out. Returns 0, or -1 for a value that is not a policy.
+LLAMA_API int32_t llama_locret_policy_get_traits(enum llama_locret_policy policy, struct llama_locret_policy_traits * out);
+
 // Parse a policy with its settings, "NAME" or "NAME:SETTINGS" (--locret-policy NAME:key=value), into *out and *settings
 // (a pointer into `spec` after the ':', or to "" when there is none). The settings are checked against the policy's
 // own: returns 0, or -1 for an unknown name or a setting the policy refuses (llama_locret_last_error() names the key).
@@ -241,18 +258,19 @@ LLAMA_API int64_t llama_locret_kv_cells(const struct llama_model * model, const 
 // settings.
 LLAMA_API int32_t llama_locret_model_configure(struct llama_model * model, const struct llama_locret_params * params);
 
-// The way the llama.cpp tools choose (--locret-heads, --locret-budget, --locret-stabilizers, --locret-local,
-// --locret-policy NAME:SETTINGS, --locret-pool): heads from `heads_path` when it is non-empty, else the ones embedded
-// in `model_path`'s model, else none; budget -1 means no eviction (heads, if any, only score), stabilizers/local/pool
-// -1 their defaults, policy_settings NULL or "" the policy's defaults.
-// The RANDOM, STREAMING and LAGKV policies need a budget and no heads: heads given or embedded are then not loaded
-// (a warning says so). Registers the result with llama_locret_model_configure for the contexts created next
+// The way the llama.cpp tools configure, with all of their settings in one object given once (no order between
+// calls): heads from `heads_path` when it is non-empty, else the ones embedded in `model_path`'s model, else none; a
+// policy that does not use heads (random, streaming, lagkv, sage, snapkv) needs a budget, and heads given or embedded
+// are then not loaded (a warning says so). params->heads must be NULL (the heads are found here); params->budget -1
+// means no --locret-budget (no eviction; heads, if any, only score) and another value below 1 is refused;
+// stabilizers, local and pool -1 their defaults; the policy's settings, budget schedule and positions as
+// llama_locret_model_configure takes them, checked with the rest. Registers the result for the contexts created next
 // from `model`. The heads found are returned in *out (NULL when none); the caller frees them after those contexts.
-// Returns 0, or -1 on error (see llama_locret_last_error()).
+// The llama.cpp tools and the Python package configure through this one call. Returns 0, or -1 with nothing
+// registered (see llama_locret_last_error()).
 LLAMA_API int32_t llama_locret_configure_default(struct llama_model * model, const char * model_path,
-                                                 const char * heads_path, int32_t budget, int32_t stabilizers,
-                                                 int32_t local, enum llama_locret_policy policy, int32_t pool,
-                                                 const char * policy_settings, struct llama_locret_heads ** out);
+                                                 const char * heads_path, const struct llama_locret_params * params,
+                                                 struct llama_locret_heads ** out);
 
 // What the rule book resolves for a context before its model is loaded (llama_locret_resolve_file).
 struct llama_locret_resolved {
@@ -337,7 +355,7 @@ LLAMA_API int32_t llama_locret_positions_parse(const char * text, int32_t * mode
 LLAMA_API const char * llama_locret_positions_name(enum llama_locret_positions mode);
 
 // Where kept units sit for the contexts created next from `model` (llama_locret_params.positions and position_limit),
-// after llama_locret_model_configure, for tools whose configuration goes through llama_locret_configure_default.
+// after llama_locret_model_configure (llama_locret_configure_default takes them in its settings).
 // Returns 0, or -1 (llama_locret_last_error) for settings the rule book refuses, or no budget configured.
 LLAMA_API int32_t llama_locret_model_set_positions(struct llama_model * model, int32_t mode, int32_t limit);
 

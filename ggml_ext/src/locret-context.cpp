@@ -165,11 +165,15 @@ int32_t llama_locret_attach_default(llama_context * ctx, const char * model_path
     return 0;
 }
 
-int32_t llama_locret_configure_default(llama_model * model, const char * model_path, const char * heads_path,
-        int32_t budget, int32_t stabilizers, int32_t local, llama_locret_policy policy, int32_t pool,
-        const char * policy_settings, llama_locret_heads ** out) {
+// llama_locret_configure_default but for the schedule and positions: the heads found for settings p whose budget -1
+// means "no --locret-budget" (the rest as llama_locret_model_configure takes them, but for p.heads, found here)
+static int32_t locret_configure_tool(llama_model * model, const char * model_path, const char * heads_path,
+        const llama_locret_params & p, llama_locret_heads ** out) {
     *out = nullptr;
     locret_set_error("");
+    const int32_t budget = p.budget, stabilizers = p.stabilizers, local = p.local, pool = p.pool;
+    const llama_locret_policy policy = p.policy;
+    const char * policy_settings = p.policy_settings;
     const locret_policy_entry * entry = locret_policy_find(policy);
     const char * policy_name = entry != nullptr ? entry->name : nullptr;
     if (entry == nullptr) {
@@ -198,13 +202,9 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         return -1;
     }
     const std::string path = locret_default_heads_path(model, model_path, heads_path);
-    llama_locret_params params = llama_locret_params_default();
-    params.budget      = budget == -1 ? 0 : budget;
-    params.stabilizers = stabilizers;
-    params.local       = local;
-    params.policy      = policy;
-    params.pool        = pool;
-    params.policy_settings = policy_settings;
+    llama_locret_params params = p;
+    params.heads  = nullptr;
+    params.budget = budget == -1 ? 0 : budget;
     if (!entry->needs_heads) {
         // the scores come from the policy: loading the heads would only add their cost to every ubatch
         if (!path.empty()) {
@@ -232,6 +232,37 @@ int32_t llama_locret_configure_default(llama_model * model, const char * model_p
         return -1;
     }
     *out = heads;
+    return 0;
+}
+
+int32_t llama_locret_configure_default(llama_model * model, const char * model_path, const char * heads_path,
+        const llama_locret_params * params, llama_locret_heads ** out) {
+    *out = nullptr;
+    locret_set_error("");
+    if (params == nullptr || params->heads != nullptr) {
+        locret_set_error("llama_locret_configure_default finds the heads itself: give settings with heads NULL");
+        return -1;
+    }
+    llama_locret_params base = *params;
+    base.budget_schedule = nullptr;
+    base.positions       = -1;
+    base.position_limit  = -1;
+    if (locret_configure_tool(model, model_path, heads_path, base, out) != 0) {
+        return -1;
+    }
+    // the schedule and the layout go on the registered settings through their own setters, which check them with
+    // the rest (the order is this one, here only)
+    const bool scheduled = params->budget_schedule != nullptr && params->budget_schedule[0] != '\0';
+    if ((scheduled && llama_locret_model_set_budget_schedule(model, params->budget_schedule) != 0) ||
+            (params->positions >= 0 &&
+             llama_locret_model_set_positions(model, params->positions, params->position_limit) != 0)) {
+        const std::string reason = llama_locret_last_error();
+        llama_locret_model_configure(model, nullptr);
+        llama_locret_heads_free(*out);
+        *out = nullptr;
+        locret_set_error(reason);
+        return -1;
+    }
     return 0;
 }
 

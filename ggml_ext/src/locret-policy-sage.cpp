@@ -21,6 +21,7 @@ struct locret_policy_sage : locret_policy {
     bool reads_cells_in_order() const override { return true; }
     bool stores_scores() const override { return true; }
 
+    bool sets_own_stabilizers() const override { return true; }
     std::string params_problem(const llama_locret_params & p, const locret_policy_values &) const override {
         if (p.stabilizers >= 0 || p.local >= 0) {
             return format("SAGE-KV keeps its own recent window (b/%d units); --locret-stabilizers and --locret-local do "

@@ -237,3 +237,22 @@ const char * llama_locret_policy_settings_help(enum llama_locret_policy policy) 
     const locret_policy_entry * e = locret_policy_find(policy);
     return e != nullptr ? text[(size_t) policy].c_str() : nullptr;
 }
+
+int32_t llama_locret_policy_get_traits(enum llama_locret_policy policy, struct llama_locret_policy_traits * out) {
+    locret_set_error("");
+    const locret_policy_entry * e = locret_policy_find(policy);
+    if (e == nullptr) {
+        locret_set_error(format("unknown Locret policy %d", (int) policy));
+        return -1;
+    }
+    const std::unique_ptr<locret_policy> pol = e->make();
+    out->needs_heads          = e->needs_heads;
+    out->per_layer_budgets    = e->per_layer_budgets;
+    out->reads_prompt_whole   = pol->reads_prompt_whole();
+    out->sets_own_stabilizers = pol->sets_own_stabilizers();
+    out->pools_scores         = pol->pools_scores();
+    out->reads_cells_in_order = pol->reads_cells_in_order();
+    out->takes_pinned_query   = pol->pin_problem().empty();
+    out->has_settings         = !pol->knobs().empty();
+    return 0;
+}

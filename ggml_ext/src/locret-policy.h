@@ -111,6 +111,8 @@ struct locret_policy {
     virtual void configure(const llama_locret_params & p, uint32_t n_ctx_seq, locret_config & cfg, std::string & err) const {
         (void) p; (void) n_ctx_seq; (void) cfg; (void) err;
     }
+    // the policy sets the stabilizers and local tail itself (it refuses --locret-stabilizers and --locret-local)
+    virtual bool sets_own_stabilizers() const { return false; }
     // the score pooling window (--locret-pool) averages this policy's scores
     virtual bool pools_scores() const { return false; }
     // the policy reads a sequence's units in position order from the cells (partitions, a recent window, pooling over

@@ -113,8 +113,7 @@ bool locret_common_configure_draft(const common_params & params, llama_model * m
     const int32_t budget = p.budget;
     const llama_locret_policy policy = p.policy;
     llama_locret_heads * loaded = nullptr;
-    const int32_t rc = llama_locret_configure_default(model_dft, path.c_str(), o.draft_heads.c_str(), budget, -1, -1,
-            policy, -1, nullptr, &loaded);
+    const int32_t rc = llama_locret_configure_default(model_dft, path.c_str(), o.draft_heads.c_str(), &p, &loaded);
     heads.reset(loaded);
     if (rc != 0) {
         locret_stop(std::string("the draft model's cache: ") + llama_locret_last_error());

@@ -183,18 +183,10 @@ const locret_option * locret_option_find(const std::string & name) {
 
 std::string locret_options_configure(const locret_options & o, llama_model * model, const std::string & model_path,
         llama_locret_heads ** heads) {
-    *heads = nullptr;
-    if (llama_locret_configure_default(model, model_path.c_str(), o.heads.c_str(), o.budget, o.stabilizers, o.local,
-            o.policy, o.pool, o.policy_settings.c_str(), heads) != 0) {
+    llama_locret_params p = o.params();
+    p.budget = o.budget; // -1: no --locret-budget (params() reads it as no eviction)
+    if (llama_locret_configure_default(model, model_path.c_str(), o.heads.c_str(), &p, heads) != 0) {
         return llama_locret_last_error();
-    }
-    if ((!o.budget_schedule.empty() && llama_locret_model_set_budget_schedule(model, o.budget_schedule.c_str()) != 0) ||
-            (o.positions >= 0 && llama_locret_model_set_positions(model, o.positions, o.position_limit) != 0)) {
-        const std::string reason = llama_locret_last_error();
-        llama_locret_model_configure(model, nullptr);
-        llama_locret_heads_free(*heads);
-        *heads = nullptr;
-        return reason;
     }
     return "";
 }

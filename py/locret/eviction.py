@@ -3,8 +3,9 @@ read a context's statistics, and (for tests and heatmaps) what each layer and KV
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +32,27 @@ class _Params(ctypes.Structure):
                 ("positions", ctypes.c_int32), ("position_limit", ctypes.c_int32)]
 
 
+class _PolicyTraits(ctypes.Structure):
+    # struct llama_locret_policy_traits, field for field
+    _fields_ = [("needs_heads", ctypes.c_bool), ("per_layer_budgets", ctypes.c_bool),
+                ("reads_prompt_whole", ctypes.c_bool), ("sets_own_stabilizers", ctypes.c_bool),
+                ("pools_scores", ctypes.c_bool), ("reads_cells_in_order", ctypes.c_bool),
+                ("takes_pinned_query", ctypes.c_bool), ("has_settings", ctypes.c_bool)]
+
+
+class PolicyTraits(NamedTuple):
+    """What a policy is (llama_locret_policy_get_traits), for code that must not know policies by name."""
+    needs_heads: bool           # its scores come from retaining heads: a budget without heads is refused
+    per_layer_budgets: bool     # a budget schedule may give each layer its own budget
+    reads_prompt_whole: bool    # it reads each prompt whole before it evicts: its cache holds the context per sequence
+                                # (a prompt must fit in it), no chunk is compressed (the ubatch may exceed the budget)
+    sets_own_stabilizers: bool  # it sets the stabilizers (and local tail) itself and refuses them
+    pools_scores: bool          # --locret-pool averages its scores
+    reads_cells_in_order: bool  # --locret-positions keep and inplace are refused with it
+    takes_pinned_query: bool    # a pinned query (Locret-Q) applies to it
+    has_settings: bool          # it has settings of its own (NAME:key=value)
+
+
 class _Stats(ctypes.Structure):
     _fields_ = [("enabled", ctypes.c_bool), ("n_evictions", ctypes.c_uint64),
                 ("n_units_evicted", ctypes.c_uint64), ("n_cells_used", ctypes.c_uint32),
@@ -49,13 +71,13 @@ class _Stats(ctypes.Structure):
 
 
 _SIGNATURES = {
-    "llama_locret_configure_default": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32,
-                                        ctypes.c_int32, ctypes.c_int32, ctypes.c_int, ctypes.c_int32,
-                                        ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
+    "llama_locret_configure_default": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params),
+                                        ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int32),
     "llama_locret_policy_from_name": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)], ctypes.c_int32),
     "llama_locret_policy_from_spec": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_char_p)],
                                       ctypes.c_int32),
     "llama_locret_policy_settings_help": ([ctypes.c_int], ctypes.c_char_p),
+    "llama_locret_policy_get_traits": ([ctypes.c_int, ctypes.POINTER(_PolicyTraits)], ctypes.c_int32),
     "llama_locret_policy_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_policy_count": ([], ctypes.c_int32),
     "llama_locret_policy_help": ([ctypes.c_int], ctypes.c_char_p),
@@ -114,6 +136,8 @@ _SIGNATURES = {
                                    ctypes.POINTER(ctypes.c_int32), ctypes.c_int32], ctypes.c_int32),
 }
 
+# the policy when none is given (--locret-policy's default; `configure` policy None)
+DEFAULT_POLICY = "heads"
 # enum llama_locret_fault, in value order (test only: llama_locret_debug_inject_fault)
 FAULTS = ("none", "evict_alloc", "evict_compute", "ubatch", "state_read")
 _ready = False
@@ -146,6 +170,21 @@ def policy_settings_help(name: str) -> str:
     """One line listing a policy's own settings, each as key=N with its range and default, from the policy itself
     (llama_locret_policy_settings_help); "" for a policy without settings."""
     return _api().llama_locret_policy_settings_help(policy_value(name)).decode()
+
+
+def policy_traits(spec: str | None = None) -> PolicyTraits:
+    """The traits of a policy, "NAME" or "NAME:SETTINGS" (None: the default policy, DEFAULT_POLICY), from the library
+    (llama_locret_policy_get_traits: the answers its rule book reads); HeadsError with the library's reason for a
+    spec that is not a policy (`parse_policy`)."""
+    return _traits_of(policy_value(DEFAULT_POLICY if spec is None else spec))
+
+
+@functools.lru_cache(maxsize=None)
+def _traits_of(value: int) -> PolicyTraits:
+    out = _PolicyTraits()
+    if _api().llama_locret_policy_get_traits(value, ctypes.byref(out)) != 0:
+        raise HeadsError(_last_error())
+    return PolicyTraits(*(bool(getattr(out, name)) for name, _ in _PolicyTraits._fields_))
 
 
 def __getattr__(name: str):
@@ -233,7 +272,7 @@ def _rule_params(*, budget: int, stabilizers: int | None = None, local: int | No
                  pool: int | None = None, budget_schedule: str | os.PathLike | None = None,
                  positions: str | None = None) -> _Params:
     mode, limit = parse_positions(positions)
-    value, settings = parse_policy("heads" if policy is None else policy)
+    value, settings = parse_policy(DEFAULT_POLICY if policy is None else policy)
     # the structure keeps the bytes its char pointers were given alive as long as it lives
     return _Params(heads=None, budget=budget, stabilizers=_arg(stabilizers), local=_arg(local), policy=value,
                    pool=_arg(pool), policy_settings=settings.encode() or None,
@@ -326,20 +365,15 @@ def configure(model: int, model_path: str | os.PathLike, *, heads: str | os.Path
     heads, random and streaming), "keep" or "keep:N" (units keep the positions they were read at; see
     `set_positions`). Returns the heads
     loaded (keep them while the contexts live)."""
+    # every setting in one structure, given once: the library finds the heads and checks the whole (the tools' call)
+    params = _rule_params(budget=_arg(budget), stabilizers=stabilizers, local=local, policy=policy, pool=pool,
+                          budget_schedule=budget_schedule, positions=positions)
     out = ctypes.c_void_p()
     heads_path = os.fsencode(heads) if heads is not None else b""
-    policy_id, settings = parse_policy("heads" if policy is None else policy)
-    settings_arg = settings.encode() or None  # NULL: the policy's defaults
-    if _api().llama_locret_configure_default(model, os.fsencode(model_path), heads_path, _arg(budget),
-                                             _arg(stabilizers), _arg(local), policy_id, _arg(pool), settings_arg,
+    if _api().llama_locret_configure_default(model, os.fsencode(model_path), heads_path, ctypes.byref(params),
                                              ctypes.byref(out)) != 0:
         raise HeadsError(_last_error())
-    result = Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path)) if out.value else None
-    if budget_schedule is not None:
-        set_budget_schedule(model, budget_schedule)
-    if positions is not None:
-        set_positions(model, positions)
-    return result
+    return Heads(out.value, os.fspath(heads) if heads is not None else os.fspath(model_path)) if out.value else None
 
 
 def set_positions(model: int, positions: str) -> None:

@@ -98,8 +98,11 @@ static std::string fuzz_state_setup(fuzz_state_fixture & f, const char * model_p
     if (f.model == nullptr) {
         return std::string("cannot load ") + model_path;
     }
-    if (llama_locret_configure_default(f.model, model_path, heads_path, FUZZ_STATE_BUDGET, /*stabilizers*/ 8,
-                                       /*local*/ 4, LLAMA_LOCRET_POLICY_HEADS, /*pool*/ -1, /*policy_settings*/ nullptr, &f.heads) != 0) {
+    llama_locret_params lp = llama_locret_params_default();
+    lp.budget      = FUZZ_STATE_BUDGET;
+    lp.stabilizers = 8;
+    lp.local       = 4;
+    if (llama_locret_configure_default(f.model, model_path, heads_path, &lp, &f.heads) != 0) {
         return std::string("cannot configure Locret: ") + llama_locret_last_error();
     }
     llama_context_params cp = llama_context_default_params();

@@ -1,6 +1,7 @@
 // A policy's own settings (--locret-policy NAME:key=value,...), without a model: the spec parsed through the public
 // API, each refusal naming the key, the values each policy's knob table gives, the string printed back, the check a
-// state file's saved settings pass or fail, and the settings rules of the rule book.
+// state file's saved settings pass or fail, the settings rules of the rule book, and each policy's traits (what
+// planners read instead of its name) against the rules they stand for.
 //
 //   test-locret-policy-settings
 #include "llama-locret.h"
@@ -140,11 +141,42 @@ static void test_rule_book() {
     CHECK(contains(locret_params_problem(p), "policy lagkv has no setting 'window'"), "%s", locret_params_problem(p).c_str());
 }
 
+// the traits planners read instead of policy names agree with the rules they stand for
+static void test_traits() {
+    llama_locret_policy_traits t;
+    CHECK_EQ(llama_locret_policy_get_traits(LLAMA_LOCRET_POLICY_HEADS, &t), 0);
+    CHECK(t.needs_heads && t.per_layer_budgets && t.pools_scores && !t.reads_prompt_whole && !t.sets_own_stabilizers &&
+          !t.reads_cells_in_order && t.takes_pinned_query && !t.has_settings, "heads");
+    CHECK_EQ(llama_locret_policy_get_traits(LLAMA_LOCRET_POLICY_SAGE, &t), 0);
+    CHECK(!t.needs_heads && !t.per_layer_budgets && t.reads_prompt_whole && t.sets_own_stabilizers &&
+          t.reads_cells_in_order && !t.takes_pinned_query && !t.has_settings, "sage");
+    CHECK_EQ(llama_locret_policy_get_traits(LLAMA_LOCRET_POLICY_LAGKV, &t), 0);
+    CHECK(!t.needs_heads && !t.pools_scores && t.reads_cells_in_order && t.has_settings, "lagkv");
+    CHECK_EQ(llama_locret_policy_get_traits(LLAMA_LOCRET_POLICY_SNAPKV, &t), 0);
+    CHECK(t.pools_scores && t.has_settings && t.takes_pinned_query, "snapkv");
+    CHECK_EQ(llama_locret_policy_get_traits((llama_locret_policy) 99, &t), -1);
+
+    // a trait and the rule it stands for: a policy that sets its own stabilizers refuses given ones
+    for (int32_t i = 0; i < llama_locret_policy_count(); ++i) {
+        llama_locret_policy_get_traits((llama_locret_policy) i, &t);
+        llama_locret_params p = llama_locret_params_default();
+        p.budget      = 512;
+        p.policy      = (llama_locret_policy) i;
+        p.stabilizers = 8;
+        CHECK(locret_params_problem(p).empty() != t.sets_own_stabilizers, "policy %d: stabilizers: %s", i,
+              locret_params_problem(p).c_str());
+        p.stabilizers = -1;
+        p.pool        = 3;
+        CHECK(locret_params_problem(p).empty() == t.pools_scores, "policy %d: pool: %s", i, locret_params_problem(p).c_str());
+    }
+}
+
 int main() {
     test_specs();
     test_values_and_strings();
     test_saved_settings();
     test_rule_book();
+    test_traits();
     if (g_failures == 0) {
         std::printf("ok: policy settings\n");
     }

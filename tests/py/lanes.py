@@ -44,6 +44,7 @@ FAST_FILES: set[str] = {
     "test_fuzz_regressions.py", "test_python_library.py", "test_tool_output.py", "test_main_job.py",
     "test_llama_cli.py", "test_slots_memory.py", "test_cli.py", "test_budget_mib.py", "test_calibrate.py",
     "test_real_needles.py", "test_lanes.py", "test_plan_documents.py", "test_code_shape.py",
+    "test_policy_settings.py", "test_policy_traits.py",
 }
 
 _KVPRESS = ("kvpress's side runs in its own environment (.venv-kvpress) and is tested only in this lane; the ci lane "

@@ -295,7 +295,7 @@ def test_a_sage_plan_caches_the_whole_context_and_llama_cpp_agrees(model_path):
     out = proc.stdout
     assert "8192 cells = pad(8192, 256)" in out and "(llama.cpp: KV cache" in out
     assert re.search(r"llama\.cpp: KV cache [0-9.]+ MiB in 8192 cells", out), out
-    assert "SAGE-KV reads each prompt whole" in out and "policy sage needs no heads" in out
+    assert "policy sage reads each prompt whole" in out and "policy sage needs no heads" in out
     assert "--locret-policy sage" in out and "--locret-stabilizers" not in out
     small = planner.plan("cpu-2core", str(model_path), policy="sage", budget=256, ubatch=256, context="8k",
                          measure_buffers=False)

@@ -23,7 +23,7 @@ from ..files import sha256_file
 from . import (HEADS_METHODS, METHODS, QUERY_METHODS, SCHEDULABLE_METHODS, TRAINED_HEADS_METHODS, items as items_module,
                report, split_method, uses_schedule_file)
 from .items import Item, ItemError
-from .worker import RunSpec
+from .worker import RunSpec, policy_of
 
 EXIT_OVER_MEMORY = 3   # as `locret plan`: the settings ran, but the device's memory was exceeded
 N_CTX_PAD = 256
@@ -349,6 +349,7 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
     heat_ids_per_group = {g: tuple(it.id for it in its[:cfg.heatmaps]) for g, its in groups.items()}
     for entry in cfg.methods:
         method, variant = split_method(entry)
+        own_stabilizers = _sets_own_stabilizers(method)
         for group, its in sorted(groups.items()):
             for budget, ratio in ([(None, None)] if method == "full" else budgets_for(cfg, group)):
                 chosen = its
@@ -369,10 +370,10 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                                positions=cfg.positions,
                                schedule=_schedule_of(method, variant, cfg.schedule),
                                variant=variant,
-                               # SAGE-KV splits its budget itself (b/4 sinks, b/4 recent) and reads the prompt
-                               # whole, in a context sized for it
-                               stabilizers=None if method == "sage" else cfg.stabilizers,
-                               local=None if method == "sage" else cfg.local, n_ctx=_pad(longest + 16),
+                               # a policy that sets its stabilizers and local tail itself (e.g. SAGE-KV: b/4
+                               # sinks, b/4 recent) refuses them; the context holds the longest prompt whole
+                               stabilizers=None if own_stabilizers else cfg.stabilizers,
+                               local=None if own_stabilizers else cfg.local, n_ctx=_pad(longest + 16),
                                ubatch=cfg.ubatch, threads=cfg.threads, kv_type=cfg.kv_type, gpu_layers=cfg.gpu_layers,
                                heatmap_ids=heat_ids_per_group[group] if method != "full" and not cfg.suite else (),
                                heatmap_dir=str(out_dir / "heatmaps"))
@@ -388,6 +389,16 @@ def plan_runs(cfg: EvalConfig, items: list[Item], model_path: Path, facts: plann
                            local=None, n_ctx=0, ubatch=0, threads=cfg.threads)
             runs.append((replace(spec, labels={"method": "kvpress", "budget": None, "run": f"kvpress/{group}"}), its))
     return runs, skipped
+
+
+def _sets_own_stabilizers(method: str) -> bool:
+    """Whether an evicting method's policy sets its stabilizers and local tail itself and refuses them (its trait in
+    the library's rule book, llama_locret_policy_get_traits); False for full attention, which has no policy."""
+    if method == "full":
+        return False
+    from ..eviction import policy_traits
+
+    return policy_traits(policy_of(method)).sets_own_stabilizers
 
 
 def _schedule_of(method: str, variant: str, schedule_file: str | None) -> str | None:

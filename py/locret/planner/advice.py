@@ -12,7 +12,7 @@ from .inputs import ModelFacts, PlanError, parse_slots, read_heads, read_model, 
 from .measure import (COMPACT_MAX_SEQ, LOCRET_PART, LOCRET_SCORES_PART, SAMPLING_PART, Measured, _add_buffers,
                       _add_locret_buffers, measure)
 from .memory import (KV_PAD, MAX_SLOTS, Part, Settings, _fmt, cells_per_layer, full_cache_kv_bytes, kv_bytes_per_layer,
-                     place, resolve_settings, sized)
+                     place, policy_traits, resolve_settings, sized)
 
 DEFAULT_ACCURACY = 0.9   # --accuracy: answers right at least this often, relative to full attention's
 
@@ -152,12 +152,13 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
     model_path = models.resolve(model, fetch=False)
     facts = read_model(model_path)
     # the heads first: their recommendations are the rule book's defaults (e.g. a pyramid's room for a pinned question)
-    scores_with_heads = policy in (None, "heads")
+    scores_with_heads = policy_traits(policy).needs_heads
     heads_path, heads_origin = resolve_heads(model, model_path, facts, heads) if scores_with_heads else (None, "")
     settings = resolve_settings(dev, facts, context=context, budget=budget, ubatch=ubatch,
                                 stabilizers=stabilizers, kv_type=kv_type, gpu_layers=gpu_layers, policy=policy,
                                 schedule=schedule, slots=slots, budget_mib=budget_mib, heads=heads_path)
-    if settings.policy == "heads":
+    traits = settings.traits
+    if traits.needs_heads:
         head_tensors = read_heads(heads_path) if heads_path is not None else facts.head_tensors
     else:
         heads_path, heads_origin, head_tensors = None, f"none (policy {settings.policy} needs no heads)", ()
@@ -169,10 +170,10 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
     if budget_mib is not None:
         out.notes.append(f"budget {settings.budget}: the largest whose KV cache and scores fit {budget_mib:g} MiB per slot "
                          f"(the tools' --locret-budget-mib {budget_mib:g} resolves to it)")
-    if settings.policy == "sage":
-        out.notes.append(f"SAGE-KV reads each prompt whole before it evicts: the KV cache holds the context "
-                         f"({settings.n_cells} cells), not the budget; the budget bounds what generation keeps after "
-                         "the prompt (lower --context to use less memory)")
+    if traits.reads_prompt_whole:
+        out.notes.append(f"policy {settings.policy} reads each prompt whole before it evicts: the KV cache holds the "
+                         f"context ({settings.n_cells} cells), not the budget; the budget bounds what generation keeps "
+                         "after the prompt (lower --context to use less memory)")
     if settings.schedule != "uniform":
         lb = settings.layer_budgets
         # the rule book's bytes say which form the context takes: a cache per budget (every layer evicts, and their
@@ -196,7 +197,7 @@ def _plan(device: str, model: str, *, heads, context, budget, ubatch, stabilizer
     if settings.n_cells > facts.n_ctx_train > 0:
         out.notes.append(f"the cache holds positions up to {settings.n_cells - 1}, beyond the model's training "
                          f"window ({facts.n_ctx_train}): a smaller "
-                         f"{'context' if settings.policy == 'sage' else 'budget'} keeps RoPE within it")
+                         f"{'context' if traits.reads_prompt_whole else 'budget'} keeps RoPE within it")
     if settings.context <= settings.budget:
         out.notes.append(f"the context ({settings.context}) fits in the budget: nothing will be evicted")
     if out.total() > out.limit or not measure_buffers:
@@ -250,10 +251,11 @@ def advice(p: Plan) -> list[str]:
         fixed = p.total() - step * (s.n_cells // KV_PAD)               # everything but the cache's pool share
         cells = (p.limit - fixed) // step * KV_PAD
         b = cells - s.ubatch                      # the top budget of that 256-cell step
-        if s.policy != "sage" and b >= s.ubatch and b > s.stabilizers and _variant_total(p, budget=b) <= p.limit:
+        if not s.traits.reads_prompt_whole and b >= s.ubatch and b > s.stabilizers and \
+                _variant_total(p, budget=b) <= p.limit:
             tips.append(f"a smaller budget (--budget {b})")
-    if s.policy == "sage":
-        tips.append("a shorter context (--context): SAGE-KV caches all of it before it evicts")
+    if s.traits.reads_prompt_whole:
+        tips.append(f"a shorter context (--context): policy {s.policy} caches all of it before it evicts")
     if row_size("q8_0", 256) < row_size(s.kv_type, 256) and _variant_total(p, kv_type="q8_0") <= p.limit:
         tips.append("KV cache type q8_0 (--kv-type q8_0)")
     if p.pool == "device":

@@ -103,9 +103,11 @@ def _measure_main(request: dict) -> dict:
     if not model:
         return {"error": f"could not load the model: {errors()}"}
     try:
-        sage = request.get("policy") == "sage"
-        heads = eviction.configure(model, request["model"], heads=None if sage else request["heads"],
-                                   budget=request["budget"], stabilizers=None if sage else request["stabilizers"],
+        # a policy without heads loads none; one that sets its own stabilizers (e.g. SAGE-KV) is given none
+        traits = eviction.policy_traits(request.get("policy"))
+        heads = eviction.configure(model, request["model"], heads=request["heads"] if traits.needs_heads else None,
+                                   budget=request["budget"],
+                                   stabilizers=None if traits.sets_own_stabilizers else request["stabilizers"],
                                    policy=request.get("policy"),
                                    budget_schedule=None if request.get("schedule", "uniform") == "uniform"
                                    else request["schedule"])

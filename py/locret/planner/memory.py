@@ -18,6 +18,25 @@ DEFAULT_CONTEXT = 131072     # logical context when none is given ("128k"); memo
 
 # --- settings -------------------------------------------------------------------------------------
 
+def policy_traits(policy: str | None):
+    """What a policy ("NAME" or "NAME:SETTINGS"; None: the default) is, from the library's rule book
+    (locret.eviction.PolicyTraits): the planner knows no policy by name. PlanError with the library's reason for a
+    spec that is not a policy."""
+    from ..eviction import policy_traits as traits
+    from ..heads import HeadsError
+
+    try:
+        return traits(None if policy is None else str(policy))
+    except HeadsError as e:
+        raise PlanError(str(e)) from None
+
+
+def _default_policy() -> str:
+    from ..eviction import DEFAULT_POLICY
+
+    return DEFAULT_POLICY
+
+
 @dataclass(frozen=True)
 class Settings:
     size_class: str
@@ -29,7 +48,8 @@ class Settings:
     kv_type: str
     gpu_layers: int              # -1: all
     overridden: tuple[str, ...]  # which ones the caller set
-    policy: str = "heads"        # eviction policy; "sage" (SAGE-KV) reads each prompt whole before it evicts
+    policy: str = "heads"        # eviction policy, NAME or NAME:SETTINGS; what it is: `traits` (e.g. SAGE-KV reads
+                                 # each prompt whole before it evicts)
     schedule: str = "uniform"    # budget schedule: uniform, pyramid, or a file of per-layer budgets
     largest_budget: int = 0      # the largest layer budget of a schedule (0: uniform, the budget itself)
     slots: int = 1               # sequences served at once (llama-server -np): one stream of n_cells each
@@ -38,21 +58,27 @@ class Settings:
     layer_budgets: tuple[int, ...] = ()  # the units each evicting layer keeps (a schedule's; the budget otherwise)
 
     @property
+    def traits(self):
+        """What the policy is (locret.eviction.PolicyTraits), from the library."""
+        return policy_traits(self.policy)
+
+    @property
     def n_ctx(self) -> int:
         """llama.cpp's -c: with several slots it is split between them (non-unified KV), so each gets `context`."""
         return self.context * self.slots
 
     def llama_args(self, heads: Path | None) -> list[str]:
         """The same settings as llama.cpp tool flags."""
-        args = [f"--locret-heads {heads}"] if heads is not None and self.policy == "heads" else []
+        traits = self.traits
+        args = [f"--locret-heads {heads}"] if heads is not None and traits.needs_heads else []
         args += [f"--locret-budget {self.budget}", f"-ub {self.ubatch}"]
-        if self.policy != "heads":
+        if self.policy != _default_policy():
             args.append(f"--locret-policy {self.policy}")
         if max(self.ubatch, self.slots) > 2048:
             # llama.cpp caps the ubatch at the batch (-b, 2048 by default in the tools) and asserts when the
             # context has more sequences than the batch has tokens
             args.append(f"-b {max(self.ubatch, self.slots)}")
-        if self.policy != "sage":   # SAGE-KV's recent window is its own (b/4)
+        if not traits.sets_own_stabilizers:   # e.g. SAGE-KV's recent window is its own (b/4)
             args.append(f"--locret-stabilizers {self.stabilizers}")
         if self.schedule != "uniform":
             args.append(f"--locret-budget-schedule {self.schedule}")
@@ -80,7 +106,8 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
     given = dict(context=context, budget=budget, ubatch=ubatch, stabilizers=stabilizers, kv_type=kv_type,
                  gpu_layers=gpu_layers)
     overridden = tuple(k for k, v in given.items() if v is not None)
-    policy = "heads" if policy is None else str(policy)
+    policy = _default_policy() if policy is None else str(policy)
+    traits = policy_traits(policy)
     ctx = parse_context(context) if context is not None else DEFAULT_CONTEXT
     b = sc.budget if budget is None else int(budget)
     ub = sc.ubatch if ubatch is None else int(ubatch)
@@ -90,12 +117,13 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
         raise PlanError(f"the ubatch (chunk) must be at least 1 token (got {ub})")
     if b + ub > 0x7FFFFFFF:
         raise PlanError(f"the budget ({b}) plus the ubatch ({ub}) exceeds what llama.cpp can address (2^31 - 1 cells)")
-    if ub > b and policy != "sage":   # SAGE-KV compresses no chunk: it reads the prompt whole
+    if ub > b and not traits.reads_prompt_whole:   # a policy that reads the prompt whole compresses no chunk
         raise PlanError(f"the ubatch ({ub}) is larger than the budget ({b}): each chunk is compressed into the "
                         "budget, so give a budget of at least one ubatch (or a smaller --ubatch)")
-    if policy == "sage":
-        # SAGE-KV's own recent window; one given is passed on for the rule book to refuse
-        n_s = b // 4 if stabilizers is None else int(stabilizers)
+    if traits.sets_own_stabilizers:
+        # the policy's own (e.g. SAGE-KV's recent window): `sized` takes the rule book's value; one given is passed on
+        # for the rule book to refuse
+        n_s = 0 if stabilizers is None else int(stabilizers)
     elif stabilizers is None:
         # the profile's value, fitted to the chunk and half the budget as llama.cpp fits its defaults
         n_s = min(sc.stabilizers, ub, b // 2)
@@ -121,7 +149,7 @@ def resolve_settings(device: Device, facts: ModelFacts, *, context=None, budget=
     settings = Settings(size_class=sc.name, size_class_covers=covers, context=ctx, budget=b, ubatch=ub,
                         stabilizers=n_s, kv_type=kv, gpu_layers=ngl, overridden=overridden, policy=policy,
                         schedule=schedule, slots=slots, heads=None if heads is None else str(heads))
-    return sized(facts, settings, sage_stabilizers_given=policy == "sage" and stabilizers is not None)
+    return sized(facts, settings, own_stabilizers_given=traits.sets_own_stabilizers and stabilizers is not None)
 
 
 def _budget_for_mib(device: Device, facts: ModelFacts, mib: float, *, heads, context, ubatch, stabilizers, kv_type, policy,
@@ -141,24 +169,29 @@ def _budget_for_mib(device: Device, facts: ModelFacts, mib: float, *, heads, con
         raise PlanError(str(e)) from None
 
 
-def sized(facts: ModelFacts, settings: Settings, *, sage_stabilizers_given: bool = False) -> Settings:
-    """`settings` with the cells (and a schedule's largest layer budget) that the library's rule book gives them;
-    PlanError with the rule book's message for settings a context would refuse. Every refusal and size of an
-    evicting context is written there once (llama_locret_resolve_file): the planner keeps no copy."""
-    r = _resolved(facts, settings, sage_stabilizers_given=sage_stabilizers_given)
+def sized(facts: ModelFacts, settings: Settings, *, own_stabilizers_given: bool = False) -> Settings:
+    """`settings` with the cells (and a schedule's largest layer budget) that the library's rule book gives them, and
+    for a policy that sets its own stabilizers, the stabilizers it sets; PlanError with the rule book's message for
+    settings a context would refuse (own_stabilizers_given: the caller gave stabilizers to such a policy, passed on
+    for the rule book to refuse). Every refusal and size of an evicting context is written there once
+    (llama_locret_resolve_file): the planner keeps no copy."""
+    r = _resolved(facts, settings, own_stabilizers_given=own_stabilizers_given)
     s = settings
+    if s.traits.sets_own_stabilizers:
+        s = replace(s, stabilizers=r["stabilizers"])
     return replace(s, n_cells=r["n_cells"], largest_budget=0 if s.schedule == "uniform" else r["budget_max"],
                    layer_budgets=r["layer_budgets"])
 
 
-def _resolved(facts: ModelFacts, s: Settings, *, sage_stabilizers_given: bool = False) -> dict:
+def _resolved(facts: ModelFacts, s: Settings, *, own_stabilizers_given: bool = False) -> dict:
     from ..eviction import resolve_file
     from ..heads import HeadsError
 
     try:
         return resolve_file(facts.path, heads=s.heads, budget=s.budget, policy=s.policy, n_ctx=s.n_ctx, n_ubatch=s.ubatch,
                             n_batch=max(s.ubatch, s.slots), n_seq=s.slots, kv_type=s.kv_type, swa_full=False,
-                            stabilizers=s.stabilizers if s.policy != "sage" or sage_stabilizers_given else None,
+                            stabilizers=None if s.traits.sets_own_stabilizers and not own_stabilizers_given
+                            else s.stabilizers,
                             budget_schedule=None if s.schedule == "uniform" else s.schedule)
     except HeadsError as e:
         raise PlanError(str(e)) from None
@@ -251,7 +284,7 @@ def place(facts: ModelFacts, heads: tuple[tuple[str, int], ...], settings: Setti
              Part("retaining heads", h_dev, sum(b for _, b in heads) - h_dev, "tensor bytes of the heads"),
              Part("KV cache", kv_dev, sum(kv_per_layer) - kv_dev,
                   f"{settings.n_cells} cells = pad("
-                  f"{settings.context if settings.policy == 'sage' else f'{max(settings.budget, settings.largest_budget)} + {settings.ubatch}'}, "
+                  f"{settings.context if settings.traits.reads_prompt_whole else f'{max(settings.budget, settings.largest_budget)} + {settings.ubatch}'}, "
                   f"{KV_PAD}) x "
                   + (f"{settings.slots} slots x " if settings.slots > 1 else "")
                   + _kv_layers_text(facts, settings, kv_per_layer))]
