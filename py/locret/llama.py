@@ -140,7 +140,7 @@ class Llama(llama_cpp.Llama):
                 _internals.LlamaContext = original
         self._locret_heads = holder.get("heads")
         if locret_query is None and self._locret_heads is not None and self._locret_heads.recommended["query_auto"] \
-                and self.locret_enabled and self.locret_stats()["policy"] == "heads":
+                and self.locret_enabled and eviction.policy_traits(self.locret_stats()["policy"]).needs_heads:
             self.locret_query = AUTO  # Locret-Q heads: the question at the end of each prompt (locret_query="" turns it off)
 
     def close(self) -> None:

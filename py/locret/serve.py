@@ -12,7 +12,7 @@ import os
 import re
 import sys
 
-from . import devices, models, planner
+from . import devices, eviction, models, planner
 from ._library import LibraryError, tool_path
 
 DEFAULT_BUDGET = 2048
@@ -124,7 +124,7 @@ def command(args: argparse.Namespace) -> list[str]:
     cmd = [str(server), "-m", str(model_path), "-c", str(context * slots), "-ub", str(ubatch),
            "-b", str(max(ubatch, 2048)), "-np", str(slots), "--host", args.host, "--port", str(args.port),
            "--locret-budget", str(budget), "--locret-policy", args.policy]
-    if args.policy == "heads":
+    if eviction.policy_traits(args.policy).needs_heads:
         heads, _ = planner.resolve_heads(args.model, model_path, facts, args.heads)
         if heads is not None:
             cmd += ["--locret-heads", str(heads)]
