@@ -23,6 +23,7 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-select.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-workers.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-cells.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-stores.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-layout.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-plan.cpp

@@ -283,7 +283,7 @@ int32_t llama_locret_debug_read_scores(struct llama_context * ctx, llama_seq_id 
         return -1;
     }
     llama_synchronize(ctx);
-    const ggml_tensor * store = mem->score_store(i);
+    const ggml_tensor * store = mem->score_store().layer(i);
     ggml_backend_tensor_get(store, out, (size_t) seq_id * mem->config().n_cells * store->nb[1],
             sizeof(float) * (size_t) n_cells * mem->get_layers()[i].n_head_kv);
     return (int32_t) mem->get_layers()[i].n_head_kv;
@@ -293,7 +293,7 @@ int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id s
         int32_t n_max, float * kq_scale) {
     locret_set_error("");
     const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
-    if (mem == nullptr || mem->query_rows() == 0) {
+    if (mem == nullptr || mem->query_store().rows() == 0) {
         locret_set_error("llama_locret_debug_read_query: the context does not evict with a policy that captures queries");
         return -1;
     }
@@ -303,13 +303,13 @@ int32_t llama_locret_debug_read_query(struct llama_context * ctx, llama_seq_id s
         return -1;
     }
     llama_synchronize(ctx);
-    const ggml_tensor * store = mem->query_store(i);
-    const int32_t width = (int32_t) (store->ne[0] * mem->query_rows()); // the sequence's rows, the newest last
+    const ggml_tensor * store = mem->query_store().layer(i);
+    const int32_t width = (int32_t) (store->ne[0] * mem->query_store().rows()); // the sequence's rows, the newest last
     if (out != nullptr && n_max >= width) {
-        ggml_backend_tensor_get(store, out, (size_t) seq_id * mem->query_block_bytes(store), sizeof(float) * width);
+        ggml_backend_tensor_get(store, out, (size_t) seq_id * mem->query_store().block_bytes(store), sizeof(float) * width);
     }
     if (kq_scale != nullptr) {
-        *kq_scale = mem->get_query_scale(i);
+        *kq_scale = mem->query_store().get_scale(i);
     }
     return width;
 }
@@ -370,9 +370,9 @@ struct llama_locret_buffers llama_locret_debug_buffers(const struct llama_contex
     if (mem != nullptr) {
         b.evict_compute = mem->evict_buffer_size();
         b.move_tables   = mem->move_tables_size();
-        b.score_store   = mem->score_store_size();
+        b.score_store   = mem->score_store().bytes();
         b.compact_seq   = mem->compact_seq();
-        b.query_store   = mem->query_store_size();
+        b.query_store   = mem->query_store().bytes();
     }
     return b;
 }

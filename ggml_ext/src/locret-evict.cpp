@@ -181,13 +181,13 @@ bool llama_locret_memory::reserve_evict_graphs() {
         ok = reserve_slot(GRAPH_SELECT, [&](llm_graph_result * res) {
             ggml_cgraph * gf = res->get_gf();
             if (!has_schedule()) {
-                ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), scores_all, 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
+                ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), scores.all(), 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
                 return gf;
             }
             // a schedule: every layer choosing its budget from a full cache, its candidates in two runs
             const uint32_t n0 = cfg.capacity / 2;
             for (size_t i = 0; i < layers.size(); ++i) {
-                ggml_build_forward_expand(gf, locret_build_select_runs(res->get_ctx(), scores_of_layer[i], 0,
+                ggml_build_forward_expand(gf, locret_build_select_runs(res->get_ctx(), scores.layer(i), 0,
                         cfg.n_cells, 0, n0, n0, cfg.capacity - n0, std::min(layer_budget(i), cfg.capacity - 1)));
             }
             return gf;
@@ -217,7 +217,7 @@ bool llama_locret_memory::reserve(llama_context * lctx) {
     LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB, "
             "up to %u sequences per compaction\n", __func__,
             evict_buffer_size() / 1024.0 / 1024.0, move_tables_size() / 1024.0 / 1024.0,
-            score_store_size() / 1024.0 / 1024.0, compact_seq());
+            scores.bytes() / 1024.0 / 1024.0, compact_seq());
     return true;
 }
 
@@ -278,12 +278,12 @@ bool llama_locret_memory::run_selection(
 
 bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
     return run_selection([&](ggml_context * ctx, std::vector<std::pair<ggml_tensor *, size_t>> & outs) {
-        outs.emplace_back(locret_build_select(ctx, scores_all, strm, cfg.n_cells, cell0, n_cand, n_top), 0);
+        outs.emplace_back(locret_build_select(ctx, scores.all(), strm, cfg.n_cells, cell0, n_cand, n_top), 0);
     });
 }
 
 locret_policy_env llama_locret_memory::policy_env() {
-    return { cfg, layers, v_trans, queries_of_layer, query_scale,
+    return { cfg, layers, v_trans, queries.tensors(), queries.scales(),
         [this](const char * title, const std::string & what, const std::function<void(ggml_context *, ggml_cgraph *)> & build,
                 const std::function<void()> & set_inputs) {
             return run_score_graph(title, what, build, set_inputs);
@@ -419,7 +419,7 @@ bool llama_locret_memory::select_layers_on_device(uint32_t strm, std::vector<lay
         for (size_t i = 0; i < layers.size(); ++i) {
             const layer_cut & c = cuts[i];
             if (c.off != SIZE_MAX) {
-                outs.emplace_back(locret_build_select_runs(ctx, scores_of_layer[i], strm, cfg.n_cells, c.c0, c.n0,
+                outs.emplace_back(locret_build_select_runs(ctx, scores.layer(i), strm, cfg.n_cells, c.c0, c.n0,
                         c.c1, c.n1, c.n_top), c.off);
             }
         }
@@ -506,15 +506,15 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
     bool queued = false;
     size_t at = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
-        const ggml_tensor * st_i = scores_of_layer[i];
+        const ggml_tensor * st_i = scores.layer(i);
         if (ggml_backend_buffer_is_host(st_i->buffer)) {
-            blocks[i] = (const float *) ((const char *) st_i->data + scores_offset(i, strm));
+            blocks[i] = (const float *) ((const char *) st_i->data + scores.offset(i, strm));
             continue;
         }
         ggml_backend_t backend = locret_backend_holding(sched, st_i);
         GGML_ASSERT(backend != nullptr);
         const size_t n = (size_t) n_used * layers[i].n_head_kv;
-        ggml_backend_tensor_get_async(backend, st_i, select_scores.data() + at, scores_offset(i, strm), n * sizeof(float));
+        ggml_backend_tensor_get_async(backend, st_i, select_scores.data() + at, scores.offset(i, strm), n * sizeof(float));
         blocks[i] = select_scores.data() + at;
         at += n;
         queued = true;
@@ -638,7 +638,7 @@ bool llama_locret_memory::choose_step(llama_context * lctx, const locret_step & 
     // a budget schedule selects per layer (its own count, around its masked cells): on the device for the layers
     // that choose by score, the others keep all they hold or only their ends, which needs no score
     ch.sched = has_schedule();
-    ch.on_device = evicts && has_score_store() && select_graph && (ch.sched || (n_top > 0 && n_top < n_cand));
+    ch.on_device = evicts && !scores.empty() && select_graph && (ch.sched || (n_top > 0 && n_top < n_cand));
     evict_cuts.resize(layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
         evict_cuts[i] = cut_layer(i, s, st.n_keep, ch.n_pin, ch.n_stab);
@@ -650,7 +650,7 @@ bool llama_locret_memory::choose_step(llama_context * lctx, const locret_step & 
         return false;
     }
     ch.blocks.assign(layers.size(), nullptr);
-    if (!ch.on_device && !ch.ends_only && has_score_store()) {
+    if (!ch.on_device && !ch.ends_only && !scores.empty()) {
         read_scores(lctx, st.strm, s.n_used, ch.blocks);
     }
     ch.t_chosen_us = ggml_time_us();

@@ -146,7 +146,7 @@ static const int64_t LOCRET_STACK_MAX_TOKENS = 32;
 // LOCRET_DEBUG_HEADS=layer scores every ubatch layer by layer, =stack stacks every ubatch that can be (tests compare
 // the two); read at each graph build
 static bool locret_stack_scores(const llama_locret_heads & heads, const llama_locret_memory & mem, int64_t n_tokens) {
-    if (heads.stack.fc1_w == nullptr || mem.score_store_all() == nullptr ||
+    if (heads.stack.fc1_w == nullptr || mem.score_store().all() == nullptr ||
             mem.get_layers().size() != heads.layers.size()) {
         return false; // layers on several devices, or a cache that evicts some layers only (iSWA)
     }
@@ -193,7 +193,7 @@ static void locret_build_stacked(ggml_context * ctx, ggml_cgraph * gf, llm_graph
     ggml_set_name(cis, "locret_cis");
     ggml_set_output(cis); // the recorder reads it after the graph
     ggml_build_forward_expand(gf, cis);
-    ggml_build_forward_expand(gf, ggml_set_rows(ctx, mem.score_store_all(), cis, res->t_locret_rows));
+    ggml_build_forward_expand(gf, ggml_set_rows(ctx, mem.score_store().all(), cis, res->t_locret_rows));
     res->t_locret_cis.assign(n_layer, nullptr);
     for (int64_t j = 0; j < n_layer; ++j) {
         ggml_tensor * layer = ggml_view_2d(ctx, cis, cis->ne[0], n_tokens, cis->nb[1], j * cis->nb[2]);
@@ -214,7 +214,7 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
     // an evicting memory keeps the scores beside the cache: written here like the keys, never read back per ubatch
     llama_locret_memory * mem = locret_memory_of_context(mctx);
     const int32_t i = mem != nullptr ? mem->layer_index((uint32_t) il) : -1;
-    ggml_tensor * store = i >= 0 ? mem->score_store(i) : nullptr;
+    ggml_tensor * store = i >= 0 ? mem->score_store().layer(i) : nullptr;
     if (store != nullptr && res->t_locret_rows == nullptr) {
         ggml_tensor * rows = ggml_new_tensor_1d(ctx, GGML_TYPE_I64, n_tokens);
         ggml_set_input(rows);
@@ -272,8 +272,8 @@ namespace {
 // stream's leading rows, the newest last: position p to row stream*n_rows + n_pin_rows - n_pinned + p.
 void locret_query_rows(const llama_ubatch & ubatch, const llama_locret_memory & mem, std::vector<int32_t> * idx,
         std::vector<int64_t> * row) {
-    const uint32_t n_rows     = mem.query_rows();
-    const uint32_t n_pin_rows = mem.query_pin_rows();
+    const uint32_t n_rows     = mem.query_store().rows();
+    const uint32_t n_pin_rows = mem.query_store().pin_rows();
     const uint32_t n_window   = n_rows - n_pin_rows;
     idx->clear();
     row->clear();
@@ -333,11 +333,11 @@ public:
 void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_graph_result * res,
         const llama_memory_context_i * mctx, ggml_tensor * q, float kq_scale, const llama_ubatch & ubatch, int il) {
     llama_locret_memory * mem = locret_memory_of_context(mctx);
-    if (mem == nullptr || mem->query_rows() == 0 || il < 0 || ubatch.n_tokens == 0) {
+    if (mem == nullptr || mem->query_store().rows() == 0 || il < 0 || ubatch.n_tokens == 0) {
         return;
     }
     const int32_t i = mem->layer_index((uint32_t) il);
-    ggml_tensor * store = i >= 0 ? mem->query_store(i) : nullptr; // F32 [d_k*n_head, n_rows*n_stream]
+    ggml_tensor * store = i >= 0 ? mem->query_store().layer(i) : nullptr; // F32 [d_k*n_head, n_rows*n_stream]
     if (store == nullptr) {
         return;
     }
@@ -364,5 +364,5 @@ void llama_locret_graph_add_query(ggml_context * ctx, ggml_cgraph * gf, llm_grap
     }
     ggml_tensor * captured = ggml_get_rows(ctx, q2, res->t_locret_q_last); // F32 [d_k*n_head, n_captured]
     ggml_build_forward_expand(gf, ggml_set_rows(ctx, store, captured, res->t_locret_q_rows));
-    mem->set_query_scale(i, kq_scale);
+    mem->query_store().set_scale(i, kq_scale);
 }

@@ -220,7 +220,7 @@ void llama_locret_memory::log_setup(const char * func, const llama_cparams & cpa
         std::string(cfg.rotate_in_place ? ", positions compacted in place" : ", positions compacted");
     LLAMA_LOG_INFO("%s: Locret eviction: policy %s%s, %s, stabilizers %u, local %u%s, chunk (ubatch) %u -> %u KV "
             "cells per sequence, %u sequence(s) (logical context %u)%s%s\n", func, llama_locret_policy_name(cfg.policy),
-            !has_score_store() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
+            scores.empty() ? "" : select_graph ? " (selection on the device)" : " (selection on the host)",
             budget.c_str(), cfg.stabilizers, cfg.local, pooling.c_str(), cfg.n_ubatch, cfg.n_cells, n_seq, cparams.n_ctx,
             kv_swa ? ", window layers in their own cache" : "", positions.c_str());
     if (!cfg.layer_budget.empty()) {
@@ -266,52 +266,30 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
     for (auto & s : streams) {
         s.init(heads, cfg.n_cells, cfg.holes_filled());
     }
-    if (policy->stores_scores()) {
-        make_score_store(n_seq);
+    std::vector<locret_store_layer> shapes(layers.size());
+    for (size_t i = 0; i < layers.size(); ++i) {
+        shapes[i] = { layers[i].il, layers[i].n_head_kv, (int64_t) layers[i].d_k * model.hparams.n_head(layers[i].il) };
     }
-    n_query_rows     = policy->query_rows(cfg);
-    n_query_pin_rows = policy->query_pin_rows(cfg);
-    GGML_ASSERT(n_query_pin_rows <= n_query_rows);
-    if (n_query_rows > 0) {
-        make_query_store(n_seq);
+    // beside the keys: the graph writes the scores where it writes the keys and selects there, and compares the
+    // queries with the keys
+    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(layers[0].k->buffer);
+    if (policy->stores_scores()) {
+        scores.make(shapes, cfg.n_cells, n_seq, buft);
+        for (size_t i = 0; i < layers.size(); ++i) {
+            layers[i].score = scores.layer(i);
+        }
+        select_graph = scores.all() != nullptr && !ggml_backend_buffer_is_host(scores.buffer());
+        if (const char * e = getenv("LOCRET_DEBUG_SELECT")) {
+            select_graph = scores.all() != nullptr && strcmp(e, "graph") == 0 ? true : strcmp(e, "host") == 0 ? false : select_graph;
+        }
+    }
+    const uint32_t n_rows = policy->query_rows(cfg);
+    GGML_ASSERT(policy->query_pin_rows(cfg) <= n_rows);
+    if (n_rows > 0) {
+        queries.make(shapes, n_rows, policy->query_pin_rows(cfg), n_seq, buft);
     }
 
     log_setup(__func__, cparams, n_seq);
-}
-
-void llama_locret_memory::make_score_store(uint32_t n_seq) {
-    bool uniform = true;
-    for (const auto & L : layers) {
-        uniform = uniform && L.n_head_kv == layers[0].n_head_kv;
-    }
-    const int64_t n_rows = (int64_t) cfg.n_cells * n_seq;
-    ggml_init_params ip = { ggml_tensor_overhead() * (layers.size() + 1), nullptr, /*.no_alloc =*/ true };
-    scores_ctx.reset(ggml_init(ip));
-    ggml_context * ctx = scores_ctx.get();
-    scores_of_layer.resize(layers.size());
-    if (uniform) {
-        scores_all = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, layers[0].n_head_kv, n_rows, (int64_t) layers.size());
-        ggml_set_name(scores_all, "locret_scores");
-    }
-    for (size_t i = 0; i < layers.size(); ++i) {
-        scores_of_layer[i] = uniform
-            ? ggml_view_2d(ctx, scores_all, layers[i].n_head_kv, n_rows, scores_all->nb[1], i * scores_all->nb[2])
-            : ggml_new_tensor_2d(ctx, GGML_TYPE_F32, layers[i].n_head_kv, n_rows);
-        ggml_format_name(scores_of_layer[i], "locret_scores-%u", layers[i].il);
-        layers[i].score = scores_of_layer[i];
-    }
-    // beside the keys they rank: the graph writes them where it writes the keys, and selects there
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(layers[0].k->buffer);
-    scores_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft));
-    if (!scores_buf) {
-        throw std::runtime_error("failed to allocate the Locret score store");
-    }
-    ggml_backend_buffer_clear(scores_buf.get(), 0);
-
-    select_graph = uniform && !ggml_backend_buffer_is_host(scores_buf.get());
-    if (const char * e = getenv("LOCRET_DEBUG_SELECT")) {
-        select_graph = uniform && strcmp(e, "graph") == 0 ? true : strcmp(e, "host") == 0 ? false : select_graph;
-    }
 }
 
 void llama_locret_memory::make_rope_factors() {
@@ -341,26 +319,6 @@ void llama_locret_memory::make_rope_factors() {
         rope_factors_ctx.push_back(std::move(ctx));
         rope_factors_buf.push_back(std::move(buf));
     }
-}
-
-void llama_locret_memory::make_query_store(uint32_t n_seq) {
-    const auto & hp = model.hparams;
-    ggml_init_params ip = { ggml_tensor_overhead() * layers.size(), nullptr, /*.no_alloc =*/ true };
-    queries_ctx.reset(ggml_init(ip));
-    queries_of_layer.resize(layers.size());
-    query_scale.assign(layers.size(), NAN);
-    for (size_t i = 0; i < layers.size(); ++i) {
-        const int64_t width = (int64_t) layers[i].d_k * hp.n_head(layers[i].il);
-        queries_of_layer[i] = ggml_new_tensor_2d(queries_ctx.get(), GGML_TYPE_F32, width, (int64_t) n_query_rows * n_seq);
-        ggml_format_name(queries_of_layer[i], "locret_query-%u", layers[i].il);
-    }
-    // beside the keys the query is compared with
-    ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(layers[0].k->buffer);
-    queries_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(queries_ctx.get(), buft));
-    if (!queries_buf) {
-        throw std::runtime_error("failed to allocate the Locret query store");
-    }
-    ggml_backend_buffer_clear(queries_buf.get(), 0);
 }
 
 int32_t llama_locret_memory::layer_index(uint32_t il) const {
@@ -883,36 +841,14 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
         // do not queue behind it)
         ggml_backend_sched_synchronize(evict_sched());
     }
-    copy_scores((uint32_t) seq_id_src, (uint32_t) seq_id_dst);
-    for (ggml_tensor * q : queries_of_layer) {
+    scores.copy((uint32_t) seq_id_src, (uint32_t) seq_id_dst, streams[seq_id_src].n_used);
+    for (ggml_tensor * q : queries.tensors()) {
         // the copy's next selection reads the same captured queries
-        std::vector<uint8_t> rows(query_block_bytes(q));
+        std::vector<uint8_t> rows(queries.block_bytes(q));
         ggml_backend_tensor_get(q, rows.data(), (size_t) seq_id_src * rows.size(), rows.size());
         ggml_backend_tensor_set(q, rows.data(), (size_t) seq_id_dst * rows.size(), rows.size());
     }
     streams[seq_id_dst].undo.valid = false;
-}
-
-size_t llama_locret_memory::scores_offset(size_t i, uint32_t strm) const {
-    return (size_t) strm * cfg.n_cells * scores_of_layer[i]->nb[1];
-}
-
-void llama_locret_memory::scores_get(size_t i, uint32_t strm, uint32_t n_used, float * out) const {
-    ggml_backend_tensor_get(scores_of_layer[i], out, scores_offset(i, strm), sizeof(float) * n_used * layers[i].n_head_kv);
-}
-
-void llama_locret_memory::scores_set(size_t i, uint32_t strm, uint32_t n_used, const float * in) {
-    ggml_backend_tensor_set(scores_of_layer[i], in, scores_offset(i, strm), sizeof(float) * n_used * layers[i].n_head_kv);
-}
-
-void llama_locret_memory::copy_scores(uint32_t strm_src, uint32_t strm_dst) {
-    const uint32_t n_used = streams[strm_src].n_used;
-    std::vector<float> buf;
-    for (size_t i = 0; i < scores_of_layer.size(); ++i) {
-        buf.resize((size_t) n_used * layers[i].n_head_kv);
-        scores_get(i, strm_src, n_used, buf.data());
-        scores_set(i, strm_dst, n_used, buf.data());
-    }
 }
 
 void llama_locret_memory::seq_keep(llama_seq_id seq_id) {
@@ -987,11 +923,11 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdo
             res[buft] += size;
         }
     }
-    if (scores_buf) {
-        res[ggml_backend_buffer_get_type(scores_buf.get())] += ggml_backend_buffer_get_size(scores_buf.get());
+    if (scores.buffer() != nullptr) {
+        res[ggml_backend_buffer_get_type(scores.buffer())] += scores.bytes();
     }
-    if (queries_buf) {
-        res[ggml_backend_buffer_get_type(queries_buf.get())] += ggml_backend_buffer_get_size(queries_buf.get());
+    if (queries.buffer() != nullptr) {
+        res[ggml_backend_buffer_get_type(queries.buffer())] += queries.bytes();
     }
     for (const auto & b : rope_factors_buf) {
         res[ggml_backend_buffer_get_type(b.get())] += ggml_backend_buffer_get_size(b.get());

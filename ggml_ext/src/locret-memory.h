@@ -46,6 +46,7 @@
 
 #include "llama-locret-debug.h"
 #include "locret-cells.h"
+#include "locret-stores.h"
 #include "locret-compact.h"
 #include "locret-plan.h"
 #include "locret-policy.h"
@@ -144,30 +145,18 @@ public:
     void place_in_groups(const locret_ubatch_plan & plan, const llama_ubatch & ubatch,
                          std::vector<std::unique_ptr<llama_kv_cache_context>> & out) const;
 
-    // the score store the graph writes each ubatch's causal importance scores into (heads policy), or LagKV's
-    // eviction-time graph its scores (lagkv policy), or NULL:
-    // layer i (index into get_layers()) is F32 [n_head_kv, n_cells*n_streams]; a unit's score sits at row
-    // strm*n_cells + cell like its key
-    ggml_tensor * score_store(int32_t i) const { return scores_of_layer.empty() ? nullptr : scores_of_layer[i]; }
-    bool has_score_store() const { return !scores_of_layer.empty(); }
-    // every layer's store as one F32 [n_head_kv, n_cells*n_streams, n_layers] tensor (layer i the i-th slice), or NULL
-    // when the layers differ in KV heads
-    ggml_tensor * score_store_all() const { return scores_all; }
-
-    // the query store of layers[i] for a policy that reads queries (locret_policy::query_rows; NULL for the others):
-    // F32 [d_k*n_head, query_rows*n_stream]; and the attention scale its graph applies, recorded when the graph
-    // captures the queries (NaN until then)
-    ggml_tensor * query_store(int32_t i) const { return queries_of_layer.empty() ? nullptr : queries_of_layer[i]; }
-    uint32_t query_rows() const { return n_query_rows; }
-    // of those, the leading rows that hold a pinned query's last tokens (locret_policy::query_pin_rows), and the
-    // pinned positions of sequence seq_id whose queries the graph captures into them now: n_pinned before its first
-    // eviction (its ubatches' positions are then its logical ones), 0 after it or without a pin
-    uint32_t query_pin_rows() const { return n_query_pin_rows; }
+    // the score store the graph writes each ubatch's causal importance scores into (heads policy), or a policy's
+    // eviction-time graph its scores (lagkv, snapkv), empty for the others: layer i (index into get_layers()) is F32
+    // [n_head_kv, n_cells*n_streams]; a unit's score sits at row strm*n_cells + cell like its key (locret-stores.h)
+    const locret_score_store & score_store() const { return scores; }
+    // the query store of a policy that reads queries (locret_policy::query_rows; empty for the others): layer i F32
+    // [d_k*n_head, rows*n_stream], its leading pin_rows() a pinned query's (locret_policy::query_pin_rows); and the
+    // attention scale each layer's graph applies, recorded when it captures the queries
+    locret_query_store       & query_store()       { return queries; }
+    const locret_query_store & query_store() const { return queries; }
+    // the pinned positions of sequence seq_id whose queries the graph captures into the pinned rows now: n_pinned
+    // before its first eviction (its ubatches' positions are then its logical ones), 0 after it or without a pin
     uint32_t pinned_to_capture(llama_seq_id seq_id) const;
-    // bytes of one sequence's queries in a layer's store
-    size_t query_block_bytes(const ggml_tensor * q) const { return q->nb[1] * n_query_rows; }
-    void  set_query_scale(int32_t i, float scale) { query_scale[i] = scale; }
-    float get_query_scale(int32_t i) const { return query_scale.empty() ? NAN : query_scale[i]; }
 
     // the scheduler and compute buffers of the eviction graphs (selection, compaction), apart from the context's so
     // that its graphs stay allocated (and reusable) across evictions; made for the worst case when the context
@@ -175,8 +164,6 @@ public:
     bool reserve(llama_context * lctx);
     size_t evict_buffer_size() const; // bytes of the eviction graphs' compute buffers
     size_t move_tables_size() const { return evict_moves.device_bytes(); } // bytes of the compaction's move tables
-    size_t score_store_size() const { return scores_buf ? ggml_backend_buffer_get_size(scores_buf.get()) : 0; }
-    size_t query_store_size() const { return queries_buf ? ggml_backend_buffer_get_size(queries_buf.get()) : 0; }
     uint32_t compact_seq() const { return evict_turn_seq; } // the most sequences one compaction moves
 
     // a fault injected for the next matching operation; consumes it when it matches
@@ -260,24 +247,14 @@ private:
     std::vector<int32_t>         layer_of_il; // model layer -> index into layers, or -1
     std::vector<locret_cells>   streams;     // one per sequence
 
-    // the score store (heads policy): one F32 tensor [n_head_kv, n_cells*n_streams, n_layers] in the cache's buffer
-    // type when every layer has the same KV heads, else one per layer; views per layer
-    ggml_context_ptr          scores_ctx;
-    ggml_backend_buffer_ptr   scores_buf;
-    ggml_tensor             * scores_all = nullptr; // the 3-d tensor, or NULL when the layers differ
-    std::vector<ggml_tensor *> scores_of_layer;
+    locret_score_store scores;  // beside the keys they rank (locret-stores.h)
+    locret_query_store queries; // the queries a policy reads (locret_policy::query_rows)
 
     // each layer's re-rotation factors, resident where its keys are (locret_rerotation::factors)
     std::vector<ggml_context_ptr>        rope_factors_ctx;
     std::vector<ggml_backend_buffer_ptr> rope_factors_buf;
     void make_rope_factors();
 
-    ggml_context_ptr           queries_ctx;      // the query store (policies that read queries)
-    ggml_backend_buffer_ptr    queries_buf;
-    std::vector<ggml_tensor *> queries_of_layer;
-    std::vector<float>         query_scale;
-    uint32_t                   n_query_rows = 0; // queries per (layer, sequence) in the store
-    uint32_t                   n_query_pin_rows = 0; // of which the leading ones hold a pinned query's
     // where the heads policy selects: on the device with a graph (the default when the scores are not in host memory),
     // or on the host; LOCRET_DEBUG_SELECT=graph|host overrides it (tests compare both)
     bool select_graph = false;
@@ -374,10 +351,6 @@ private:
     std::vector<uint64_t> turn_moved;    // per layer: rows the turn's compaction moves to another cell
     std::vector<uint64_t> turn_rotated;  // per layer: keys it re-rotates
     // stream strm's scores of layer i in the store: [n_used][n_head_kv] from its byte offset
-    size_t scores_offset(size_t i, uint32_t strm) const;
-    void   scores_get(size_t i, uint32_t strm, uint32_t n_used, float * out) const;
-    void   scores_set(size_t i, uint32_t strm, uint32_t n_used, const float * in);
-    void   copy_scores(uint32_t strm_src, uint32_t strm_dst);
     // scratch of an eviction, kept between evictions (no allocation once they have grown)
     locret_host_block     select_idx_block; // the device's selection, read back (pinned when the cache is on a device)
     int32_t *             select_idx     = nullptr;
@@ -415,8 +388,6 @@ private:
     locret_compact_status compact_turn(llama_context * lctx, int64_t t_selected_us);
     bool commit_step(llama_context * lctx, size_t p, bool & shifted);
     void abandon_turn();
-    void make_score_store(uint32_t n_seq);
-    void make_query_store(uint32_t n_seq);
     // builds one eviction-time scoring graph on the memory's own scheduler and runs it; false (the reason logged and
     // in llama_locret_last_error) when it cannot run. `what` names what it scored, for LOCRET_PROFILE.
     bool run_score_graph(const char * policy_name, const std::string & what,

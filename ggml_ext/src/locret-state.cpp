@@ -207,8 +207,8 @@ void llama_locret_memory::state_write_data(llama_io_write_i & io, uint32_t id) c
     for (size_t i = 0; i < layers.size(); ++i) {
         const uint32_t n_head_kv = layers[i].n_head_kv;
         block.assign((size_t) s.n_used * n_head_kv, 0.0f);
-        if (!scores_of_layer.empty()) {
-            scores_get(i, id, s.n_used, block.data());
+        if (!scores.empty()) {
+            scores.get(i, id, s.n_used, block.data());
         }
         for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
             for (uint32_t c = 0; c < s.n_used; ++c) {
@@ -223,8 +223,8 @@ void llama_locret_memory::state_write_data(llama_io_write_i & io, uint32_t id) c
     }
     // the queries the policy's next scoring reads, per layer
     std::vector<uint8_t> qrow;
-    for (ggml_tensor * q : queries_of_layer) {
-        qrow.resize(query_block_bytes(q));
+    for (ggml_tensor * q : queries.tensors()) {
+        qrow.resize(queries.block_bytes(q));
         ggml_backend_tensor_get(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
         locret_write_span(io, qrow.data(), qrow.size());
     }
@@ -352,10 +352,10 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
         throw std::runtime_error(format("Locret: the saved state was made with %s budget schedule than this context's "
                 "(--locret-budget-schedule)", sched.empty() || cfg.layer_budget.empty() ? "a different" : "another"));
     }
-    if (!queries_of_layer.empty() && h.version < 5) {
+    if (!queries.empty() && h.version < 5) {
         throw std::runtime_error("Locret: the saved state has no captured queries (saved by an older build)");
     }
-    if (n_query_pin_rows > 0 && h.version < 8) {
+    if (queries.pin_rows() > 0 && h.version < 8) {
         throw std::runtime_error("Locret: the saved state's captured queries have no rows for a pinned question (saved "
                 "by an older build)");
     }
@@ -473,13 +473,13 @@ void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version
                 block[(size_t) c * n_head_kv + hd] = row[c];
             }
         }
-        if (!scores_of_layer.empty()) {
-            scores_set(i, id, s.n_used, block.data());
+        if (!scores.empty()) {
+            scores.set(i, id, s.n_used, block.data());
         }
     }
     std::vector<uint8_t> qrow;
-    for (ggml_tensor * q : queries_of_layer) {
-        qrow.resize(query_block_bytes(q));
+    for (ggml_tensor * q : queries.tensors()) {
+        qrow.resize(queries.block_bytes(q));
         locret_read_span(io, qrow.data(), qrow.size());
         ggml_backend_tensor_set(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
     }
