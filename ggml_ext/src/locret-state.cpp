@@ -95,8 +95,8 @@ static size_t locret_meta_fields(uint32_t version) {
 // the policy's own settings
 //
 
-static void state_write_policy_settings(llama_io_write_i & io, const locret_config & cfg) {
-    const uint32_t head[2] = { locret_policy_make(cfg.policy)->settings_version(), cfg.policy_values.n };
+static void state_write_policy_settings(llama_io_write_i & io, const locret_config & cfg, const locret_policy & pol) {
+    const uint32_t head[2] = { pol.settings_version(), cfg.policy_values.n };
     io.write(head, sizeof(head));
     locret_write_span(io, cfg.policy_values.value, sizeof(int32_t) * cfg.policy_values.n);
 }
@@ -119,14 +119,17 @@ static void state_check_policy_settings(llama_io_read_i & io, uint32_t version, 
         saved_version = head[0];
         saved.resize(head[1]);
         locret_read_span(io, saved.data(), sizeof(int32_t) * head[1]);
-    } else if (cfg.policy_values.n > 0 && !pol.pools_scores()) {
-        // before 9 the window held such a policy's one setting; the others were fixed at their defaults
+    } else {
+        // before 9 a policy's settings were fixed at their defaults (SnapKV's window and question rows, which size
+        // its saved queries), but for a policy with settings and no pooling (LagKV), whose one setting the window held
         const std::vector<locret_policy_knob> knobs = pol.knobs();
         for (size_t i = 0; i < saved.size(); ++i) {
             saved[i] = knobs[i].def;
         }
-        saved[0] = (int32_t) window;
-        window_is_pool = false;
+        if (!saved.empty() && !pol.pools_scores()) {
+            saved[0] = (int32_t) window;
+            window_is_pool = false;
+        }
     }
     if (window_is_pool && window != cfg.pool) {
         throw std::runtime_error(format("Locret: the saved state's scores were pooled over %u tokens, this context's "
@@ -170,7 +173,7 @@ void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id
     locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
     const uint32_t positions[2] = { state_positions_mode(cfg), cfg.keep_positions ? cfg.position_limit : 0u };
     io.write(positions, sizeof(positions));
-    state_write_policy_settings(io, cfg);
+    state_write_policy_settings(io, cfg, *policy);
     for (uint32_t id : ids) {
         state_write_meta(io, id);
         state_write_data(io, id);

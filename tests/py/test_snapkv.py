@@ -12,6 +12,7 @@ and generation. Every llama_decode call here is one ubatch, so what is read befo
 from __future__ import annotations
 
 import re
+import struct
 
 import numpy as np
 import pytest
@@ -339,6 +340,31 @@ def test_a_snapkv_state_resumes_exactly(model_path, prompt_tokens):
     assert re.search(r"Locret: the saved state was made with policy settings \S*window=32\S*, this context's are "
                      r"\S*window=16", refused), refused
     c.close()
+
+    # the same state as a build before state version 9 wrote it (no settings block: SnapKV's were its defaults)
+    # resumes under the defaults, and is refused under another window, whose query rows it does not hold
+    old = _as_state_version_8(data)
+    assert_resumes_exactly(make(model_path), old, prompt_tokens[3 * UB:3 * UB + 40], n_past, n_end, want_held,
+                           want_logits)
+    c = make(model_path, locret_policy="snapkv:window=16")
+    refused = refusal_of(c, old)
+    assert re.search(r"made with policy settings window=32,question=64,pool=5, this context's are window=16", refused), \
+        refused
+    c.close()
+
+
+def _as_state_version_8(data: bytes) -> bytes:
+    """A version-9 context state of a SnapKV context without a budget schedule, rewritten as version 8 wrote it: the
+    Locret header (magic "LRCT", version, ...; 40 bytes), the schedule count (0), the positions (2 words), then, in
+    version 9 only, the policy's settings (layout version, count, values), which are cut out."""
+    at = data.find(b"LRCT")
+    assert at >= 0 and data.find(b"LRCT", at + 1) < 0
+    version, = struct.unpack_from("<I", data, at + 4)
+    n_sched, = struct.unpack_from("<I", data, at + 40)
+    layout, n_values = struct.unpack_from("<II", data, at + 52)
+    assert (version, n_sched, layout, n_values) == (9, 0, 1, 3)
+    settings_end = at + 60 + 4 * n_values
+    return data[:at + 4] + struct.pack("<I", 8) + data[at + 8:at + 52] + data[settings_end:]
 
 
 def test_tools_evict_with_snapkv(model_path, tmp_path):
