@@ -23,12 +23,13 @@ set(LOCRET_EXT_SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-select.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-workers.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-cells.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-groups.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-stores.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-layout.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-compact.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-plan.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-memory.cpp
-    ${CMAKE_CURRENT_LIST_DIR}/src/locret-evict.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/src/locret-evictor.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-state.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-kv-state.cpp
     ${CMAKE_CURRENT_LIST_DIR}/src/locret-debug.cpp

@@ -22,6 +22,7 @@
 
 #include "locret-policy.h" // locret_policy_state
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -117,6 +118,14 @@ struct locret_cells {
     // the leading cells that hold pinned units (the same in every layer and KV head: they were placed before any
     // eviction and are never evicted)
     uint32_t pinned_cells() const;
+    // the pinned positions whose queries the graph captures now (Locret-Q): n_pinned before the first eviction (the
+    // ubatches' positions are then the logical ones), 0 after it or without a pin
+    uint32_t pinned_to_capture() const { return n_evictions == 0 ? n_pinned : 0; }
+    // a budget schedule: the cells layer i must not read, [*c0, *c1) (empty when *c0 == *c1)
+    void masked_cells(size_t i, uint32_t * c0, uint32_t * c1) const {
+        *c0 = std::min(live_end[i], dead_end);
+        *c1 = dead_end;
+    }
 
     // "" when the invariants above hold, else the first one broken, in words
     std::string check() const;

@@ -491,7 +491,7 @@ int32_t llama_locret_pin_query(llama_context * ctx, llama_seq_id seq_id, int32_t
 
 void llama_locret_reserve(llama_context * ctx) {
     llama_locret_memory * mem = locret_memory_of(llama_get_memory(ctx));
-    if (mem != nullptr && !mem->reserve(ctx)) {
+    if (mem != nullptr && !mem->evictor().reserve(ctx)) {
         throw std::runtime_error(std::string("Locret: ") + llama_locret_last_error());
     }
 }
@@ -502,7 +502,7 @@ bool llama_locret_before_ubatch(llama_context * ctx, llama_memory_context_i * mc
     if (plan == nullptr) {
         return true;
     }
-    const int evicted = mem->evict(ctx, *plan);
+    const int evicted = mem->evictor().evict(ctx, *plan);
     if (evicted != 0) {
         prev_graph = nullptr;
     }
@@ -513,7 +513,7 @@ bool llama_locret_after_ubatch(llama_locret_context * lctx, ggml_backend_sched *
         const llama_ubatch & ubatch, const llama_memory_context_i * mctx) {
     llama_locret_memory * mem = nullptr;
     const locret_ubatch_plan * plan = locret_plan_of(mctx, &mem);
-    if (mem != nullptr && mem->take_fault(LOCRET_FAULT_UBATCH)) {
+    if (mem != nullptr && mem->faults.take(LOCRET_FAULT_UBATCH)) {
         locret_set_error("the ubatch failed after it was placed (injected)");
         LLAMA_LOG_ERROR("%s: Locret: %s\n", __func__, llama_locret_last_error());
         return false;

@@ -45,27 +45,27 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.n_ubatch        = cfg.n_ubatch;
     st.policy          = cfg.policy;
     st.n_seq           = mem->n_streams();
-    st.t_select_us     = mem->t.select_us;
-    st.t_compact_us    = mem->t.compact_us;
-    st.t_readback_us   = mem->t.readback_us;
+    st.t_select_us     = mem->evictor().t.select_us;
+    st.t_compact_us    = mem->evictor().t.compact_us;
+    st.t_readback_us   = mem->evictor().t.readback_us;
     st.n_pinned        = s->n_pinned;
     st.pool            = cfg.pool;
     {
         const std::string settings = locret_policy_settings_str(*locret_policy_find(cfg.policy), cfg.policy_values);
         snprintf(st.policy_settings, sizeof(st.policy_settings), "%s", settings.c_str());
     }
-    st.n_compactions   = mem->t.n_compactions;
-    st.n_rows_moved    = mem->t.n_rows_moved;
-    st.n_rows_rotated  = mem->t.n_rows_rotated;
-    st.n_rows_kept     = mem->t.n_rows_kept;
-    st.n_host_syncs    = mem->t.n_host_syncs;
+    st.n_compactions   = mem->evictor().t.n_compactions;
+    st.n_rows_moved    = mem->evictor().t.n_rows_moved;
+    st.n_rows_rotated  = mem->evictor().t.n_rows_rotated;
+    st.n_rows_kept     = mem->evictor().t.n_rows_kept;
+    st.n_host_syncs    = mem->evictor().t.n_host_syncs;
     st.positions       = cfg.keep_positions  ? LLAMA_LOCRET_POSITIONS_KEEP :
                          cfg.rotate_in_place ? LLAMA_LOCRET_POSITIONS_INPLACE : LLAMA_LOCRET_POSITIONS_COMPACT;
     st.position_limit  = cfg.keep_positions ? cfg.position_limit : 0;
     st.pos_rope_next   = s->rope_next;
-    st.n_repositions   = mem->repositions();
-    st.n_evictions_total     = mem->t.n_evictions;
-    st.n_units_evicted_total = mem->t.n_units_evicted;
+    st.n_repositions   = mem->evictor().t.n_repositions;
+    st.n_evictions_total     = mem->evictor().t.n_evictions;
+    st.n_units_evicted_total = mem->evictor().t.n_units_evicted;
     return st;
 }
 
@@ -96,7 +96,7 @@ int32_t llama_locret_retained_seq(const struct llama_context * ctx, llama_seq_id
     // the units the layer holds: its cells in use, without the ones a budget schedule masks in it
     uint32_t m0 = 0;
     uint32_t m1 = 0;
-    mem->masked_cells((size_t) i, (uint32_t) seq_id, &m0, &m1);
+    s->masked_cells((size_t) i, &m0, &m1);
     const uint32_t n_held = s->n_used - (m1 - m0);
     if (logical_pos != nullptr) {
         if (n_max < (int32_t) n_held) {
@@ -129,7 +129,7 @@ int32_t llama_locret_debug_rope_positions(const struct llama_context * ctx, llam
     const int32_t i = mem->layer_index((uint32_t) il);
     uint32_t m0 = 0;
     uint32_t m1 = 0;
-    mem->masked_cells((size_t) i, (uint32_t) seq_id, &m0, &m1);
+    s->masked_cells((size_t) i, &m0, &m1);
     int32_t n = 0;
     for (uint32_t c = 0; c < s->n_used; ++c) {
         if (c >= m0 && c < m1) {
@@ -145,7 +145,7 @@ int32_t llama_locret_debug_rope_positions(const struct llama_context * ctx, llam
 int32_t llama_locret_layer_budget(const struct llama_context * ctx, int32_t il) {
     const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
     const int32_t i = mem != nullptr && il >= 0 ? mem->layer_index((uint32_t) il) : -1;
-    return i < 0 ? -1 : (int32_t) mem->layer_budget((size_t) i);
+    return i < 0 ? -1 : (int32_t) mem->config().budget_of((size_t) i);
 }
 
 int32_t llama_locret_layer_cells(const struct llama_context * ctx, int32_t il) {
@@ -178,7 +178,7 @@ int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id 
     const locret_cells   & s = *mem->get_stream(seq_id);
     ggml_tensor * t = read_v ? L.v : L.k;
     const int64_t width = t->ne[0];
-    // the layer's own cache (its group's): the bookkeeping's cell c at layer_cell(); a cell it does not hold reads 0
+    // the layer's own cache (its group's): the bookkeeping's cell c at locret_group_caches::cell(); a cell it does not hold reads 0
     const int64_t own_size = L.kv_size;
     const size_t  stream_bytes = ggml_row_size(t->type, width * own_size);
     std::vector<uint8_t> raw(stream_bytes);
@@ -197,13 +197,13 @@ int32_t llama_locret_debug_read_kv_seq(struct llama_context * ctx, llama_seq_id 
         for (int64_t r = 0; r < width; ++r) {
             to_float(raw.data() + ggml_row_size(t->type, own_size) * r, row.data(), own_size);
             for (int64_t c = 0; c < n_cells; ++c) {
-                const int64_t o = mem->layer_cell((size_t) i, s, (uint32_t) c);
+                const int64_t o = mem->groups().cell(L.group, s, (uint32_t) c);
                 out[c * width + r] = o >= 0 && o < own_size ? row[o] : 0.0f;
             }
         }
     } else {
         for (int64_t c = 0; c < n_cells; ++c) {
-            const int64_t o = mem->layer_cell((size_t) i, s, (uint32_t) c);
+            const int64_t o = mem->groups().cell(L.group, s, (uint32_t) c);
             if (o >= 0 && o < own_size) {
                 to_float(raw.data() + ggml_row_size(t->type, width) * o, out + c * width, width);
             } else {
@@ -228,10 +228,10 @@ int32_t llama_locret_debug_fill_masked(struct llama_context * ctx, llama_seq_id 
         // in the layer's own cache (its group's): the cells a schedule masks in it, and the cells past those in use
         uint32_t m0 = 0;
         uint32_t m1 = 0;
-        mem->group_masked_cells(i, (uint32_t) seq_id, &m0, &m1);
         const locret_kv_layer & L = mem->get_layers()[i];
+        mem->groups().masked_cells(L.group, i, s, &m0, &m1);
         const int64_t kv_size = L.kv_size;
-        const int64_t n_own   = (int64_t) s.n_used - mem->group_gap(L.group, s);
+        const int64_t n_own   = (int64_t) s.n_used - mem->groups().gap(L.group, s);
         auto unread = [&](int64_t c) { return (c >= m0 && c < m1) || c >= n_own; };
         for (int pass = 0; pass < 2; ++pass) {
             ggml_tensor * t = pass == 0 ? L.k : L.v;
@@ -360,7 +360,7 @@ void llama_locret_debug_compute_buffers(struct llama_context * ctx, size_t * ctx
         *ctx_bytes = n;
     }
     if (evict_bytes != nullptr) {
-        *evict_bytes = mem != nullptr ? mem->evict_buffer_size() : 0;
+        *evict_bytes = mem != nullptr ? mem->evictor().buffer_size() : 0;
     }
 }
 
@@ -368,10 +368,10 @@ struct llama_locret_buffers llama_locret_debug_buffers(const struct llama_contex
     llama_locret_buffers b = {};
     const llama_locret_memory * mem = ctx != nullptr ? locret_memory_of_ctx(ctx) : nullptr;
     if (mem != nullptr) {
-        b.evict_compute = mem->evict_buffer_size();
-        b.move_tables   = mem->move_tables_size();
+        b.evict_compute = mem->evictor().buffer_size();
+        b.move_tables   = mem->evictor().move_tables_size();
         b.score_store   = mem->score_store().bytes();
-        b.compact_seq   = mem->compact_seq();
+        b.compact_seq   = mem->evictor().compact_seq();
         b.query_store   = mem->query_store().bytes();
     }
     return b;
@@ -410,6 +410,6 @@ int32_t llama_locret_debug_inject_fault(struct llama_context * ctx, enum llama_l
         locret_set_error(format("llama_locret_debug_inject_fault: unknown fault %d", (int) fault));
         return -1;
     }
-    mem->inject_fault((locret_fault) fault);
+    mem->faults.inject((locret_fault) fault);
     return 0;
 }

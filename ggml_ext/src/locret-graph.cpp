@@ -268,7 +268,7 @@ namespace {
 // the ubatch's rows to capture: for each run of one sequence (split_simple / split_seq: one run; split_equal: one per
 // sequence), its last min(n_rows - n_pin_rows, run length) tokens, into the store rows of its stream, the newest last:
 // row stream*n_rows + n_rows - k + j for the j-th of the k captured tokens. With n_pin_rows > 0, also the tokens at the
-// last k = min(n_pin_rows, n_pinned) pinned positions of a sequence that pins (mem->pinned_to_capture), into the
+// last k = min(n_pin_rows, n_pinned) pinned positions of a sequence that pins (locret_cells::pinned_to_capture), into the
 // stream's leading rows, the newest last: position p to row stream*n_rows + n_pin_rows - n_pinned + p.
 void locret_query_rows(const llama_ubatch & ubatch, const llama_locret_memory & mem, std::vector<int32_t> * idx,
         std::vector<int64_t> * row) {
@@ -280,7 +280,8 @@ void locret_query_rows(const llama_ubatch & ubatch, const llama_locret_memory & 
     if (n_pin_rows > 0) {
         for (uint32_t t = 0; t < ubatch.n_tokens; ++t) {
             const llama_seq_id seq   = ubatch.seq_id[t][0];
-            const uint32_t     n_pin = mem.pinned_to_capture(seq);
+            const locret_cells * s   = mem.get_stream(seq);
+            const uint32_t     n_pin = s != nullptr ? s->pinned_to_capture() : 0;
             const llama_pos    p     = ubatch.pos[t];
             if (n_pin > 0 && p >= (llama_pos) n_pin - (llama_pos) std::min(n_pin_rows, n_pin) && p < (llama_pos) n_pin) {
                 idx->push_back((int32_t) t);

@@ -80,7 +80,7 @@ struct locret_wide_layout {
 // by side (each stream's gap differs)
 static bool locret_wide_layout_make(const llama_locret_memory * mem, const llama_memory_context_i * mctx,
         const llama_ubatch & ubatch, int64_t n_stream, locret_wide_layout & out) {
-    const size_t n_groups = mem->n_groups();
+    const size_t n_groups = mem->groups().size();
     out = {};
     out.off.assign(n_groups, 0);
     out.n_kv.assign(n_groups, 0);
@@ -99,7 +99,7 @@ static bool locret_wide_layout_make(const llama_locret_memory * mem, const llama
         }
         out.width = out.n_kv[0];
         for (size_t g = 1; g < n_groups; ++g) {
-            out.off[g] = mem->group_gap(g, *s);
+            out.off[g] = mem->groups().gap(g, *s);
             out.width  = std::max(out.width, out.off[g] + out.n_kv[g]);
         }
     } else {
@@ -116,7 +116,7 @@ class locret_groups_input : public llm_graph_input_i {
 public:
     locret_groups_input(const llama_locret_memory * mem, ggml_tensor * mask0, ggml_tensor * wide, locret_wide_layout layout)
         : mem(mem), mask0(mask0), wide(wide), layout(std::move(layout)) {
-        first.assign(mem->n_groups(), nullptr);
+        first.assign(mem->groups().size(), nullptr);
     }
 
     void set_input(const llama_ubatch * ubatch) override {
@@ -151,7 +151,7 @@ public:
                 const locret_cells * s = mem->get_stream(ubatch->seq_id[k * n_tps][0]);
                 GGML_ASSERT(s != nullptr);
                 for (size_t g = 1; g < layout.off.size(); ++g) {
-                    const int64_t gap = mem->group_gap(g, *s);
+                    const int64_t gap = mem->groups().gap(g, *s);
                     const int64_t n   = std::max<int64_t>(0, std::min(layout.n_kv[g], n_kv0 - gap));
                     for (int64_t t = 0; t < n_rows; ++t) {
                         char * d = dst_row(k, t) + layout.off[g] * es;
@@ -200,7 +200,7 @@ public:
             for (int64_t b = 0; b < n_budgets; ++b) {
                 uint32_t c0 = 0;
                 uint32_t c1 = 0;
-                mem->masked_cells(first_layer[b], strm, &c0, &c1);
+                mem->get_stream((llama_seq_id) strm)->masked_cells(first_layer[b], &c0, &c1);
                 float * row = data.data() + (k * n_budgets + b) * n_kv;
                 for (int64_t c = c0; c < std::min<int64_t>(c1, n_kv); ++c) {
                     row[c] = -INFINITY;
@@ -227,7 +227,7 @@ public:
 llm_graph_input_attn_kv * llama_locret_graph_attn_input(ggml_context * ctx, llm_graph_result * res,
         const llama_memory_context_i * mctx, const llama_ubatch & ubatch, llm_graph_input_attn_kv * inp, int il) {
     const llama_locret_memory * mem = locret_memory_of_context(mctx);
-    if (mem == nullptr || mem->n_groups() == 1 || il < 0 || inp == nullptr) {
+    if (mem == nullptr || mem->groups().size() == 1 || il < 0 || inp == nullptr) {
         return inp;
     }
     const int32_t i = mem->layer_index((uint32_t) il);
@@ -294,7 +294,7 @@ llm_graph_input_attn_kv * llama_locret_graph_attn_input(ggml_context * ctx, llm_
 ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result * res,
         const llama_memory_context_i * mctx, ggml_tensor * kq_mask, int il) {
     llama_locret_memory * mem = locret_memory_of_context(mctx);
-    if (mem == nullptr || !mem->has_schedule() || mem->n_groups() > 1 || il < 0 || kq_mask == nullptr) {
+    if (mem == nullptr || !mem->config().has_schedule() || mem->groups().size() > 1 || il < 0 || kq_mask == nullptr) {
         return kq_mask; // (a cache per budget: a layer's cache holds nothing it does not read)
     }
     const int32_t i = mem->layer_index((uint32_t) il);
@@ -304,22 +304,22 @@ ggml_tensor * llama_locret_graph_layer_mask(ggml_context * ctx, llm_graph_result
     // the budgets below the largest, in the order of their first layer (layers of equal budget mask the same cells;
     // the largest masks none)
     const uint32_t top = mem->config().budget;
-    if (mem->layer_budget(i) == top) {
+    if (mem->config().budget_of(i) == top) {
         return kq_mask;
     }
     std::vector<size_t>   first_layer;
     std::vector<uint32_t> budgets;
     size_t row = 0;
     for (size_t j = 0; j < mem->get_layers().size(); ++j) {
-        if (mem->layer_budget(j) == top) {
+        if (mem->config().budget_of(j) == top) {
             continue;
         }
         size_t b = 0;
-        while (b < budgets.size() && budgets[b] != mem->layer_budget(j)) {
+        while (b < budgets.size() && budgets[b] != mem->config().budget_of(j)) {
             ++b;
         }
         if (b == budgets.size()) {
-            budgets.push_back(mem->layer_budget(j));
+            budgets.push_back(mem->config().budget_of(j));
             first_layer.push_back(j);
         }
         if (j == (size_t) i) {

@@ -2,7 +2,7 @@
 // layout is a small strategy over one (layer, KV head) at a time, with no model and no tensor: it reads the kept cells
 // and the positions before the eviction and writes the positions after it and the rows to move (a row is a (cell, KV
 // head) of one layer, moved to another cell and re-rotated by a change of RoPE position, or re-rotated where it is).
-// The memory (locret-evict.cpp) picks the layout of an eviction (locret_layout_of) and runs the moves on the device
+// The eviction (locret-evictor.cpp) picks the layout of an eviction (locret_layout_of) and runs the moves on the device
 // (locret-compact.h); the layouts are described at the top of locret-memory.h and tested alone in
 // tests/cpp/test-locret-cells.cpp.
 #pragma once

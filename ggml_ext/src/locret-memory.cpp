@@ -1,5 +1,5 @@
 // The Locret memory type (see locret-memory.h): its memory contexts, construction and stores, ubatch planning and
-// placement, and the memory interface in logical positions. Eviction is in locret-evict.cpp, state files in
+// placement, and the memory interface in logical positions. Eviction is in locret-evictor.cpp, state files in
 // locret-state.cpp.
 
 #include "locret-memory.h"
@@ -54,8 +54,8 @@ public:
         this->mem   = mem;
         this->plans = std::move(plans);
         if (this->plans.empty()) {
-            for (size_t g = 1; g < mem->n_groups(); ++g) {
-                this->groups.push_back(std::make_unique<llama_kv_cache_context>(mem->group_cache(g)));
+            for (size_t g = 1; g < mem->groups().size(); ++g) {
+                this->groups.push_back(std::make_unique<llama_kv_cache_context>(mem->groups().cache(g)));
             }
         }
     }
@@ -70,9 +70,7 @@ public:
             return false;
         }
         if (i_plan < plans.size()) {
-            // the layer groups' caches place the ubatch in their own cells (after the eviction before it)
-            mem->place_in_groups(plans[i_plan], Base::get_ubatch(), groups);
-            mem->placed(plans[i_plan]);
+            mem->placed(plans[i_plan], Base::get_ubatch(), groups);
         }
         return true;
     }
@@ -135,9 +133,14 @@ const locret_ubatch_plan * locret_plan_of(const llama_memory_context_i * mctx, l
 // construction
 //
 
+locret_evict_parts llama_locret_memory::evict_parts() {
+    return { cfg, policy, layers, streams, scores, queries, grp, kv, kv_swa, v_trans, select_graph, faults,
+             [this](llama_seq_id s) { seq_rm(s, -1, -1); } };
+}
+
 llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_cparams & cparams,
         const locret_config & cfg_in, llama_memory_ptr inner_in)
-    : model(model), cfg(cfg_in), policy(locret_policy_make(cfg_in.policy)), inner(std::move(inner_in)) {
+    : model(model), cfg(cfg_in), policy(locret_policy_make(cfg_in.policy)), inner(std::move(inner_in)), ev(evict_parts()) {
     const llama_memory_i & m = *inner;
     if (typeid(m) == typeid(llama_kv_cache)) {
         kv = static_cast<llama_kv_cache *>(inner.get());
@@ -150,27 +153,59 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
                 "(a recurrent, hybrid or sparse-attention memory); Locret eviction does not support it",
                 llm_arch_name(model.arch)));
     }
+    grp.init(kv, {});
     setup(cparams);
 }
 
 llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_cparams & cparams,
         const locret_config & cfg_in, std::vector<std::unique_ptr<llama_kv_cache>> groups)
-    : model(model), cfg(cfg_in), policy(locret_policy_make(cfg_in.policy)) {
+    : model(model), cfg(cfg_in), policy(locret_policy_make(cfg_in.policy)), ev(evict_parts()) {
     GGML_ASSERT(!groups.empty());
     kv = groups[0].get();
     inner.reset(groups[0].release());
-    for (size_t g = 1; g < groups.size(); ++g) {
-        group_caches.push_back(std::move(groups[g]));
-    }
+    groups.erase(groups.begin());
+    grp.init(kv, std::move(groups));
     setup(cparams);
+}
+
+// each layer's re-rotation factors (locret_rerotation::factors) in one buffer per buffer type of the layers' keys,
+// resident where the keys are
+static void locret_make_rope_factors(std::vector<locret_kv_layer> & layers, std::vector<ggml_context_ptr> & ctxs,
+        std::vector<ggml_backend_buffer_ptr> & bufs) {
+    // one buffer per buffer type of the layers' keys (layers may sit on different devices)
+    std::map<ggml_backend_buffer_type_t, std::vector<size_t>> by_buft;
+    for (size_t i = 0; i < layers.size(); ++i) {
+        if (!layers[i].rot.freq_factors.empty()) {
+            by_buft[ggml_backend_buffer_get_type(layers[i].k->buffer)].push_back(i);
+        }
+    }
+    for (const auto & [buft, idx] : by_buft) {
+        ggml_init_params ip = { ggml_tensor_overhead() * idx.size(), nullptr, /*.no_alloc =*/ true };
+        ggml_context_ptr ctx(ggml_init(ip));
+        for (size_t i : idx) {
+            locret_rerotation & r = layers[i].rot;
+            r.factors = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_F32, (int64_t) r.freq_factors.size());
+            ggml_format_name(r.factors, "locret_rope_factors-%u", layers[i].il);
+        }
+        ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), buft));
+        if (!buf) {
+            throw std::runtime_error("failed to allocate the Locret re-rotation factors");
+        }
+        for (size_t i : idx) {
+            const locret_rerotation & r = layers[i].rot;
+            ggml_backend_tensor_set(r.factors, r.freq_factors.data(), 0, ggml_nbytes(r.factors));
+        }
+        ctxs.push_back(std::move(ctx));
+        bufs.push_back(std::move(buf));
+    }
 }
 
 void llama_locret_memory::setup_layers(const llama_cparams & cparams, uint32_t n_seq) {
     const auto & hp = model.hparams;
     // every group's layers, in model order
     std::vector<std::pair<uint32_t, uint32_t>> il_group;
-    for (size_t g = 0; g <= group_caches.size(); ++g) {
-        const llama_kv_cache * c = group_cache(g);
+    for (size_t g = 0; g < grp.size(); ++g) {
+        const llama_kv_cache * c = grp.cache(g);
         if (c->get_n_stream() != n_seq || c->get_v_trans() != v_trans) {
             throw std::runtime_error("the Locret layer groups' caches differ in streams or V layout");
         }
@@ -179,10 +214,10 @@ void llama_locret_memory::setup_layers(const llama_cparams & cparams, uint32_t n
         }
     }
     std::sort(il_group.begin(), il_group.end());
-    group_layers.assign(group_caches.size() + 1, {});
+    std::vector<std::vector<size_t>> group_layers(grp.size());
     layer_of_il.assign(hp.n_layer(), -1);
     for (const auto & [il, g] : il_group) {
-        const llama_kv_cache * c = group_cache(g);
+        const llama_kv_cache * c = grp.cache(g);
         locret_kv_layer L;
         L.il        = il;
         L.n_head_kv = hp.n_head_kv(il);
@@ -203,6 +238,7 @@ void llama_locret_memory::setup_layers(const llama_cparams & cparams, uint32_t n
         group_layers[g].push_back(layers.size());
         layers.push_back(std::move(L));
     }
+    grp.set_layers(std::move(group_layers));
 }
 
 void llama_locret_memory::log_setup(const char * func, const llama_cparams & cparams, uint32_t n_seq) const {
@@ -212,7 +248,7 @@ void llama_locret_memory::log_setup(const char * func, const llama_cparams & cpa
     if (!cfg.layer_budget.empty()) {
         budget = format("budget %u per layer on average, scheduled from %u (layer %u) to %u (layer %u) units (%s)",
                 cfg.budget_mean, cfg.layer_budget.front(), layers.front().il, cfg.layer_budget.back(), layers.back().il,
-                n_groups() > 1 ? format("a cache per budget, %zu caches", n_groups()).c_str() :
+                grp.size() > 1 ? format("a cache per budget, %zu caches", grp.size()).c_str() :
                 "the cache is sized for the largest");
     }
     const std::string positions = cfg.keep_positions ?
@@ -229,13 +265,13 @@ void llama_locret_memory::log_setup(const char * func, const llama_cparams & cpa
             list += format("%s%u:%u", i ? " " : "", layers[i].il, cfg.layer_budget[i]);
         }
         LLAMA_LOG_INFO("%s: Locret budget schedule (layer:units): %s\n", func, list.c_str());
-        for (size_t g = 0; g < n_groups() && n_groups() > 1; ++g) {
+        for (size_t g = 0; g < grp.size() && grp.size() > 1; ++g) {
             std::string il_list;
-            for (size_t i : group_layers[g]) {
+            for (size_t i : grp.layers_of(g)) {
                 il_list += format("%s%u", il_list.empty() ? "" : " ", layers[i].il);
             }
             LLAMA_LOG_INFO("%s: Locret layer group %zu: %u cells per sequence, layers %s\n", func, g,
-                    group_cache(g)->get_size(), il_list.c_str());
+                    grp.cache(g)->get_size(), il_list.c_str());
         }
     }
 }
@@ -251,7 +287,7 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
 
     setup_layers(cparams, n_seq);
 
-    make_rope_factors();
+    locret_make_rope_factors(layers, rope_factors_ctx, rope_factors_buf);
 
     if (!cfg.layer_budget.empty() && cfg.layer_budget.size() != layers.size()) {
         throw std::runtime_error(format("the budget schedule was resolved for %zu layers, but the cache evicts %zu",
@@ -292,67 +328,12 @@ void llama_locret_memory::setup(const llama_cparams & cparams) {
     log_setup(__func__, cparams, n_seq);
 }
 
-void llama_locret_memory::make_rope_factors() {
-    // one buffer per buffer type of the layers' keys (layers may sit on different devices)
-    std::map<ggml_backend_buffer_type_t, std::vector<size_t>> by_buft;
-    for (size_t i = 0; i < layers.size(); ++i) {
-        if (!layers[i].rot.freq_factors.empty()) {
-            by_buft[ggml_backend_buffer_get_type(layers[i].k->buffer)].push_back(i);
-        }
-    }
-    for (const auto & [buft, idx] : by_buft) {
-        ggml_init_params ip = { ggml_tensor_overhead() * idx.size(), nullptr, /*.no_alloc =*/ true };
-        ggml_context_ptr ctx(ggml_init(ip));
-        for (size_t i : idx) {
-            locret_rerotation & r = layers[i].rot;
-            r.factors = ggml_new_tensor_1d(ctx.get(), GGML_TYPE_F32, (int64_t) r.freq_factors.size());
-            ggml_format_name(r.factors, "locret_rope_factors-%u", layers[i].il);
-        }
-        ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors_from_buft(ctx.get(), buft));
-        if (!buf) {
-            throw std::runtime_error("failed to allocate the Locret re-rotation factors");
-        }
-        for (size_t i : idx) {
-            const locret_rerotation & r = layers[i].rot;
-            ggml_backend_tensor_set(r.factors, r.freq_factors.data(), 0, ggml_nbytes(r.factors));
-        }
-        rope_factors_ctx.push_back(std::move(ctx));
-        rope_factors_buf.push_back(std::move(buf));
-    }
-}
-
 int32_t llama_locret_memory::layer_index(uint32_t il) const {
     return il < layer_of_il.size() ? layer_of_il[il] : -1;
 }
 
 const locret_cells * llama_locret_memory::get_stream(llama_seq_id seq_id) const {
     return seq_id >= 0 && (size_t) seq_id < streams.size() ? &streams[seq_id] : nullptr;
-}
-
-uint32_t llama_locret_memory::pinned_to_capture(llama_seq_id seq_id) const {
-    const locret_cells * s = get_stream(seq_id);
-    return s != nullptr && s->n_evictions == 0 ? s->n_pinned : 0;
-}
-
-bool llama_locret_memory::take_fault(locret_fault f) {
-    if (fault != f) {
-        return false;
-    }
-    fault = LOCRET_FAULT_NONE;
-    return true;
-}
-
-size_t llama_locret_memory::evict_buffer_size() const {
-    size_t n = 0;
-    for (const auto & g : evict_graphs) {
-        if (!g.sched) {
-            continue;
-        }
-        for (int i = 0; i < ggml_backend_sched_get_n_backends(g.sched.get()); ++i) {
-            n += ggml_backend_sched_get_buffer_size(g.sched.get(), ggml_backend_sched_get_backend(g.sched.get(), i));
-        }
-    }
-    return n;
 }
 
 uint64_t llama_locret_memory::kv_bytes() const {
@@ -372,7 +353,8 @@ uint64_t llama_locret_memory::kv_bytes() const {
 // planning
 //
 
-locret_plan_params llama_locret_memory::plan_params() const {
+// the settings ubatch planning reads (locret-plan.h: the rules, as pure functions)
+static locret_plan_params locret_plan_params_of(const locret_config & cfg, const locret_policy & policy) {
     locret_plan_params p;
     p.budget       = cfg.budget;
     p.stabilizers  = cfg.stabilizers;
@@ -380,23 +362,25 @@ locret_plan_params llama_locret_memory::plan_params() const {
     p.n_ubatch     = cfg.n_ubatch;
     p.capacity     = cfg.capacity;
     p.n_cells      = cfg.n_cells;
-    p.selects_once = policy->reads_prompt_whole();
+    p.selects_once = policy.reads_prompt_whole();
     p.keep_positions = cfg.keep_positions;
     p.position_limit = cfg.position_limit;
     return p;
 }
 
-locret_plan_stream llama_locret_memory::plan_stream(size_t s) const {
+// what planning needs of stream s, as it stands
+static locret_plan_stream locret_plan_stream_of(const locret_cells & s, const locret_config & cfg,
+        const locret_policy & policy) {
     locret_plan_stream p;
-    p.n_used      = streams[s].n_used;
-    p.prev_output = streams[s].prev_output;
-    p.rope_next   = streams[s].rope_next;
-    p.offset      = streams[s].logical_next - (llama_pos) streams[s].rope_next;
-    p.selection_due  = policy->selection_due(streams[s].policy_state);
+    p.n_used      = s.n_used;
+    p.prev_output = s.prev_output;
+    p.rope_next   = s.rope_next;
+    p.offset      = s.logical_next - (llama_pos) s.rope_next;
+    p.selection_due  = policy.selection_due(s.policy_state);
     // a budget schedule: the layer nearest its own budget decides when the stream evicts (locret_plan_stream::lead)
     int64_t lead = 0;
     for (size_t i = 0; i < cfg.layer_budget.size(); ++i) {
-        const int64_t masked = (int64_t) streams[s].dead_end - streams[s].live_end[i];
+        const int64_t masked = (int64_t) s.dead_end - s.live_end[i];
         lead = std::max(lead, (int64_t) cfg.budget - cfg.layer_budget[i] - masked);
     }
     p.lead        = (uint32_t) lead;
@@ -407,12 +391,14 @@ uint32_t llama_locret_memory::generation_room(llama_seq_id seq_id) const {
     if (seq_id < 0 || (size_t) seq_id >= streams.size()) {
         return 0;
     }
-    return locret_plan_room(plan_params(), plan_stream((size_t) seq_id));
+    return locret_plan_room(locret_plan_params_of(cfg, *policy), locret_plan_stream_of(streams[seq_id], cfg, *policy));
 }
 
-void llama_locret_memory::split_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, const locret_plan_params & params,
+// init_batch(), in steps: the batch's ubatches into `ubatches`, split by the planning rules for the batch's sequences
+// (seqs) and the streams as they stand (sim); fewer tokens than the batch's when a split fails
+static void locret_split_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, const locret_plan_params & params,
         const locret_batch_seqs & seqs, const std::vector<locret_plan_stream> & sim,
-        std::vector<llama_ubatch> & ubatches) const {
+        std::vector<llama_ubatch> & ubatches) {
     const llama_batch & batch = balloc.get_batch();
     const uint32_t n_tokens = balloc.get_n_tokens();
 
@@ -441,7 +427,7 @@ void llama_locret_memory::split_batch(llama_batch_allocr & balloc, uint32_t n_ub
             }
             const llama_seq_id s = batch.seq_id[first][0];
             const bool tail_alone = seqs.ends_with_output[s] && locret_plan_tail_alone(params, sim[s], seqs.count[s]);
-            const uint32_t take = locret_plan_take(n_ubatch, cfg.local, remaining[s], tail_alone);
+            const uint32_t take = locret_plan_take(n_ubatch, params.local, remaining[s], tail_alone);
             auto ubatch = seqs.n_seqs == 1 ? balloc.split_simple(take) : balloc.split_seq(take);
             if (ubatch.n_tokens == 0) {
                 break;
@@ -473,10 +459,13 @@ static llama_kv_cache::slot_info locret_plan_slot(const locret_ubatch_plan & pla
     return sinfo;
 }
 
-locret_plan_error llama_locret_memory::plan_batch(const locret_plan_params & params,
+// the plan of every ubatch, advancing sim through the batch's evictions and placements: per ubatch the inner cache's
+// slot, the plan, the graph's copy at physical positions, and (an iSWA pair: with_window) a copy at the window cache's
+// positions; the planning's error at the first ubatch that cannot be planned
+static locret_plan_error locret_plan_batch(const locret_plan_params & params, bool with_window,
         const std::vector<llama_ubatch> & ubatches, std::vector<locret_plan_stream> & sim,
         llama_kv_cache::slot_info_vec_t & sinfos, std::vector<locret_ubatch_plan> & plans,
-        std::vector<llama_ubatch> & physical, std::vector<llama_ubatch> & window_frame) const {
+        std::vector<llama_ubatch> & physical, std::vector<llama_ubatch> & window_frame) {
     for (const auto & ubatch : ubatches) {
         locret_plan_tokens toks;
         toks.n_tokens = ubatch.n_tokens;
@@ -501,7 +490,7 @@ locret_plan_error llama_locret_memory::plan_batch(const locret_plan_params & par
         }
         sinfos.push_back(std::move(sinfo));
         physical.push_back(locret_ubatch_with_pos(ubatch, pos_phys));
-        if (kv_swa != nullptr) {
+        if (with_window) {
             window_frame.push_back(locret_ubatch_with_pos(ubatch, pos_frame));
         }
         plans.push_back(std::move(plan));
@@ -516,7 +505,7 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     const llama_batch & batch = balloc.get_batch();
     const uint32_t n_tokens = balloc.get_n_tokens();
 
-    const locret_plan_params params = plan_params();
+    const locret_plan_params params = locret_plan_params_of(cfg, *policy);
 
     // the batch's sequences: how many tokens each has and whether its last one asks for an output (a prompt end)
     locret_batch_seqs seqs;
@@ -532,11 +521,11 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     // the streams as they stand; the planning below advances these copies through the batch's evictions
     std::vector<locret_plan_stream> sim(streams.size());
     for (size_t s = 0; s < streams.size(); ++s) {
-        sim[s] = plan_stream(s);
+        sim[s] = locret_plan_stream_of(streams[s], cfg, *policy);
     }
 
     std::vector<llama_ubatch> ubatches;
-    split_batch(balloc, n_ubatch, params, seqs, sim, ubatches);
+    locret_split_batch(balloc, n_ubatch, params, seqs, sim, ubatches);
     if (balloc.get_n_used() < n_tokens) {
         LLAMA_LOG_ERROR("%s: Locret: failed to split a batch of %u tokens\n", __func__, n_tokens);
         return failed();
@@ -548,7 +537,8 @@ llama_memory_context_ptr llama_locret_memory::init_batch(llama_batch_allocr & ba
     std::vector<llama_ubatch> physical;
     std::vector<llama_ubatch> window_frame; // positions in the window cache's frame at the start of the batch
     {
-        const locret_plan_error err = plan_batch(params, ubatches, sim, sinfos, plans, physical, window_frame);
+        const locret_plan_error err = locret_plan_batch(params, kv_swa != nullptr, ubatches, sim, sinfos, plans, physical,
+                window_frame);
         if (!err.ok()) {
             if (err.status == LOCRET_PLAN_PROMPT_TOO_LONG) {
                 // the user's to fix: the reason goes to llama_locret_last_error
@@ -612,40 +602,14 @@ private:
 } // namespace
 
 llama_memory_context_ptr llama_locret_memory::init_update(llama_context * lctx, bool optimize) {
-    if (n_groups() == 1) {
+    if (grp.size() == 1) {
         return inner->init_update(lctx, optimize);
     }
     std::vector<llama_memory_context_ptr> parts;
-    for (size_t g = 0; g < n_groups(); ++g) {
-        parts.push_back(group_cache(g)->init_update(lctx, optimize));
+    for (size_t g = 0; g < grp.size(); ++g) {
+        parts.push_back(grp.cache(g)->init_update(lctx, optimize));
     }
     return std::make_unique<locret_update_context>(std::move(parts));
-}
-
-void llama_locret_memory::place_in_groups(const locret_ubatch_plan & plan, const llama_ubatch & ubatch,
-        std::vector<std::unique_ptr<llama_kv_cache_context>> & out) const {
-    out.resize(n_groups() - 1);
-    for (size_t g = 1; g < n_groups(); ++g) {
-        // each part goes right after the group's cells in use: its cells in group 0 less the group's gap
-        llama_kv_cache::slot_info sinfo;
-        sinfo.resize(plan.steps.size());
-        for (size_t p = 0; p < plan.steps.size(); ++p) {
-            const locret_step & st = plan.steps[p];
-            const locret_cells & s = streams[st.strm];
-            const uint32_t gap = group_gap(g, s);
-            GGML_ASSERT(st.first_cell >= s.dead_end && st.first_cell - gap + st.n_tokens <= group_cache(g)->get_size());
-            sinfo.strm[p] = st.strm;
-            sinfo.idxs[p].resize(st.n_tokens);
-            for (uint32_t j = 0; j < st.n_tokens; ++j) {
-                sinfo.idxs[p][j] = st.first_cell - gap + j;
-            }
-        }
-        sinfo.s0 = *std::min_element(sinfo.strm.begin(), sinfo.strm.end());
-        sinfo.s1 = *std::max_element(sinfo.strm.begin(), sinfo.strm.end());
-        out[g - 1] = std::make_unique<llama_kv_cache_context>(group_cache(g), llama_kv_cache::slot_info_vec_t{ sinfo },
-                std::vector<llama_ubatch>{ ubatch });
-        out[g - 1]->apply();
-    }
 }
 
 const llama_kv_cache_context * locret_group_context(const llama_memory_context_i * mctx, size_t g) {
@@ -663,7 +627,10 @@ const llama_kv_cache_context * locret_group_context(const llama_memory_context_i
 // placement and scores
 //
 
-void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
+void llama_locret_memory::placed(const locret_ubatch_plan & plan, const llama_ubatch & ubatch,
+        std::vector<std::unique_ptr<llama_kv_cache_context>> & group_contexts) {
+    // the layer groups' caches place the ubatch in their own cells (after the eviction before it)
+    grp.place(plan, ubatch, streams, group_contexts);
     for (const auto & st : plan.steps) {
         locret_cells & s = streams[st.strm];
         // the ubatch split planned this part after the same evictions that ran before it
@@ -683,45 +650,6 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan) {
 //
 // the memory interface in logical positions
 //
-
-uint32_t llama_locret_memory::min_layer_budget() const {
-    return cfg.layer_budget.empty() ? cfg.budget : *std::min_element(cfg.layer_budget.begin(), cfg.layer_budget.end());
-}
-
-void llama_locret_memory::masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const {
-    const locret_cells & s = streams[strm];
-    *c0 = std::min(s.live_end[i], s.dead_end);
-    *c1 = s.dead_end;
-}
-
-void llama_locret_memory::group_masked_cells(size_t i, uint32_t strm, uint32_t * c0, uint32_t * c1) const {
-    const locret_cells & s = streams[strm];
-    *c1 = group_live_end(layers[i].group, s);
-    *c0 = std::min(s.live_end[i], *c1);
-}
-
-uint32_t llama_locret_memory::group_live_end(size_t g, const locret_cells & s) const {
-    if (g == 0) {
-        return s.dead_end; // the largest budget's group: its largest layer is never masked
-    }
-    uint32_t e = 0;
-    for (size_t i : group_layers[g]) {
-        e = std::max(e, std::min(s.live_end[i], s.dead_end));
-    }
-    return e;
-}
-
-int64_t llama_locret_memory::layer_cell(size_t i, const locret_cells & s, uint32_t c) const {
-    const size_t   g    = layers[i].group;
-    const uint32_t live = group_live_end(g, s);
-    if (c < live) {
-        return c;
-    }
-    if (c < s.dead_end) {
-        return -1;
-    }
-    return (int64_t) c - (s.dead_end - live);
-}
 
 bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     if (seq_id < 0 || (size_t) seq_id >= streams.size()) {
@@ -745,10 +673,10 @@ bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     // the pinned units, the stabilizers and at least one unit chosen by score must fit in the budget (with what the
     // policy keeps unscored)
     const uint64_t unscored = policy->unscored_units(cfg);
-    if ((uint64_t) n_tokens + cfg.stabilizers + unscored >= min_layer_budget()) {
+    if ((uint64_t) n_tokens + cfg.stabilizers + unscored >= cfg.min_layer_budget()) {
         locret_set_error(format("Locret: a pinned query of %u tokens leaves no room in the budget (%u units per head%s, "
-                "%u stabilizers%s): shorten the query or raise the budget", n_tokens, min_layer_budget(),
-                has_schedule() ? " in the smallest layer budget of the schedule" : "", cfg.stabilizers,
+                "%u stabilizers%s): shorten the query or raise the budget", n_tokens, cfg.min_layer_budget(),
+                cfg.has_schedule() ? " in the smallest layer budget of the schedule" : "", cfg.stabilizers,
                 unscored > 0 ? (", " + policy->unscored_what(cfg)).c_str() : ""));
         return false;
     }
@@ -815,7 +743,7 @@ bool llama_locret_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1
         }
         kv_swa->seq_rm(seq_id, phys_first, -1);
     }
-    free_cells((uint32_t) seq_id, phys_first);
+    grp.free_from((uint32_t) seq_id, phys_first);
     s.truncate(first, (uint32_t) phys_first, p0);
     policy->truncated(cfg, s.policy_state, s.n_used);
     locret_cells_assert(s);
@@ -836,11 +764,9 @@ void llama_locret_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_ds
     // the streams' cells are copied at the next update (llama.cpp's stream copy), the bookkeeping now
     each_cache([&](llama_memory_i & m) { m.seq_cp(seq_id_src, seq_id_dst, -1, -1); });
     streams[seq_id_dst] = src;
-    if (evict_sched() != nullptr) {
-        // the last compaction moved the scores and is not waited for by the eviction itself (the host copies below
-        // do not queue behind it)
-        ggml_backend_sched_synchronize(evict_sched());
-    }
+    // the last compaction moved the scores and is not waited for by the eviction itself (the host copies below do not
+    // queue behind it)
+    ev.wait_idle();
     scores.copy((uint32_t) seq_id_src, (uint32_t) seq_id_dst, streams[seq_id_src].n_used);
     for (ggml_tensor * q : queries.tensors()) {
         // the copy's next selection reads the same captured queries
@@ -918,11 +844,11 @@ llama_pos llama_locret_memory::seq_pos_max(llama_seq_id seq_id) const {
 
 std::map<ggml_backend_buffer_type_t, size_t> llama_locret_memory::memory_breakdown() const {
     auto res = inner->memory_breakdown();
-    for (const auto & c : group_caches) {
-        for (const auto & [buft, size] : c->memory_breakdown()) {
+    grp.each_own([&](const llama_kv_cache & c) {
+        for (const auto & [buft, size] : c.memory_breakdown()) {
             res[buft] += size;
         }
-    }
+    });
     if (scores.buffer() != nullptr) {
         res[ggml_backend_buffer_get_type(scores.buffer())] += scores.bytes();
     }

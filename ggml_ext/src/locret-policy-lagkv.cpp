@@ -1,7 +1,7 @@
 // LagKV (Liang et al., 2025): attention-free scores that an eviction-time graph computes from the cached K and V
-// (locret-lagkv.h) into the memory's score store. Its state: state.word[0] = scored_to, the cells [0, scored_to) that
-// are sinks, pinned or scored; the later ones wait for their partition's successor (the same cells in every head: they
-// are never evicted).
+// (locret-lagkv.h) into the memory's score store. Its per-sequence state (scored_to, below): the cells [0, scored_to)
+// that are sinks, pinned or scored; the later ones wait for their partition's successor (the same cells in every head:
+// they are never evicted).
 
 #include "locret-policy.h"
 #include "locret-lagkv.h"
@@ -12,6 +12,10 @@
 #include <algorithm>
 
 namespace {
+
+// LagKV's per-sequence state in the policy's words (locret_policy_state, saved in state files): word 0, the second unused
+uint32_t & scored_to(locret_policy_state & st) { return st.word[0]; }
+uint32_t   scored_to(const locret_policy_state & st) { return st.word[0]; }
 
 // its settings: lagkv:lag=N, units per partition (the paper's L = 128)
 enum { LAG = 0 };
@@ -63,11 +67,11 @@ struct locret_policy_lagkv : locret_policy {
         // pinned prefix, the units still waiting for their successor like stabilizers (the budget was checked to hold
         // both)
         const uint32_t lag   = lag_of(env.cfg);
-        uint32_t & scored_to = st.word[0];
-        const uint32_t start = std::max({ scored_to, a.n_pinned, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, a.n_used) });
+        uint32_t & done      = scored_to(st);
+        const uint32_t start = std::max({ done, a.n_pinned, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, a.n_used) });
         const uint32_t n_part = a.n_used > start ? (a.n_used - start) / lag : 0;
         if (n_part < 2) {
-            scored_to = start; // no partition has a complete successor yet
+            done = start; // no partition has a complete successor yet
         } else {
             const bool ok = env.run("LagKV", format("%u partitions", n_part - 1), [&](ggml_context * ctx, ggml_cgraph * gf) {
                 locret_build_lagkv(ctx, gf, env.layers, env.v_trans, env.cfg.n_cells, a.strm, start, n_part - 1, lag);
@@ -75,22 +79,22 @@ struct locret_policy_lagkv : locret_policy {
             if (!ok) {
                 return false;
             }
-            scored_to = start + (n_part - 1) * lag;
+            done = start + (n_part - 1) * lag;
         }
         out.n_pin  = std::max(a.n_pinned, std::min<uint32_t>(LLAMA_LOCRET_LAGKV_SINKS, a.n_used));
-        out.n_stab = std::max(a.n_stab, a.n_used - scored_to);
+        out.n_stab = std::max(a.n_stab, a.n_used - done);
         return true;
     }
     void compacted(const locret_config &, const locret_evict_args & a, const locret_protect &,
                    locret_policy_state & st) const override {
         // the units waiting for their partition's successor were all kept: they end the stream
-        st.word[0] = a.n_keep - (a.n_used - st.word[0]);
+        scored_to(st) = a.n_keep - (a.n_used - scored_to(st));
     }
     void truncated(const locret_config &, locret_policy_state & st, uint32_t n_used) const override {
-        st.word[0] = std::min(st.word[0], n_used);
+        scored_to(st) = std::min(scored_to(st), n_used);
     }
     bool state_ok(const locret_config &, const locret_policy_state & st, uint32_t n_used) const override {
-        return st.word[0] <= n_used && st.word[1] == 0;
+        return scored_to(st) <= n_used && st.word[1] == 0;
     }
 };
 

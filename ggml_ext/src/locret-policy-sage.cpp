@@ -1,8 +1,8 @@
 // SAGE-KV (Wang et al., 2025): scores from the attention of a prompt's last token over the cache, computed once per
-// prompt by an eviction-time graph (locret-sage.h) into the memory's score store. Its state: state.word[0] = the cells
-// [0, chosen_to) its last selection chose (sinks and units by score), which later evictions keep as they are;
-// state.word[1] = 1 while a prompt has ended and its one selection has not run yet (the query store holds the prompt's
-// last query).
+// prompt by an eviction-time graph (locret-sage.h) into the memory's score store. Its per-sequence state (below):
+// chosen_to, the cells [0, chosen_to) its last selection chose (sinks and units by score), which later evictions keep
+// as they are; pending, 1 while a prompt has ended and its one selection has not run yet (the query store holds the
+// prompt's last query).
 
 #include "locret-policy.h"
 #include "locret-heads.h"
@@ -15,6 +15,12 @@
 #include <cmath>
 
 namespace {
+
+// SAGE-KV's per-sequence state in the policy's words (locret_policy_state, saved in state files)
+uint32_t & chosen_to(locret_policy_state & st) { return st.word[0]; }
+uint32_t   chosen_to(const locret_policy_state & st) { return st.word[0]; }
+uint32_t & pending(locret_policy_state & st) { return st.word[1]; }
+uint32_t   pending(const locret_policy_state & st) { return st.word[1]; }
 
 struct locret_policy_sage : locret_policy {
     llama_locret_policy id() const override { return LLAMA_LOCRET_POLICY_SAGE; }
@@ -61,23 +67,23 @@ struct locret_policy_sage : locret_policy {
     }
 
     bool reads_prompt_whole() const override { return true; }
-    bool selection_due(const locret_policy_state & st) const override { return st.word[1] != 0; }
+    bool selection_due(const locret_policy_state & st) const override { return pending(st) != 0; }
     void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t, uint32_t,
                 bool prompt_end) const override {
         if (prompt_end) {
             // a prompt that passes the budget is chosen from at the next part, with this part's last query; one within
             // the budget stays whole, all but the recent window kept like the chosen set of a selection
-            st.word[1] = n_used > cfg.budget;
-            if (st.word[1] == 0) {
-                st.word[0] = n_used - std::min(cfg.stabilizers, n_used);
+            pending(st) = n_used > cfg.budget;
+            if (pending(st) == 0) {
+                chosen_to(st) = n_used - std::min(cfg.stabilizers, n_used);
             }
         }
     }
     bool prepare(const locret_policy_env & env, const locret_evict_args & a, locret_policy_state & st,
                  locret_protect & out) const override {
-        if (st.word[1] == 0) {
+        if (pending(st) == 0) {
             // after the selection: the chosen set as it is, and the newest units in the rest of the budget
-            out.n_pin  = std::min(st.word[0], a.n_keep);
+            out.n_pin  = std::min(chosen_to(st), a.n_keep);
             out.n_stab = a.n_keep - out.n_pin;
             return true;
         }
@@ -95,22 +101,22 @@ struct locret_policy_sage : locret_policy {
     }
     void compacted(const locret_config &, const locret_evict_args & a, const locret_protect & prot,
                    locret_policy_state & st) const override {
-        if (st.word[1] != 0) {
+        if (pending(st) != 0) {
             // the sinks and the chosen units lead the stream from now on; the recent window follows them
-            st.word[0] = a.n_keep - prot.n_stab;
-            st.word[1] = 0;
+            chosen_to(st) = a.n_keep - prot.n_stab;
+            pending(st) = 0;
         }
     }
     void truncated(const locret_config & cfg, locret_policy_state & st, uint32_t n_used) const override {
-        st.word[0] = std::min(st.word[0], n_used);
-        if (st.word[1] != 0 && n_used <= cfg.budget) {
+        chosen_to(st) = std::min(chosen_to(st), n_used);
+        if (pending(st) != 0 && n_used <= cfg.budget) {
             // what is left of the prompt fits the budget; kept whole, as a prompt within the budget is
-            st.word[1] = 0;
-            st.word[0] = n_used - std::min(cfg.stabilizers, n_used);
+            pending(st) = 0;
+            chosen_to(st) = n_used - std::min(cfg.stabilizers, n_used);
         }
     }
     bool state_ok(const locret_config & cfg, const locret_policy_state & st, uint32_t n_used) const override {
-        return st.word[0] <= n_used && st.word[1] <= 1 && !(st.word[1] == 1 && n_used <= cfg.budget);
+        return chosen_to(st) <= n_used && pending(st) <= 1 && !(pending(st) == 1 && n_used <= cfg.budget);
     }
 };
 

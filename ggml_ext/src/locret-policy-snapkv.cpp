@@ -18,9 +18,9 @@
 // as a question after the document would; no causal mask (every unit precedes them), and nothing kept for a window
 // besides the pinned units and the plan's stabilizers. A quantized K cache (its keys and the captured queries in
 // llama.cpp's Hadamard basis) keeps the last part's window.
-// Its state: word[0] = the last part's captured window queries (min(w, tokens of the last part); 0 after a cut, when
-// the newest units are kept by recency instead); word[1] = the pinned count whose question rows were captured (0:
-// none).
+// Its per-sequence state (below): window_rows, the last part's captured window queries (min(w, tokens of the last
+// part); 0 after a cut, when the newest units are kept by recency instead); question_of, the pinned count whose
+// question rows were captured (0: none).
 // tests/py/test_snapkv.py checks the scores and the kept sets against numpy, with and without a pinned question.
 
 #include "locret-policy.h"
@@ -35,6 +35,12 @@
 #include <cmath>
 
 namespace {
+
+// SnapKV's per-sequence state in the policy's words (locret_policy_state, saved in state files)
+uint32_t & window_rows(locret_policy_state & st) { return st.word[0]; }
+uint32_t   window_rows(const locret_policy_state & st) { return st.word[0]; }
+uint32_t & question_of(locret_policy_state & st) { return st.word[1]; }
+uint32_t   question_of(const locret_policy_state & st) { return st.word[1]; }
 
 // its settings: snapkv:window=W,question=Q,pool=P
 enum { WINDOW = 0, QUESTION = 1, POOL = 2 };
@@ -166,16 +172,16 @@ struct locret_policy_snapkv : locret_policy {
 
     void placed(const locret_config & cfg, locret_policy_state & st, uint32_t n_used, uint32_t n_tokens,
                 uint32_t n_pinned, bool) const override {
-        st.word[0] = std::min(W(cfg), n_tokens);
+        window_rows(st) = std::min(W(cfg), n_tokens);
         if (n_pinned > 0 && n_used - n_tokens < n_pinned && n_pinned <= n_used) {
-            st.word[1] = n_pinned; // the part held the last pinned position: the question's rows are captured
+            question_of(st) = n_pinned; // the part held the last pinned position: the question's rows are captured
         }
     }
     bool prepare(const locret_policy_env & env, const locret_evict_args & a, locret_policy_state & st,
                  locret_protect & out) const override {
         out.n_pin = a.n_pinned;
         const bool quantized_k = !env.layers.empty() && ggml_is_quantized(env.layers[0].k->type);
-        if (a.n_pinned > 0 && st.word[1] == a.n_pinned && !quantized_k) {
+        if (a.n_pinned > 0 && question_of(st) == a.n_pinned && !quantized_k) {
             const uint32_t nq = std::min(Q(env.cfg), a.n_pinned);
             out.n_stab = a.n_stab;
             if (!locret_queries_captured(env, "SnapKV")) {
@@ -196,7 +202,7 @@ struct locret_policy_snapkv : locret_policy {
                     }
                 });
         }
-        const uint32_t nw = std::min(st.word[0], a.n_used);
+        const uint32_t nw = std::min(window_rows(st), a.n_used);
         if (nw == 0) {
             // no window since a cut: the newest units stay, as StreamingLLM would keep them
             out.n_stab = a.n_keep - a.n_pinned;
@@ -211,13 +217,13 @@ struct locret_policy_snapkv : locret_policy {
         }, nullptr);
     }
     void truncated(const locret_config &, locret_policy_state & st, uint32_t n_used) const override {
-        st.word[0] = 0; // the window's tokens may be gone
-        if (n_used < st.word[1]) {
-            st.word[1] = 0; // and the question's
+        window_rows(st) = 0; // the window's tokens may be gone
+        if (n_used < question_of(st)) {
+            question_of(st) = 0; // and the question's
         }
     }
     bool state_ok(const locret_config & cfg, const locret_policy_state & st, uint32_t n_used) const override {
-        return st.word[0] <= std::min(W(cfg), n_used) && st.word[1] <= n_used;
+        return window_rows(st) <= std::min(W(cfg), n_used) && question_of(st) <= n_used;
     }
 };
 

@@ -117,3 +117,28 @@ void locret_keep_from_top(const int32_t * top, uint32_t n_top, uint32_t n_used, 
         keep[n++] = c;
     }
 }
+
+locret_layer_cut locret_cut_layer(uint32_t live_end, uint32_t dead_end, uint32_t n_used, uint32_t layer_budget,
+        uint32_t n_keep, uint32_t n_pin, uint32_t n_stab) {
+    locret_layer_cut c;
+    c.m0     = std::min(live_end, dead_end);
+    c.gap    = dead_end - c.m0;
+    c.n_held = n_used - c.gap;
+    c.n_live = std::min({ n_keep, layer_budget, c.n_held });
+    c.stab   = std::min(n_stab, c.n_held - n_pin);
+    c.n_cand = c.n_held - n_pin - c.stab;
+    c.n_top  = c.n_live - n_pin - c.stab;
+    // the candidates, held [n_pin, n_pin + n_cand), in cells: those below m0 stay, the others sit gap cells further
+    const uint32_t end = n_pin + c.n_cand;
+    const uint32_t cut = c.gap == 0 ? end : std::max(n_pin, std::min(c.m0, end));
+    c.c0 = n_pin;
+    c.n0 = cut - n_pin;
+    c.c1 = cut + c.gap;
+    c.n1 = end - cut;
+    if (c.n0 == 0) {
+        c.c0 = c.c1;
+        c.n0 = c.n1;
+        c.n1 = 0;
+    }
+    return c;
+}

@@ -2,6 +2,7 @@
 // row), or on the device (a graph over every row at once); both keep exactly the same cells.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -38,3 +39,23 @@ ggml_tensor * locret_build_select_runs(ggml_context * ctx, ggml_tensor * scores,
 // cell in `kept` (scratch).
 void locret_keep_from_top(const int32_t * top, uint32_t n_top, uint32_t n_used, uint32_t n_pin, uint32_t n_stab,
                           uint32_t * keep, std::vector<uint8_t> & kept);
+
+// One layer's cut at an eviction: Algorithm 1 over the cells the layer reads, [0, m0) and [m0 + gap, n_used) (m0 its
+// live end, m0 + gap the dead end; gap 0 without a budget schedule), as if they were consecutive ("held" order).
+struct locret_layer_cut {
+    uint32_t m0     = 0;
+    uint32_t gap    = 0; // its masked cells
+    uint32_t n_held = 0; // units the layer holds
+    uint32_t n_live = 0; // ... and keeps
+    uint32_t stab   = 0; // of which its last ones kept as stabilizers
+    uint32_t n_cand = 0; // candidates: held [n_pin, n_held - stab)
+    uint32_t n_top  = 0; // ... of which kept by score
+    uint32_t c0 = 0, n0 = 0, c1 = 0, n1 = 0; // the candidates as runs of cells: [c0, c0 + n0), then [c1, c1 + n1)
+    size_t   off = SIZE_MAX; // where its device selection is in the eviction's read-back (SIZE_MAX: chosen on the host)
+    bool on_device() const { return n_top > 0 && n_top < n_cand; }
+};
+
+// the cut of a layer whose live end is live_end (locret_cells::live_end) in a stream of n_used cells with the given
+// dead end, keeping at most n_keep units (and its own budget), n_pin pinned and n_stab stabilizers among them
+locret_layer_cut locret_cut_layer(uint32_t live_end, uint32_t dead_end, uint32_t n_used, uint32_t layer_budget,
+                                  uint32_t n_keep, uint32_t n_pin, uint32_t n_stab);

@@ -366,6 +366,10 @@ bool locret_settings_find(const llama_model & model, llama_locret_params & out) 
     return true;
 }
 
+uint32_t locret_config::min_layer_budget() const {
+    return layer_budget.empty() ? budget : *std::min_element(layer_budget.begin(), layer_budget.end());
+}
+
 uint32_t locret_kv_cells(uint32_t budget, uint32_t n_ubatch) {
     return GGML_PAD(budget + n_ubatch, 256);
 }

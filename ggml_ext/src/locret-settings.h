@@ -52,6 +52,12 @@ struct locret_config {
     // when evictions run. Empty: every layer keeps `budget`.
     std::vector<uint32_t> layer_budget;
     uint32_t budget_mean = 0; // b as asked for (== budget without a schedule)
+
+    bool     has_schedule() const { return !layer_budget.empty(); }
+    // the budget of evicting layer i (index into the memory's layer list): its schedule's, else `budget`
+    uint32_t budget_of(size_t i) const { return layer_budget.empty() ? budget : layer_budget[i]; }
+    // the smallest layer budget: what a pinned query and the stabilizers must fit in
+    uint32_t min_layer_budget() const;
 };
 
 // a budget schedule as registered for a model: a name, or the per-layer budgets read from a file

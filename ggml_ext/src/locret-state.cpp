@@ -141,55 +141,21 @@ static void state_check_policy_settings(llama_io_read_i & io, uint32_t version, 
     }
 }
 
+// what a state file is written from and checked against: the memory's settings, layers and stores
+struct locret_state_view {
+    const locret_config &                cfg;
+    const locret_policy &                policy;
+    const std::vector<locret_kv_layer> & layers;
+    const locret_score_store &           scores;
+    const locret_query_store &           queries;
+    uint32_t                             n_streams;
+};
+
 //
-// writing
+// a sequence's parts and the header's checks
 //
 
-void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) const {
-    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
-        throw std::runtime_error("Locret: a partial (window-only) state cannot be saved from an evicting cache");
-    }
-    inner->state_write(io, seq_id, flags);
-
-    std::vector<uint32_t> ids;
-    for (size_t s = 0; s < streams.size(); ++s) {
-        if (seq_id < 0 || (size_t) seq_id == s) {
-            ids.push_back((uint32_t) s);
-        }
-    }
-    locret_state_header h = {};
-    h.magic             = LOCRET_STATE_MAGIC;
-    h.version           = LOCRET_STATE_VERSION;
-    h.n_layers          = (uint32_t) layers.size();
-    h.n_cells           = cfg.n_cells;
-    h.budget            = cfg.budget;
-    h.policy            = (uint32_t) cfg.policy;
-    h.n_streams         = (uint32_t) ids.size();
-    h.window            = cfg.pool;
-    h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
-    io.write(&h, sizeof(h));
-    const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
-    io.write(&n_sched, sizeof(n_sched));
-    locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
-    const uint32_t positions[2] = { state_positions_mode(cfg), cfg.keep_positions ? cfg.position_limit : 0u };
-    io.write(positions, sizeof(positions));
-    state_write_policy_settings(io, cfg, *policy);
-    for (uint32_t id : ids) {
-        state_write_meta(io, id);
-        state_write_data(io, id);
-    }
-    // layer groups 1..: their caches' own states, after a count (a context without groups writes neither)
-    if (n_groups() > 1) {
-        const uint32_t n_extra = (uint32_t) (n_groups() - 1);
-        io.write(&n_extra, sizeof(n_extra));
-        for (size_t g = 1; g < n_groups(); ++g) {
-            group_cache(g)->state_write(io, seq_id, flags);
-        }
-    }
-}
-
-void llama_locret_memory::state_write_meta(llama_io_write_i & io, uint32_t id) const {
-    const locret_cells & s = streams[id];
+static void state_write_meta(llama_io_write_i & io, const locret_cells & s, uint32_t id) {
     const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned,
                                 s.policy_state.word[0], s.policy_state.word[1] };
     const int64_t  next     = s.logical_next;
@@ -202,105 +168,38 @@ void llama_locret_memory::state_write_meta(llama_io_write_i & io, uint32_t id) c
     io.write(&s.rope_next, sizeof(s.rope_next));
 }
 
-void llama_locret_memory::state_write_data(llama_io_write_i & io, uint32_t id) const {
-    const locret_cells & s = streams[id];
-    // per layer and KV head: the units' logical positions, then their scores (zeros for a policy without a store)
-    std::vector<float> block; // layer i's scores [n_used][n_head_kv]
+static void state_write_data(llama_io_write_i & io, const locret_state_view & v, const locret_cells & s, uint32_t id) {
+    // per layer and KV head: the units' logical positions, then their v.scores (zeros for a policy without a store)
+    std::vector<float> block; // layer i's v.scores [n_used][n_head_kv]
     std::vector<float> row(s.n_used);
-    for (size_t i = 0; i < layers.size(); ++i) {
-        const uint32_t n_head_kv = layers[i].n_head_kv;
+    for (size_t i = 0; i < v.layers.size(); ++i) {
+        const uint32_t n_head_kv = v.layers[i].n_head_kv;
         block.assign((size_t) s.n_used * n_head_kv, 0.0f);
-        if (!scores.empty()) {
-            scores.get(i, id, s.n_used, block.data());
+        if (!v.scores.empty()) {
+            v.scores.get(i, id, s.n_used, block.data());
         }
         for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
             for (uint32_t c = 0; c < s.n_used; ++c) {
                 row[c] = block[(size_t) c * n_head_kv + hd];
             }
-            locret_write_span(io, s.pos[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
+            locret_write_span(io, s.pos[i].data() + (size_t) hd * v.cfg.n_cells, sizeof(int32_t) * s.n_used);
             locret_write_span(io, row.data(), sizeof(float) * s.n_used);
             if (!s.rope.empty()) {
-                locret_write_span(io, s.rope[i].data() + (size_t) hd * cfg.n_cells, sizeof(int32_t) * s.n_used);
+                locret_write_span(io, s.rope[i].data() + (size_t) hd * v.cfg.n_cells, sizeof(int32_t) * s.n_used);
             }
         }
     }
-    // the queries the policy's next scoring reads, per layer
+    // the v.queries the policy's next scoring reads, per layer
     std::vector<uint8_t> qrow;
-    for (ggml_tensor * q : queries.tensors()) {
-        qrow.resize(queries.block_bytes(q));
+    for (ggml_tensor * q : v.queries.tensors()) {
+        qrow.resize(v.queries.block_bytes(q));
         ggml_backend_tensor_get(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
         locret_write_span(io, qrow.data(), qrow.size());
     }
 }
 
-//
-// reading: one reader for every version, the fields a version lacks read as zero
-//
-
-void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
-    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
-        throw std::runtime_error("Locret: a partial (window-only) state cannot be loaded into an evicting cache");
-    }
-    if (seq_id >= 0 && (size_t) seq_id >= streams.size()) {
-        throw std::runtime_error(format("Locret: no sequence %d to load a state into", seq_id));
-    }
-    // the sequences being replaced start empty (the inner cache then restores its cells from cell 0 on)
-    auto empty_target = [&]() {
-        if (seq_id < 0) {
-            each_cache([](llama_memory_i & m) { m.clear(true); });
-            for (auto & s : streams) {
-                s.reset();
-            }
-        } else {
-            each_cache([&](llama_memory_i & m) { m.seq_rm(seq_id, -1, -1); });
-            streams[seq_id].reset();
-        }
-    };
-    empty_target();
-    try {
-        inner->state_read(io, seq_id, flags);
-        if (take_fault(LOCRET_FAULT_STATE_READ)) {
-            throw std::runtime_error("Locret: state load failed after the KV cells were restored (injected)");
-        }
-        bool rope_from_cells = false;
-        const uint32_t version = state_read_header(io, seq_id, rope_from_cells);
-        const uint32_t n_streams = seq_id < 0 ? (uint32_t) streams.size() : 1;
-        for (uint32_t k = 0; k < n_streams; ++k) {
-            locret_stream_meta m = state_read_meta(io, version);
-            if (seq_id >= 0) {
-                m.id = (uint32_t) seq_id;
-            }
-            state_check_meta(m);
-            locret_cells & s = streams[m.id];
-            s.n_used          = m.n_used;
-            s.uniform_from    = m.uniform_from;
-            s.prev_output     = m.prev_output != 0;
-            s.logical_next    = (llama_pos) m.logical_next;
-            s.n_pinned        = m.n_pinned;
-            s.policy_state    = locret_policy_state { { m.policy_word0, m.policy_word1 } };
-            s.n_evictions     = m.n_evictions;
-            s.n_units_evicted = m.n_units_evicted;
-            s.dead_end        = m.dead_end;
-            s.live_end        = m.live_end;
-            s.rope_next       = m.rope_next;
-            state_read_data(io, version, m.id, rope_from_cells);
-            // what each part passed alone must hold together too (locret-cells.h's invariants)
-            const std::string why = s.check();
-            if (!why.empty()) {
-                throw std::runtime_error(format("Locret: the state of sequence %u is inconsistent: %s", m.id, why.c_str()));
-            }
-        }
-        if (n_groups() > 1) {
-            state_read_groups(io, seq_id, flags);
-        }
-    } catch (...) {
-        // a failed load leaves the sequences it was loading empty and consistent
-        empty_target();
-        throw;
-    }
-}
-
-uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_id seq_id, bool & rope_from_cells) const {
+static uint32_t state_read_header(llama_io_read_i & io, const locret_state_view & v, llama_seq_id seq_id,
+        bool & rope_from_cells) {
     locret_state_header h;
     try {
         io.read(&h, sizeof(h));
@@ -314,20 +213,20 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
     if (h.version < 2 || h.version > LOCRET_STATE_VERSION) {
         throw std::runtime_error(format("Locret: the saved state has version %u, this build reads %u", h.version, LOCRET_STATE_VERSION));
     }
-    const uint64_t fp = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
-    if (h.n_layers != layers.size() || h.n_cells != cfg.n_cells || h.budget != cfg.budget) {
+    const uint64_t fp = v.policy.uses_heads() ? llama_locret_heads_fingerprint(v.cfg.heads) : 0;
+    if (h.n_layers != v.layers.size() || h.n_cells != v.cfg.n_cells || h.budget != v.cfg.budget) {
         throw std::runtime_error(format("Locret: the saved state was made with another model or budget "
-                "(%u layers, %u cells, budget %u; this context: %zu, %u, %u)", h.n_layers, h.n_cells, h.budget,
-                layers.size(), cfg.n_cells, cfg.budget));
+                "(%u v.layers, %u cells, budget %u; this context: %zu, %u, %u)", h.n_layers, h.n_cells, h.budget,
+                v.layers.size(), v.cfg.n_cells, v.cfg.budget));
     }
-    if (h.policy != (uint32_t) cfg.policy || h.heads_fingerprint != fp) {
+    if (h.policy != (uint32_t) v.cfg.policy || h.heads_fingerprint != fp) {
         throw std::runtime_error("Locret: the saved state was scored by another policy or other retaining heads");
     }
     std::vector<uint32_t> sched;
     if (h.version >= 6) {
         uint32_t n_sched = 0;
         io.read(&n_sched, sizeof(n_sched));
-        if (n_sched != 0 && n_sched != layers.size()) {
+        if (n_sched != 0 && n_sched != v.layers.size()) {
             throw std::runtime_error("Locret: the saved state is corrupt (bad budget schedule)");
         }
         sched.resize(n_sched);
@@ -337,11 +236,11 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
     if (h.version >= 7) {
         io.read(positions, sizeof(positions));
     }
-    state_check_policy_settings(io, h.version, h.window, cfg, *policy);
+    state_check_policy_settings(io, h.version, h.window, v.cfg, v.policy);
     // compact positions are a case of in-place ones (every unit in its rank's cell): such a state loads into either
-    rope_from_cells = positions[0] == LLAMA_LOCRET_POSITIONS_COMPACT && cfg.rotate_in_place;
+    rope_from_cells = positions[0] == LLAMA_LOCRET_POSITIONS_COMPACT && v.cfg.rotate_in_place;
     if (!rope_from_cells &&
-            (positions[0] != state_positions_mode(cfg) || (cfg.keep_positions && positions[1] != cfg.position_limit))) {
+            (positions[0] != state_positions_mode(v.cfg) || (v.cfg.keep_positions && positions[1] != v.cfg.position_limit))) {
         const auto name = [](uint32_t mode, uint32_t limit) {
             return mode == LLAMA_LOCRET_POSITIONS_KEEP ? format("keep:%u", limit) :
                    mode == LLAMA_LOCRET_POSITIONS_INPLACE ? std::string("inplace") :
@@ -349,27 +248,27 @@ uint32_t llama_locret_memory::state_read_header(llama_io_read_i & io, llama_seq_
         };
         throw std::runtime_error(format("Locret: the saved state was made with --locret-positions %s, this context "
                 "uses %s", name(positions[0], positions[1]).c_str(),
-                name(state_positions_mode(cfg), cfg.position_limit).c_str()));
+                name(state_positions_mode(v.cfg), v.cfg.position_limit).c_str()));
     }
-    if (sched != cfg.layer_budget) {
+    if (sched != v.cfg.layer_budget) {
         throw std::runtime_error(format("Locret: the saved state was made with %s budget schedule than this context's "
-                "(--locret-budget-schedule)", sched.empty() || cfg.layer_budget.empty() ? "a different" : "another"));
+                "(--locret-budget-schedule)", sched.empty() || v.cfg.layer_budget.empty() ? "a different" : "another"));
     }
-    if (!queries.empty() && h.version < 5) {
-        throw std::runtime_error("Locret: the saved state has no captured queries (saved by an older build)");
+    if (!v.queries.empty() && h.version < 5) {
+        throw std::runtime_error("Locret: the saved state has no captured v.queries (saved by an older build)");
     }
-    if (queries.pin_rows() > 0 && h.version < 8) {
-        throw std::runtime_error("Locret: the saved state's captured queries have no rows for a pinned question (saved "
+    if (v.queries.pin_rows() > 0 && h.version < 8) {
+        throw std::runtime_error("Locret: the saved state's captured v.queries have no rows for a pinned question (saved "
                 "by an older build)");
     }
-    const uint32_t n_expected = seq_id < 0 ? (uint32_t) streams.size() : 1;
+    const uint32_t n_expected = seq_id < 0 ? (uint32_t) v.n_streams : 1;
     if (h.n_streams != n_expected) {
         throw std::runtime_error(format("Locret: the saved state holds %u sequences, expected %u", h.n_streams, n_expected));
     }
     return h.version;
 }
 
-locret_stream_meta llama_locret_memory::state_read_meta(llama_io_read_i & io, uint32_t version) const {
+static locret_stream_meta state_read_meta(llama_io_read_i & io, const locret_state_view & v, uint32_t version) {
     uint32_t fields[7] = {};
     io.read(fields, sizeof(uint32_t) * locret_meta_fields(version));
     locret_stream_meta m;
@@ -386,7 +285,7 @@ locret_stream_meta llama_locret_memory::state_read_meta(llama_io_read_i & io, ui
     m.n_evictions     = stats[0];
     m.n_units_evicted = stats[1];
     m.dead_end = 0;
-    m.live_end.assign(layers.size(), 0);
+    m.live_end.assign(v.layers.size(), 0);
     if (version >= 6) {
         io.read(&m.dead_end, sizeof(m.dead_end));
         locret_read_span(io, m.live_end.data(), sizeof(uint32_t) * m.live_end.size());
@@ -399,36 +298,36 @@ locret_stream_meta llama_locret_memory::state_read_meta(llama_io_read_i & io, ui
     return m;
 }
 
-void llama_locret_memory::state_check_meta(const locret_stream_meta & m) const {
+static void state_check_meta(const locret_state_view & v, const locret_stream_meta & m) {
     bool masks_ok = m.dead_end <= m.n_used;
-    for (size_t i = 0; i < layers.size(); ++i) {
-        masks_ok = masks_ok && m.live_end[i] <= m.dead_end && (m.dead_end == m.live_end[i] || !cfg.layer_budget.empty());
+    for (size_t i = 0; i < v.layers.size(); ++i) {
+        masks_ok = masks_ok && m.live_end[i] <= m.dead_end && (m.dead_end == m.live_end[i] || !v.cfg.layer_budget.empty());
     }
     if (!masks_ok) {
         throw std::runtime_error("Locret: the saved state is corrupt (bad masked cells)");
     }
-    const bool rope_ok = cfg.keep_positions ? m.rope_next >= m.n_used && m.rope_next <= cfg.position_limit :
+    const bool rope_ok = v.cfg.keep_positions ? m.rope_next >= m.n_used && m.rope_next <= v.cfg.position_limit :
                                               m.rope_next == m.n_used;
-    if (!rope_ok || m.id >= streams.size() || m.n_used > cfg.n_cells || m.uniform_from > m.n_used || m.logical_next < m.n_used ||
+    if (!rope_ok || m.id >= v.n_streams || m.n_used > v.cfg.n_cells || m.uniform_from > m.n_used || m.logical_next < m.n_used ||
             m.logical_next > std::numeric_limits<llama_pos>::max() ||
-            (m.n_pinned > 0 && (uint64_t) m.n_pinned + cfg.stabilizers + policy->unscored_units(cfg) >= min_layer_budget()) ||
-            !policy->state_ok(cfg, locret_policy_state { { m.policy_word0, m.policy_word1 } }, m.n_used)) {
+            (m.n_pinned > 0 && (uint64_t) m.n_pinned + v.cfg.stabilizers + v.policy.unscored_units(v.cfg) >= v.cfg.min_layer_budget()) ||
+            !v.policy.state_ok(v.cfg, locret_policy_state { { m.policy_word0, m.policy_word1 } }, m.n_used)) {
         throw std::runtime_error("Locret: the saved state is corrupt (bad sequence header)");
     }
 }
 
-void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version, uint32_t id, bool rope_from_cells) {
-    GGML_UNUSED(version); // every version writes the units the same way; the queries' presence was checked
-    locret_cells & s = streams[id];
+static void state_read_data(llama_io_read_i & io, const locret_state_view & v, locret_cells & s, uint32_t id,
+        bool rope_from_cells, const llama_kv_cache & kv, locret_score_store & scores) {
+    // every version writes the units the same way; the queries' presence was checked
     std::vector<float> block;
     std::vector<float> row(s.n_used);
     std::vector<int32_t> seen; // kept positions: a row's logical and RoPE positions, each once
-    for (size_t i = 0; i < layers.size(); ++i) {
-        const uint32_t n_head_kv = layers[i].n_head_kv;
+    for (size_t i = 0; i < v.layers.size(); ++i) {
+        const uint32_t n_head_kv = v.layers[i].n_head_kv;
         block.assign((size_t) s.n_used * n_head_kv, 0.0f);
         for (uint32_t hd = 0; hd < n_head_kv; ++hd) {
-            int32_t * pos  = s.pos[i].data() + (size_t) hd * cfg.n_cells;
-            int32_t * rope = s.rope.empty() ? nullptr : s.rope[i].data() + (size_t) hd * cfg.n_cells;
+            int32_t * pos  = s.pos[i].data() + (size_t) hd * v.cfg.n_cells;
+            int32_t * rope = s.rope.empty() ? nullptr : s.rope[i].data() + (size_t) hd * v.cfg.n_cells;
             locret_read_span(io, pos, sizeof(int32_t) * s.n_used);
             locret_read_span(io, row.data(), sizeof(float) * s.n_used);
             if (rope != nullptr && rope_from_cells) {
@@ -481,19 +380,20 @@ void llama_locret_memory::state_read_data(llama_io_read_i & io, uint32_t version
         }
     }
     std::vector<uint8_t> qrow;
-    for (ggml_tensor * q : queries.tensors()) {
-        qrow.resize(queries.block_bytes(q));
+    for (ggml_tensor * q : v.queries.tensors()) {
+        qrow.resize(v.queries.block_bytes(q));
         locret_read_span(io, qrow.data(), qrow.size());
         ggml_backend_tensor_set(q, qrow.data(), (size_t) id * qrow.size(), qrow.size());
     }
     // llama.cpp restored the cells from 0: they must be exactly the used ones
-    const llama_kv_cells & cells = kv->get_cells((llama_seq_id) id);
+    const llama_kv_cells & cells = kv.get_cells((llama_seq_id) id);
     if (cells.get_used() != s.n_used || (s.n_used > 0 && cells.used_max_p1() != s.n_used)) {
         throw std::runtime_error("Locret: the restored cells do not match the saved Locret state");
     }
 }
 
-void llama_locret_memory::state_read_groups(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
+static void state_read_groups(llama_io_read_i & io, const locret_group_caches & grp, const std::vector<locret_cells> & streams,
+        llama_seq_id seq_id, llama_state_seq_flags flags) {
     uint32_t n_extra = 0;
     try {
         io.read(&n_extra, sizeof(n_extra));
@@ -501,20 +401,20 @@ void llama_locret_memory::state_read_groups(llama_io_read_i & io, llama_seq_id s
         throw std::runtime_error("Locret: the saved state has no layer groups' caches (saved by a context that holds its "
                 "budget schedule in one cache, or truncated)");
     }
-    if (n_extra != n_groups() - 1) {
+    if (n_extra != grp.size() - 1) {
         throw std::runtime_error(format("Locret: the saved state holds %u layer groups, this context %zu", n_extra + 1,
-                n_groups()));
+                grp.size()));
     }
-    for (size_t g = 1; g < n_groups(); ++g) {
-        group_cache(g)->state_read(io, seq_id, flags);
+    for (size_t g = 1; g < grp.size(); ++g) {
+        grp.cache(g)->state_read(io, seq_id, flags);
         // llama.cpp restored each stream's cells from 0: exactly the ones the group's layers hold
         for (size_t id = 0; id < streams.size(); ++id) {
             if (seq_id >= 0 && (size_t) seq_id != id) {
                 continue;
             }
             const locret_cells & s = streams[id];
-            const uint32_t n_own = s.n_used - group_gap(g, s);
-            const llama_kv_cells & cells = group_cache(g)->get_cells((llama_seq_id) id);
+            const uint32_t n_own = s.n_used - grp.gap(g, s);
+            const llama_kv_cells & cells = grp.cache(g)->get_cells((llama_seq_id) id);
             if (cells.get_used() != n_own || (n_own > 0 && cells.used_max_p1() != n_own)) {
                 throw std::runtime_error(format("Locret: the restored cells of layer group %zu do not match the saved "
                         "Locret state", g));
@@ -522,3 +422,126 @@ void llama_locret_memory::state_read_groups(llama_io_read_i & io, llama_seq_id s
         }
     }
 }
+
+//
+// writing
+//
+
+void llama_locret_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) const {
+    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
+        throw std::runtime_error("Locret: a partial (window-only) state cannot be saved from an evicting cache");
+    }
+    inner->state_write(io, seq_id, flags);
+    const locret_state_view view = { cfg, *policy, layers, scores, queries, (uint32_t) streams.size() };
+
+    std::vector<uint32_t> ids;
+    for (size_t s = 0; s < streams.size(); ++s) {
+        if (seq_id < 0 || (size_t) seq_id == s) {
+            ids.push_back((uint32_t) s);
+        }
+    }
+    locret_state_header h = {};
+    h.magic             = LOCRET_STATE_MAGIC;
+    h.version           = LOCRET_STATE_VERSION;
+    h.n_layers          = (uint32_t) layers.size();
+    h.n_cells           = cfg.n_cells;
+    h.budget            = cfg.budget;
+    h.policy            = (uint32_t) cfg.policy;
+    h.n_streams         = (uint32_t) ids.size();
+    h.window            = cfg.pool;
+    h.heads_fingerprint = policy->uses_heads() ? llama_locret_heads_fingerprint(cfg.heads) : 0;
+    io.write(&h, sizeof(h));
+    const uint32_t n_sched = (uint32_t) cfg.layer_budget.size();
+    io.write(&n_sched, sizeof(n_sched));
+    locret_write_span(io, cfg.layer_budget.data(), sizeof(uint32_t) * n_sched);
+    const uint32_t positions[2] = { state_positions_mode(cfg), cfg.keep_positions ? cfg.position_limit : 0u };
+    io.write(positions, sizeof(positions));
+    state_write_policy_settings(io, cfg, *policy);
+    for (uint32_t id : ids) {
+        state_write_meta(io, streams[id], id);
+        state_write_data(io, view, streams[id], id);
+    }
+    // layer groups 1..: their caches' own states, after a count (a context without groups writes neither)
+    if (grp.size() > 1) {
+        const uint32_t n_extra = (uint32_t) (grp.size() - 1);
+        io.write(&n_extra, sizeof(n_extra));
+        for (size_t g = 1; g < grp.size(); ++g) {
+            grp.cache(g)->state_write(io, seq_id, flags);
+        }
+    }
+}
+
+
+
+//
+// reading: one reader for every version, the fields a version lacks read as zero
+//
+
+void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
+    if (flags & LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) {
+        throw std::runtime_error("Locret: a partial (window-only) state cannot be loaded into an evicting cache");
+    }
+    if (seq_id >= 0 && (size_t) seq_id >= streams.size()) {
+        throw std::runtime_error(format("Locret: no sequence %d to load a state into", seq_id));
+    }
+    // the sequences being replaced start empty (the inner cache then restores its cells from cell 0 on)
+    auto empty_target = [&]() {
+        if (seq_id < 0) {
+            each_cache([](llama_memory_i & m) { m.clear(true); });
+            for (auto & s : streams) {
+                s.reset();
+            }
+        } else {
+            each_cache([&](llama_memory_i & m) { m.seq_rm(seq_id, -1, -1); });
+            streams[seq_id].reset();
+        }
+    };
+    empty_target();
+    const locret_state_view view = { cfg, *policy, layers, scores, queries, (uint32_t) streams.size() };
+    try {
+        inner->state_read(io, seq_id, flags);
+        if (faults.take(LOCRET_FAULT_STATE_READ)) {
+            throw std::runtime_error("Locret: state load failed after the KV cells were restored (injected)");
+        }
+        bool rope_from_cells = false;
+        const uint32_t version = state_read_header(io, view, seq_id, rope_from_cells);
+        const uint32_t n_streams = seq_id < 0 ? (uint32_t) streams.size() : 1;
+        for (uint32_t k = 0; k < n_streams; ++k) {
+            locret_stream_meta m = state_read_meta(io, view, version);
+            if (seq_id >= 0) {
+                m.id = (uint32_t) seq_id;
+            }
+            state_check_meta(view, m);
+            locret_cells & s = streams[m.id];
+            s.n_used          = m.n_used;
+            s.uniform_from    = m.uniform_from;
+            s.prev_output     = m.prev_output != 0;
+            s.logical_next    = (llama_pos) m.logical_next;
+            s.n_pinned        = m.n_pinned;
+            s.policy_state    = locret_policy_state { { m.policy_word0, m.policy_word1 } };
+            s.n_evictions     = m.n_evictions;
+            s.n_units_evicted = m.n_units_evicted;
+            s.dead_end        = m.dead_end;
+            s.live_end        = m.live_end;
+            s.rope_next       = m.rope_next;
+            state_read_data(io, view, s, m.id, rope_from_cells, *kv, scores);
+            // what each part passed alone must hold together too (locret-cells.h's invariants)
+            const std::string why = s.check();
+            if (!why.empty()) {
+                throw std::runtime_error(format("Locret: the state of sequence %u is inconsistent: %s", m.id, why.c_str()));
+            }
+        }
+        if (grp.size() > 1) {
+            state_read_groups(io, grp, streams, seq_id, flags);
+        }
+    } catch (...) {
+        // a failed load leaves the sequences it was loading empty and consistent
+        empty_target();
+        throw;
+    }
+}
+
+
+
+
+

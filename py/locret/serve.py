@@ -155,11 +155,22 @@ def run_cli(args: argparse.Namespace) -> int:
         raise RuntimeError(f"cannot start {cmd[0]}: {e}") from None
 
 
+def _policy(spec: str) -> str:
+    """--policy as the library reads it (eviction.parse_policy): the spec itself, or argparse's error with the
+    library's reason (an unknown name naming the valid ones, a setting the policy does not have, ...)."""
+    try:
+        eviction.parse_policy(spec)
+    except eviction.HeadsError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=models.DEFAULT_MODEL, help=f"model name or .gguf path (default {models.DEFAULT_MODEL})")
     p.add_argument("--heads", help="retaining heads .gguf (default: embedded in the model, or shipped in heads/)")
-    p.add_argument("--policy", default="heads", choices=["heads", "random", "streaming"],
-                   help="what scores the KV units (default heads; random and streaming are ablations)")
+    p.add_argument("--policy", default="heads", type=_policy,
+                   help="what scores the KV units, NAME or NAME:key=value,... (default heads; the policies and their "
+                   "settings: docs/policies.md)")
     p.add_argument("--budget", type=int, help=f"Locret budget b (default {DEFAULT_BUDGET}, or the device profile's)")
     p.add_argument("--ubatch", type=int, help=f"chunk B (default {DEFAULT_UBATCH}, or the device profile's)")
     p.add_argument("--stabilizers", type=int, help="stabilizers n_s (default: the heads file's recommendation)")

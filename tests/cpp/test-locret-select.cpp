@@ -4,6 +4,9 @@
 //
 //   test-locret-select [--bench]
 //
+// It also checks a layer's cut at an eviction (locret_cut_layer: the cells a layer reads, with a budget schedule's
+// masked cells left out, split into pinned, candidates and stabilizers) against a brute-force walk over the cells.
+//
 // --bench also times the selection at the paper's Llama-3.1-8B shape (32 layers x 8 KV heads, b = 16384 from 17408
 // units) on each backend; the timing is printed, never checked.
 #include "locret-select.h"
@@ -12,6 +15,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -120,6 +124,69 @@ static double run_case(ggml_backend_t backend, const select_case & c, bool check
     return ms;
 }
 
+// locret_cut_layer against a walk over the cells: the layer reads [0, m0) and [dead_end, n_used) (m0 = min(live_end,
+// dead_end)); of those, in cell order, the first n_pin are pinned, the last `stab` stabilizers, the rest candidates,
+// which the cut gives as two runs of cells
+static void check_cut(uint32_t live_end, uint32_t dead_end, uint32_t n_used, uint32_t budget, uint32_t n_keep,
+                      uint32_t n_pin, uint32_t n_stab) {
+    const locret_layer_cut c = locret_cut_layer(live_end, dead_end, n_used, budget, n_keep, n_pin, n_stab);
+    std::vector<uint32_t> read;
+    for (uint32_t cell = 0; cell < n_used; ++cell) {
+        if (cell < std::min(live_end, dead_end) || cell >= dead_end) {
+            read.push_back(cell);
+        }
+    }
+    const uint32_t n_held = (uint32_t) read.size();
+    const uint32_t n_live = std::min(std::min(n_keep, budget), n_held);
+    const uint32_t stab   = std::min(n_stab, n_held - n_pin);
+    const std::vector<uint32_t> cand(read.begin() + n_pin, read.end() - stab);
+    std::vector<uint32_t> runs;
+    for (uint32_t k = 0; k < c.n0; ++k) {
+        runs.push_back(c.c0 + k);
+    }
+    for (uint32_t k = 0; k < c.n1; ++k) {
+        runs.push_back(c.c1 + k);
+    }
+    char what[160];
+    std::snprintf(what, sizeof(what), "cut (live %u, dead %u, used %u, budget %u, keep %u, pin %u, stab %u)", live_end,
+                  dead_end, n_used, budget, n_keep, n_pin, n_stab);
+    CHECK(c.n_held == n_held && c.n_live == n_live && c.stab == stab, what);
+    CHECK(c.gap == dead_end - std::min(live_end, dead_end), what);
+    CHECK(c.n_cand == cand.size() && c.n_top == n_live - n_pin - stab, what);
+    CHECK(runs == cand, what); // the candidates' cells, in order, as the two runs name them
+    CHECK(c.on_device() == (c.n_top > 0 && c.n_top < c.n_cand), what);
+}
+
+static int check_cuts() {
+    int n = 0;
+    // no schedule: every cell read, one run
+    check_cut(0, 0, 100, 64, 64, 0, 8); ++n;
+    check_cut(0, 0, 100, 64, 64, 10, 8); ++n;
+    // a schedule's masked cells [live, dead): candidates on both sides, or only above them
+    check_cut(30, 50, 120, 40, 64, 0, 8); ++n;
+    check_cut(30, 50, 120, 40, 64, 12, 8); ++n;
+    check_cut(5, 50, 120, 40, 64, 12, 8); ++n;   // the pinned cells reach past the live end
+    check_cut(50, 50, 120, 40, 64, 12, 8); ++n;  // the largest layer: nothing masked
+    check_cut(30, 50, 60, 40, 64, 4, 16); ++n;   // more stabilizers than cells above the mask
+    check_cut(30, 50, 50, 40, 64, 0, 0); ++n;    // nothing placed since the last eviction
+    // every (live, dead, used) of a small stream, budgets around what the layer holds
+    for (uint32_t used = 1; used <= 12; ++used) {
+        for (uint32_t dead = 0; dead <= used; ++dead) {
+            for (uint32_t live = 0; live <= dead; ++live) {
+                const uint32_t held = used - (dead - live);
+                for (uint32_t pin = 0; pin <= std::min(held, 2u); ++pin) {
+                    for (uint32_t stab = 0; stab <= 3; ++stab) {
+                        for (uint32_t keep = pin + std::min(stab, held - pin); keep <= held + 1; keep += 2) {
+                            check_cut(live, dead, used, keep + (live % 2), keep, pin, stab); ++n;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return n;
+}
+
 int main(int argc, char ** argv) {
     const bool bench = argc > 1 && std::strcmp(argv[1], "--bench") == 0;
     ggml_backend_load_all();
@@ -164,6 +231,7 @@ int main(int argc, char ** argv) {
         ggml_backend_free(backend);
     }
     CHECK(n_backends > 0, "no backend");
+    std::printf("%d layer cuts checked\n", check_cuts());
     if (g_failures > 0) {
         std::fprintf(stderr, "%d check(s) failed\n", g_failures);
         return 1;

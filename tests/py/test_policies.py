@@ -25,7 +25,7 @@ SINKS = 4      # StreamingLLM's attention sinks: logical positions 0..3
 N_PROMPT = 500  # 15 full ubatches, then 12 tokens and the 8-token local tail
 VALID = "valid policies: heads, random, streaming, lagkv"
 
-# the random policy's hash, as in ggml_ext/src/locret-evict.cpp (locret_random_score)
+# the random policy's hash, as in ggml_ext/src/locret-policy-random.cpp (locret_random_score)
 RANDOM_SEED = np.uint64(0x4C6F63726574)
 MIX_1, MIX_2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 

@@ -86,3 +86,21 @@ def test_a_keyword_locret_llama_does_not_know_is_refused(model_path):
     with pytest.raises(HeadsError, match=r"locret.Llama has no argument locret_lag: a policy's own settings follow its "
                                          r"name in locret_policy"):
         make(model_path, locret_policy="lagkv", locret_lag=64)
+
+
+def test_locret_serve_passes_a_policy_with_settings_and_refuses_an_unknown_one(model_path):
+    import subprocess
+    import sys
+
+    def serve(policy):
+        return subprocess.run([sys.executable, "-m", "locret", "serve", "--model", str(model_path), "--policy", policy,
+                               "--print-command"], capture_output=True, text=True, timeout=120)
+    proc = serve("lagkv:lag=32")
+    assert proc.returncode == 0, proc.stderr
+    cmd = proc.stdout.split()
+    assert cmd[cmd.index("--locret-policy") + 1] == "lagkv:lag=32"
+    assert "--locret-heads" not in cmd  # LagKV reads no heads (its traits say so)
+    proc = serve("lagkv:lags=3")
+    assert proc.returncode == 2 and "policy lagkv has no setting 'lags' (its settings: lag)" in proc.stderr
+    proc = serve("nope")
+    assert proc.returncode == 2 and "valid policies: heads" in proc.stderr, proc.stderr

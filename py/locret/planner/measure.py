@@ -178,7 +178,7 @@ def _add_buffers(out: Plan, m: Measured) -> None:
 # 18-20 bytes per token. Invisible at one slot, 215 MiB at 256: a plan for many slots that left it out was exceeded.
 SAMPLING_PART = "sampling"
 SAMPLING_BYTES_PER_TOKEN = 20
-# the most sequences one compaction moves (llama_locret_memory::COMPACT_MAX_SEQ; a test checks the creation log agrees)
+# the most sequences one compaction moves (locret_evictor::COMPACT_MAX_SEQ; a test checks the creation log agrees)
 COMPACT_MAX_SEQ = 4
 LOCRET_PART = "Locret eviction"      # the eviction graphs' compute buffers and move tables: one compaction's sequences
 LOCRET_SCORES_PART = "Locret scores"  # the score store and the units' positions: every slot's

@@ -1,9 +1,9 @@
-// The Locret memory's eviction (see locret-memory.h): the eviction graphs' reservation, and each turn of an eviction
+// The Locret memory's eviction (see locret-evictor.h): the eviction graphs' reservation, and each turn of an eviction
 // in steps: choose (the policy's scoring through its hooks, each layer's cut, selection on the device or the host),
 // plan (keep lists, and the layout's moves: locret-layout.h), compact (one graph per turn of sequences), commit (each
 // sequence's cells: locret-cells.h), or abandon after a compaction that failed part-way.
 
-#include "locret-memory.h"
+#include "locret-evictor.h"
 #include "locret-heads.h"
 #include "locret-layout.h"
 #include "locret-select.h"
@@ -19,33 +19,32 @@
 // eviction
 //
 
-void llama_locret_memory::free_cells(uint32_t strm, llama_pos pos_from) {
-    // the cache's cells hold positions that grow with the cell (compact positions: the cell itself; kept positions:
-    // cells below the budget hold their own index, later ones the RoPE position they were placed at): removing
-    // positions >= pos_from frees the cells from the first that holds such a position on. A layer group's cache holds
-    // the same units of a suffix at the same positions.
-    for (size_t g = 0; g < n_groups(); ++g) {
-        group_cache(g)->seq_rm((llama_seq_id) strm, pos_from, -1);
-    }
+locret_evictor::locret_evictor(const locret_evict_parts & p)
+    : cfg(p.cfg), policy(p.policy), layers(p.layers), streams(p.streams), scores(p.scores), queries(p.queries),
+      grp(p.grp), kv(p.kv), kv_swa(p.kv_swa), v_trans(p.v_trans), select_graph(p.select_graph), faults(p.faults),
+      drop_sequence(p.drop_sequence) {
 }
 
-void llama_locret_memory::free_group_tails(uint32_t strm) {
-    // after an eviction group g keeps cells [0, its live end) of its own cache; the cells there hold positions that
-    // grow with the cell as in group 0's (each part is placed after the cells in use, at positions past theirs), so
-    // the cells from the live end on are those whose position is at least that cell's
-    const locret_cells & s = streams[strm];
-    for (size_t g = 1; g < n_groups(); ++g) {
-        llama_kv_cache * c = group_cache(g);
-        const llama_kv_cells & cells = c->get_cells((llama_seq_id) strm);
-        const uint32_t live = group_live_end(g, s);
-        if (live < cells.size() && !cells.is_empty(live)) {
-            c->seq_rm((llama_seq_id) strm, cells.pos_get(live), -1);
+size_t locret_evictor::buffer_size() const {
+    size_t n = 0;
+    for (const auto & g : graphs) {
+        if (!g.sched) {
+            continue;
         }
-        GGML_ASSERT(cells.get_used() == live && "Locret: a layer group's cache does not follow the eviction");
+        for (int i = 0; i < ggml_backend_sched_get_n_backends(g.sched.get()); ++i) {
+            n += ggml_backend_sched_get_buffer_size(g.sched.get(), ggml_backend_sched_get_backend(g.sched.get(), i));
+        }
+    }
+    return n;
+}
+
+void locret_evictor::wait_idle() {
+    if (any_sched() != nullptr) {
+        ggml_backend_sched_synchronize(any_sched());
     }
 }
 
-bool llama_locret_memory::shift_window(llama_context * lctx, uint32_t strm, llama_pos delta) {
+bool locret_evictor::shift_window(llama_context * lctx, uint32_t strm, llama_pos delta) {
     if (kv_swa == nullptr || delta == 0) {
         return true;
     }
@@ -65,7 +64,7 @@ static ggml_backend_t locret_backend_holding(ggml_backend_sched_t sched, const g
     return nullptr;
 }
 
-void llama_locret_memory::make_evict_scheds(llama_context * lctx) {
+void locret_evictor::make_scheds(llama_context * lctx) {
     // the context's backends, each with its default buffer type
     ggml_backend_sched_t ctx_sched = lctx->get_sched();
     std::vector<ggml_backend_t> backends;
@@ -75,9 +74,9 @@ void llama_locret_memory::make_evict_scheds(llama_context * lctx) {
         bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
     }
     // the host threads of the evictions' bookkeeping, started now rather than in the first eviction
-    evict_workers.reserve((unsigned) std::min<size_t>(layers.size(), host_threads(lctx, SIZE_MAX)));
+    workers.reserve((unsigned) std::min<size_t>(layers.size(), host_threads(lctx, SIZE_MAX)));
     const size_t max_nodes = std::max(32 * layers.size() + 64, policy->score_graph_nodes(layers.size()));
-    for (auto & g : evict_graphs) {
+    for (auto & g : graphs) {
         g.sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
         g.res.reset(new llm_graph_result((int64_t) max_nodes));
     }
@@ -89,7 +88,7 @@ void llama_locret_memory::make_evict_scheds(llama_context * lctx) {
             continue;
         }
         if (ggml_backend_event_t ev = ggml_backend_event_new(dev)) {
-            ubatch_end_events.emplace_back(b, std::unique_ptr<ggml_backend_event, locret_event_free>(ev));
+            ubatch_end_events.emplace_back(b, std::unique_ptr<ggml_backend_event, event_free>(ev));
         }
     }
 }
@@ -110,29 +109,28 @@ static void locret_fill_moves_for_reserve(locret_moves & moves) {
     }
 }
 
-bool llama_locret_memory::reserve_evict_tables(ggml_backend_sched_t ctx_sched) {
+bool locret_evictor::reserve_tables(ggml_backend_sched_t ctx_sched) {
     // the worst cases: every retained unit of every sequence of a turn moves; a selection from a full cache. The moves
     // and the selection's read-back get their host memory here, pinned when the cache is on a device. A turn takes at
     // most COMPACT_MAX_SEQ sequences, so that a server's many slots do not multiply these buffers (at 256 slots they
     // would be several hundred MiB); LOCRET_DEBUG_COMPACT_SEQ=N takes fewer (tests: turns with a few sequences).
-    locret_moves & moves = evict_moves;
-    evict_turn_seq = std::min<uint32_t>((uint32_t) streams.size(), COMPACT_MAX_SEQ);
+    turn_seq = std::min<uint32_t>((uint32_t) streams.size(), COMPACT_MAX_SEQ);
     if (const char * e = getenv("LOCRET_DEBUG_COMPACT_SEQ")) {
-        evict_turn_seq = std::max<uint32_t>(1, std::min<uint32_t>(evict_turn_seq, (uint32_t) atoi(e)));
+        turn_seq = std::max<uint32_t>(1, std::min<uint32_t>(turn_seq, (uint32_t) atoi(e)));
     }
     std::vector<size_t> cap(layers.size());
     size_t n_rows = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
-        cap[i] = (size_t) evict_turn_seq * cfg.budget * layers[i].n_head_kv;
+        cap[i] = (size_t) turn_seq * cfg.budget * layers[i].n_head_kv;
         n_rows += layers[i].n_head_kv;
     }
     try {
         // layer groups: K/V rows of caches of their own sizes, in tables of their own, moved layer by layer
-        moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer), n_groups() > 1);
+        moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer), grp.size() > 1);
         if (cfg.rotate_in_place) {
             moves.allocate_in_place();
         }
-        if (n_groups() == 1) {
+        if (grp.size() == 1) {
             moves.make_stack(layers, v_trans, kv->get_size(), kv->get_n_stream());
         }
         // the copies into the tables join the queue of the backend that holds them (a GPU, an RPC server);
@@ -149,9 +147,9 @@ bool llama_locret_memory::reserve_evict_tables(ggml_backend_sched_t ctx_sched) {
     return true;
 }
 
-bool llama_locret_memory::reserve_slot(locret_graph_kind kind,
+bool locret_evictor::reserve_slot(graph_kind kind,
         const std::function<ggml_cgraph *(llm_graph_result *)> & build) {
-    locret_graph_slot & g = evict_graphs[kind];
+    graph_slot & g = graphs[kind];
     g.res->reset();
     const bool ok = ggml_backend_sched_reserve(g.sched.get(), build(g.res.get()));
     g.res->reset();
@@ -159,8 +157,7 @@ bool llama_locret_memory::reserve_slot(locret_graph_kind kind,
     return ok;
 }
 
-bool llama_locret_memory::reserve_evict_graphs() {
-    locret_moves & moves = evict_moves;
+bool locret_evictor::reserve_graphs() {
     // each kind reserved for its worst case, so that no eviction's graph outgrows its reservation: the compaction
     // that re-rotates keys (compact positions, and kept positions at their limit), the one that only copies rows (kept
     // positions), the selection from a full cache, the policy's largest scoring graph
@@ -180,7 +177,7 @@ bool llama_locret_memory::reserve_evict_graphs() {
     if (ok && select_graph && cfg.budget < cfg.capacity) {
         ok = reserve_slot(GRAPH_SELECT, [&](llm_graph_result * res) {
             ggml_cgraph * gf = res->get_gf();
-            if (!has_schedule()) {
+            if (!cfg.has_schedule()) {
                 ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), scores.all(), 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
                 return gf;
             }
@@ -188,7 +185,7 @@ bool llama_locret_memory::reserve_evict_graphs() {
             const uint32_t n0 = cfg.capacity / 2;
             for (size_t i = 0; i < layers.size(); ++i) {
                 ggml_build_forward_expand(gf, locret_build_select_runs(res->get_ctx(), scores.layer(i), 0,
-                        cfg.n_cells, 0, n0, n0, cfg.capacity - n0, std::min(layer_budget(i), cfg.capacity - 1)));
+                        cfg.n_cells, 0, n0, n0, cfg.capacity - n0, std::min(cfg.budget_of(i), cfg.capacity - 1)));
             }
             return gf;
         });
@@ -203,25 +200,25 @@ bool llama_locret_memory::reserve_evict_graphs() {
     return ok;
 }
 
-bool llama_locret_memory::reserve(llama_context * lctx) {
-    make_evict_scheds(lctx);
-    if (!reserve_evict_tables(lctx->get_sched())) {
+bool locret_evictor::reserve(llama_context * lctx) {
+    make_scheds(lctx);
+    if (!reserve_tables(lctx->get_sched())) {
         return false;
     }
-    const bool ok = reserve_evict_graphs();
-    evict_moves.clear();
+    const bool ok = reserve_graphs();
+    moves.clear();
     if (!ok) {
         locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
         return false;
     }
     LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB, "
             "up to %u sequences per compaction\n", __func__,
-            evict_buffer_size() / 1024.0 / 1024.0, move_tables_size() / 1024.0 / 1024.0,
+            buffer_size() / 1024.0 / 1024.0, move_tables_size() / 1024.0 / 1024.0,
             scores.bytes() / 1024.0 / 1024.0, compact_seq());
     return true;
 }
 
-unsigned llama_locret_memory::host_threads(llama_context * lctx, size_t n_work) {
+unsigned locret_evictor::host_threads(llama_context * lctx, size_t n_work) {
     // LOCRET_DEBUG_HOST_THREADS=N: N threads whatever the work (tests run small caches on several threads)
     if (const char * e = getenv("LOCRET_DEBUG_HOST_THREADS")) {
         return (unsigned) std::max(1, atoi(e));
@@ -231,10 +228,10 @@ unsigned llama_locret_memory::host_threads(llama_context * lctx, size_t n_work) 
     return n_work < (1u << 15) ? 1 : (unsigned) std::max(1, llama_n_threads_batch(lctx));
 }
 
-bool llama_locret_memory::run_selection(
+bool locret_evictor::run_selection(
         const std::function<void(ggml_context *, std::vector<std::pair<ggml_tensor *, size_t>> &)> & build) {
     const int64_t p0 = ggml_time_us();
-    locret_graph_slot & g = evict_graphs[GRAPH_SELECT];
+    graph_slot & g = graphs[GRAPH_SELECT];
     ggml_backend_sched_t sched = g.sched.get();
     ggml_backend_sched_reset(sched);
     g.res->reset();
@@ -265,7 +262,7 @@ bool llama_locret_memory::run_selection(
     const int64_t t0_us = ggml_time_us();
     ggml_backend_sched_synchronize(sched);
     t.n_host_syncs += 1;
-    evict_waited = true; // every backend of the context has run what was queued before
+    waited = true; // every backend of the context has run what was queued before
     t.readback_us += ggml_time_us() - t0_us;
     if (locret_profile()) {
         // (scripts/bench_eviction.py reads this line)
@@ -276,13 +273,13 @@ bool llama_locret_memory::run_selection(
     return true;
 }
 
-bool llama_locret_memory::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
+bool locret_evictor::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
     return run_selection([&](ggml_context * ctx, std::vector<std::pair<ggml_tensor *, size_t>> & outs) {
         outs.emplace_back(locret_build_select(ctx, scores.all(), strm, cfg.n_cells, cell0, n_cand, n_top), 0);
     });
 }
 
-locret_policy_env llama_locret_memory::policy_env() {
+locret_policy_env locret_evictor::policy_env() {
     return { cfg, layers, v_trans, queries.tensors(), queries.scales(),
         [this](const char * title, const std::string & what, const std::function<void(ggml_context *, ggml_cgraph *)> & build,
                 const std::function<void()> & set_inputs) {
@@ -290,10 +287,10 @@ locret_policy_env llama_locret_memory::policy_env() {
         } };
 }
 
-bool llama_locret_memory::run_score_graph(const char * policy_name, const std::string & what,
+bool locret_evictor::run_score_graph(const char * policy_name, const std::string & what,
         const std::function<void(ggml_context *, ggml_cgraph *)> & build, const std::function<void()> & set_inputs) {
     const int64_t p0 = ggml_time_us();
-    locret_graph_slot & g = evict_graphs[GRAPH_SCORE];
+    graph_slot & g = graphs[GRAPH_SCORE];
     ggml_backend_sched_t sched = g.sched.get();
     ggml_backend_sched_reset(sched);
     g.res->reset();
@@ -317,7 +314,7 @@ bool llama_locret_memory::run_score_graph(const char * policy_name, const std::s
     return true;
 }
 
-void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_cells & s, uint32_t * keep) const {
+void locret_evictor::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_cells & s, uint32_t * keep) const {
     const uint32_t n_head_kv = layers[i].n_head_kv;
     const uint32_t n_top     = n_keep - n_pin - n_stab;
     std::vector<uint8_t>  mark;
@@ -342,7 +339,7 @@ void llama_locret_memory::select_layer(size_t i, size_t row0, uint32_t n_used, u
     }
 }
 
-void llama_locret_memory::select_layer_masked(size_t i, size_t row0, const layer_cut & c, uint32_t n_used,
+void locret_evictor::select_layer_masked(size_t i, size_t row0, const locret_layer_cut & c, uint32_t n_used,
         uint32_t n_keep, uint32_t n_pin, const float * block, const locret_cells & s, uint32_t * keep,
         const int32_t * top) const {
     // Algorithm 1 over the cells the layer reads, [0, m0) and [m0 + gap, n_used), as if they were consecutive: the
@@ -377,35 +374,10 @@ void llama_locret_memory::select_layer_masked(size_t i, size_t row0, const layer
     }
 }
 
-llama_locret_memory::layer_cut llama_locret_memory::cut_layer(size_t i, const locret_cells & s, uint32_t n_keep,
-        uint32_t n_pin, uint32_t n_stab) const {
-    layer_cut c;
-    c.m0     = std::min(s.live_end[i], s.dead_end);
-    c.gap    = s.dead_end - c.m0;
-    c.n_held = s.n_used - c.gap;
-    c.n_live = std::min({ n_keep, layer_budget(i), c.n_held });
-    c.stab   = std::min(n_stab, c.n_held - n_pin);
-    c.n_cand = c.n_held - n_pin - c.stab;
-    c.n_top  = c.n_live - n_pin - c.stab;
-    // the candidates, held [n_pin, n_pin + n_cand), in cells: those below m0 stay, the others sit gap cells further
-    const uint32_t end = n_pin + c.n_cand;
-    const uint32_t cut = c.gap == 0 ? end : std::max(n_pin, std::min(c.m0, end));
-    c.c0 = n_pin;
-    c.n0 = cut - n_pin;
-    c.c1 = cut + c.gap;
-    c.n1 = end - cut;
-    if (c.n0 == 0) {
-        c.c0 = c.c1;
-        c.n0 = c.n1;
-        c.n1 = 0;
-    }
-    return c;
-}
-
-bool llama_locret_memory::select_layers_on_device(uint32_t strm, std::vector<layer_cut> & cuts) {
+bool locret_evictor::select_layers_on_device(uint32_t strm, std::vector<locret_layer_cut> & cuts) {
     size_t off = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
-        layer_cut & c = cuts[i];
+        locret_layer_cut & c = cuts[i];
         c.off = SIZE_MAX;
         if (c.on_device()) {
             c.off = off;
@@ -417,7 +389,7 @@ bool llama_locret_memory::select_layers_on_device(uint32_t strm, std::vector<lay
     }
     return run_selection([&](ggml_context * ctx, std::vector<std::pair<ggml_tensor *, size_t>> & outs) {
         for (size_t i = 0; i < layers.size(); ++i) {
-            const layer_cut & c = cuts[i];
+            const locret_layer_cut & c = cuts[i];
             if (c.off != SIZE_MAX) {
                 outs.emplace_back(locret_build_select_runs(ctx, scores.layer(i), strm, cfg.n_cells, c.c0, c.n0,
                         c.c1, c.n1, c.n_top), c.off);
@@ -426,8 +398,8 @@ bool llama_locret_memory::select_layers_on_device(uint32_t strm, std::vector<lay
     });
 }
 
-int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
-    if (evict_moves.layer.size() != layers.size()) {
+int locret_evictor::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
+    if (moves.layer.size() != layers.size()) {
         // the room for the moves is made when the context reserves its graphs
         locret_set_error("the Locret eviction graphs were not reserved; the cache is unchanged");
         return -1;
@@ -436,7 +408,7 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     // before the next (a batch of one token per sequence, generation on a busy server, can bring every stream at once).
     // Only the steps that evict count towards a turn, so that sequences evicting in the same ubatch share a compaction
     // however many others the ubatch holds.
-    std::vector<locret_step> & evicting = evict_steps;
+    std::vector<locret_step> & evicting = steps_evicting;
     evicting.clear();
     for (const locret_step & st : plan.steps) {
         if (st.evict || st.reposition) {
@@ -447,12 +419,12 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
         return 0; // a ubatch that evicts nothing does not wait for the backend
     }
     int ret = 0;
-    for (size_t first = 0; first < evicting.size(); first += evict_turn_seq) {
-        const int rc = evict_turn(lctx, evicting.data() + first, std::min<size_t>(evict_turn_seq, evicting.size() - first));
+    for (size_t first = 0; first < evicting.size(); first += turn_seq) {
+        const int rc = evict_turn(lctx, evicting.data() + first, std::min<size_t>(turn_seq, evicting.size() - first));
         if (rc < 0) {
             if (first > 0) {
                 locret_set_error(format("%s (the sequences of the eviction's %zu earlier turn(s) were evicted)",
-                        llama_locret_last_error(), first / evict_turn_seq));
+                        llama_locret_last_error(), first / turn_seq));
             }
             return -1;
         }
@@ -461,14 +433,14 @@ int llama_locret_memory::evict(llama_context * lctx, const locret_ubatch_plan & 
     return ret;
 }
 
-void llama_locret_memory::mark_ubatch_end() {
+void locret_evictor::mark_ubatch_end() {
     for (auto & [backend, ev] : ubatch_end_events) {
         ggml_backend_event_record(ev.get(), backend);
     }
     ubatch_end_marked = !ubatch_end_events.empty();
 }
 
-void llama_locret_memory::wait_ubatch_end() {
+void locret_evictor::wait_ubatch_end() {
     if (!ubatch_end_marked) {
         return;
     }
@@ -481,18 +453,18 @@ void llama_locret_memory::wait_ubatch_end() {
     ubatch_wait_us += ggml_time_us() - t0_us;
 }
 
-void llama_locret_memory::wait_for_backend(llama_context * lctx) {
-    if (evict_waited) {
+void locret_evictor::wait_for_backend(llama_context * lctx) {
+    if (waited) {
         return;
     }
     wait_ubatch_end();
     // (its time goes to the step that asked: the host's read of the scores, or the compaction)
     ggml_backend_sched_synchronize(lctx->get_sched());
     t.n_host_syncs += 1;
-    evict_waited = true;
+    waited = true;
 }
 
-void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint32_t n_used,
+void locret_evictor::read_scores(llama_context * lctx, uint32_t strm, uint32_t n_used,
         std::vector<const float *> & blocks) {
     size_t n_floats = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -502,7 +474,7 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
     const int64_t t0_us = ggml_time_us();
     // the blocks on a device are queued on the backend that holds them, after the ubatch that wrote them, and waited
     // for together; that wait (or the context's, when every block is in host memory) also covers the ones read in place
-    ggml_backend_sched_t sched = evict_sched();
+    ggml_backend_sched_t sched = any_sched();
     bool queued = false;
     size_t at = 0;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -524,7 +496,7 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
         wait_ubatch_end();
         ggml_backend_sched_synchronize(sched); // the same backends as the context's
         t.n_host_syncs += 1;
-        evict_waited = true;
+        waited = true;
     } else {
         wait_for_backend(lctx);
     }
@@ -535,15 +507,15 @@ void llama_locret_memory::read_scores(llama_context * lctx, uint32_t strm, uint3
 // selection) and plan (each layer's keep lists, positions after the eviction and row moves, by the layout); then one
 // compaction moves the rows of every sequence of the turn, and each sequence's bookkeeping is committed. Nothing
 // changes before the compaction has run: a failure before it leaves the cache as it was.
-int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps) {
+int locret_evictor::evict_turn(llama_context * lctx, const locret_step * steps, size_t n_steps) {
     const int64_t t_start_us = ggml_time_us();
     const uint64_t readback_before_us = t.readback_us;
-    evict_waited = false;
+    waited = false;
     ubatch_wait_us = 0;
     mark_ubatch_end();
 
     turn_pending.clear();
-    evict_moves.clear();
+    moves.clear();
     live_next.resize(std::max(live_next.size(), n_steps));
     turn_moved.assign(layers.size(), 0);
     turn_rotated.assign(layers.size(), 0);
@@ -611,7 +583,7 @@ int llama_locret_memory::evict_turn(llama_context * lctx, const locret_step * st
 // Step 1, choose: the policy computes the scores it needs now and may protect more (sinks, units waiting for a score,
 // a chosen set); a pinned query (Locret-Q) stays like the stabilizers; each layer's cut; the selection on the device,
 // or the scores the host selects from read into ch.blocks. The step joins turn_pending.
-bool llama_locret_memory::choose_step(llama_context * lctx, const locret_step & st, turn_choice & ch) {
+bool locret_evictor::choose_step(llama_context * lctx, const locret_step & st, turn_choice & ch) {
     const locret_cells & s = streams[st.strm];
     const bool evicts = st.evict;
     const locret_evict_args args = { st.strm, s.n_used, st.n_keep, s.pinned_cells(), st.n_stab };
@@ -637,14 +609,14 @@ bool llama_locret_memory::choose_step(llama_context * lctx, const locret_step & 
     ch.ends_only = n_top == 0 || !evicts;
     // a budget schedule selects per layer (its own count, around its masked cells): on the device for the layers
     // that choose by score, the others keep all they hold or only their ends, which needs no score
-    ch.sched = has_schedule();
+    ch.sched = cfg.has_schedule();
     ch.on_device = evicts && !scores.empty() && select_graph && (ch.sched || (n_top > 0 && n_top < n_cand));
-    evict_cuts.resize(layers.size());
+    cuts.resize(layers.size());
     for (size_t i = 0; i < layers.size(); ++i) {
-        evict_cuts[i] = cut_layer(i, s, st.n_keep, ch.n_pin, ch.n_stab);
+        cuts[i] = locret_cut_layer(s.live_end[i], s.dead_end, s.n_used, cfg.budget_of(i), st.n_keep, ch.n_pin, ch.n_stab);
     }
     const bool selected = !ch.on_device ||
-        (ch.sched ? select_layers_on_device(st.strm, evict_cuts) : select_on_device(st.strm, ch.n_pin, n_cand, n_top));
+        (ch.sched ? select_layers_on_device(st.strm, cuts) : select_on_device(st.strm, ch.n_pin, n_cand, n_top));
     if (!selected) {
         locret_set_error("the Locret selection graph could not run; the cache is unchanged");
         return false;
@@ -660,7 +632,7 @@ bool llama_locret_memory::choose_step(llama_context * lctx, const locret_step & 
 
 // Step 2, plan: the positions after the eviction (into pos_next, rope_pos_next and live_next at the step's index in
 // turn_pending) and the row moves, every layer on the eviction's host threads
-void llama_locret_memory::plan_step(llama_context * lctx, const locret_step & st, const turn_choice & ch) {
+void locret_evictor::plan_step(llama_context * lctx, const locret_step & st, const turn_choice & ch) {
     const size_t p = turn_pending.size() - 1;
     const locret_cells & s = streams[st.strm];
     if (pos_next.size() <= p) {
@@ -669,15 +641,15 @@ void llama_locret_memory::plan_step(llama_context * lctx, const locret_step & st
     }
     pos_next[p].resize(layers.size());
     rope_pos_next[p].resize(s.rope.size());
-    evict_keep.resize(turn_row0.back() * st.n_keep);
+    keep_cells.resize(turn_row0.back() * st.n_keep);
     live_next[p].assign(layers.size(), st.n_keep);
-    if (evict_moves.uploads_queued()) {
+    if (moves.uploads_queued()) {
         // the last compaction's copies into the tables were queued, not waited for, and read these arrays when the
         // backend gets to them: nothing is written before a wait (a selection that read something has waited)
         wait_for_backend(lctx);
     }
     const size_t n_work = turn_row0.back() * (size_t) s.n_used;
-    evict_workers.parallel_for(layers.size(), host_threads(lctx, n_work), [&](size_t i) {
+    workers.parallel_for(layers.size(), host_threads(lctx, n_work), [&](size_t i) {
         plan_layer(i, st, ch, p);
     });
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -685,12 +657,12 @@ void llama_locret_memory::plan_step(llama_context * lctx, const locret_step & st
     }
 }
 
-// the kept cells of layer i's KV heads, in cell order, into evict_keep (every unit the layer holds when the step only
+// the kept cells of layer i's KV heads, in cell order, into keep_cells (every unit the layer holds when the step only
 // compacts positions)
-void llama_locret_memory::keep_layer(size_t i, const locret_step & st, const turn_choice & ch) {
+void locret_evictor::keep_layer(size_t i, const locret_step & st, const turn_choice & ch) {
     const locret_cells & s = streams[st.strm];
-    const layer_cut & cut = evict_cuts[i];
-    uint32_t * keep = evict_keep.data();
+    const locret_layer_cut & cut = cuts[i];
+    uint32_t * keep = keep_cells.data();
     if (!st.evict) {
         for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
             uint32_t * out = keep + (turn_row0[i] + h) * st.n_keep;
@@ -712,9 +684,9 @@ void llama_locret_memory::keep_layer(size_t i, const locret_step & st, const tur
 }
 
 // layer i of pending step p: its kept cells, then the layout turns each KV head's into positions and row moves
-void llama_locret_memory::plan_layer(size_t i, const locret_step & st, const turn_choice & ch, size_t p) {
+void locret_evictor::plan_layer(size_t i, const locret_step & st, const turn_choice & ch, size_t p) {
     const locret_cells & s = streams[st.strm];
-    const layer_cut & cut = evict_cuts[i];
+    const locret_layer_cut & cut = cuts[i];
     const uint32_t n_live = cut.n_live; // its budget (a schedule's), at most the units it holds outside its masked cells
     live_next[p][i] = n_live;
     keep_layer(i, st, ch);
@@ -726,8 +698,8 @@ void llama_locret_memory::plan_layer(size_t i, const locret_step & st, const tur
     }
     // the layer's moves are written through local pointers and counted once at the end: the layers' headers sit side
     // by side, and a count updated per move from several threads would share their cache lines
-    auto & m = evict_moves.layer[i];
-    locret_moves::in_place_rows * rot = evict_moves.in_place.empty() ? nullptr : &evict_moves.in_place[i];
+    auto & m = moves.layer[i];
+    locret_moves::in_place_rows * rot = moves.in_place.empty() ? nullptr : &moves.in_place[i];
     GGML_ASSERT(m.n + (rot != nullptr ? rot->n : 0) + (size_t) n_head_kv * st.n_keep <= m.cap);
     locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, (int64_t) st.strm * cfg.n_cells, n_head_kv,
                             0, 0, 0 };
@@ -735,7 +707,7 @@ void llama_locret_memory::plan_layer(size_t i, const locret_step & st, const tur
         mv.kv_src  = m.kv_src + m.n;
         mv.kv_dst  = m.kv_dst + m.n;
         mv.kv_base = (int64_t) st.strm * layers[i].kv_size;
-        mv.live    = group_live_end(layers[i].group, s);
+        mv.live    = grp.live_end(layers[i].group, s);
         mv.gap     = s.dead_end - mv.live;
     }
     const locret_layout & layout = locret_layout_get(locret_layout_of(cfg.keep_positions, cfg.rotate_in_place,
@@ -744,7 +716,7 @@ void llama_locret_memory::plan_layer(size_t i, const locret_step & st, const tur
     for (uint32_t h = 0; h < n_head_kv; ++h) {
         // rows [0, live_end) moved with the last eviction sit at positions offset by the masked cells after them
         const locret_layout_head hd = {
-            evict_keep.data() + (turn_row0[i] + h) * st.n_keep, n_live, s.pos_row(i, h),
+            keep_cells.data() + (turn_row0[i] + h) * st.n_keep, n_live, s.pos_row(i, h),
             s.rope.empty() ? nullptr : s.rope_row(i, h), next.data() + (size_t) h * cfg.n_cells,
             s.rope.empty() ? nullptr : rope_pos_next[p][i].data() + (size_t) h * cfg.n_cells,
             s.live_end[i], (int32_t) cut.gap, (int32_t) (st.n_keep - n_live),
@@ -762,8 +734,7 @@ void llama_locret_memory::plan_layer(size_t i, const locret_step & st, const tur
 }
 
 // Step 3, compact: the turn's row moves of every sequence in one compaction graph (not waited for)
-locret_compact_status llama_locret_memory::compact_turn(llama_context * lctx, int64_t t_selected_us) {
-    locret_moves & moves = evict_moves;
+locret_compact_status locret_evictor::compact_turn(llama_context * lctx, int64_t t_selected_us) {
     moves.finish(); // the in-place rotations after the moves of every sequence of the turn
     moves.rotate = false;
     for (size_t i = 0; i < layers.size(); ++i) {
@@ -774,10 +745,10 @@ locret_compact_status llama_locret_memory::compact_turn(llama_context * lctx, in
         // inputs are written now, and the last compaction, never waited for, may still read them
         wait_for_backend(lctx);
     }
-    locret_graph_slot & compact_slot = evict_graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY];
+    graph_slot & compact_slot = graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY];
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
         locret_compact(compact_slot.sched.get(), compact_slot.res.get(), kv, v_trans, layers, moves,
-                take_fault(LOCRET_FAULT_EVICT_ALLOC), take_fault(LOCRET_FAULT_EVICT_COMPUTE));
+                faults.take(LOCRET_FAULT_EVICT_ALLOC), faults.take(LOCRET_FAULT_EVICT_COMPUTE));
     t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
     if (locret_profile() && status != LOCRET_COMPACT_NOT_RUN) {
         fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", moves.count(),
@@ -788,7 +759,7 @@ locret_compact_status llama_locret_memory::compact_turn(llama_context * lctx, in
 
 // Step 4, commit: pending step p's sequence takes its positions after the eviction, frees the cells past them, and the
 // window cache (iSWA) follows the new RoPE frame; false when the window cache could not
-bool llama_locret_memory::commit_step(llama_context * lctx, size_t p, bool & shifted) {
+bool locret_evictor::commit_step(llama_context * lctx, size_t p, bool & shifted) {
     const turn_step & ts = turn_pending[p];
     locret_cells & s = streams[ts.args.strm];
     const uint32_t n_used = s.n_used;
@@ -799,10 +770,10 @@ bool llama_locret_memory::commit_step(llama_context * lctx, size_t p, bool & shi
     }
     // the next part's RoPE position: on from the last with kept positions, else after the kept units
     const bool restart_rope = !cfg.keep_positions || ts.reposition;
-    n_repositions += cfg.keep_positions && ts.reposition;
+    t.n_repositions += cfg.keep_positions && ts.reposition;
     const uint64_t n_evicted = s.commit_eviction(ts.args.n_keep, live_next[p], pos_next[p], rope_pos_next[p],
                                                  restart_rope, ts.evicts);
-    free_group_tails(ts.args.strm);
+    grp.free_tails(ts.args.strm, s);
     policy->compacted(cfg, ts.args, ts.prot, s.policy_state);
     locret_cells_assert(s);
     t.n_evictions     += ts.evicts; // compacting kept positions alone evicts nothing
@@ -820,10 +791,9 @@ bool llama_locret_memory::commit_step(llama_context * lctx, size_t p, bool & shi
 
 // the compaction failed part-way: the cache may be half moved, so the sequences of the turn are emptied (nothing
 // inconsistent is ever read)
-void llama_locret_memory::abandon_turn() {
+void locret_evictor::abandon_turn() {
     for (const auto & ts : turn_pending) {
-        each_cache([&](llama_memory_i & m) { m.seq_rm((llama_seq_id) ts.args.strm, -1, -1); });
-        streams[ts.args.strm].reset();
+        drop_sequence((llama_seq_id) ts.args.strm);
     }
     locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
 }
