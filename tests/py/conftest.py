@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("LOCRET_CHECK_CELLS", "1")
 BIN = library_dir()  # build/bin, or $LOCRET_BUILD_DIR/bin (scripts/coverage.sh runs the tests on an instrumented build)
 sys.path.insert(0, str(REPO / "scripts"))  # llama_tree is a script, imported by its tests
+sys.path.insert(0, str(REPO / "experiments"))  # the probes, imported by their tests
 
 
 import lanes  # noqa: E402  (tests/py/lanes.py: which test is in which lane, and the files' order)

@@ -97,8 +97,8 @@ def test_every_code_block_says_whether_it_runs():
 
 
 def linked_docs() -> list[Path]:
-    """The pages whose links between each other must resolve: the docs and the shipped heads' page."""
-    return [*doc_files(), REPO / "heads" / "README.md"]
+    """The pages whose links between each other must resolve: the docs, the shipped heads' page and the probes'."""
+    return [*doc_files(), REPO / "heads" / "README.md", REPO / "experiments" / "README.md"]
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)[^)]*\)")

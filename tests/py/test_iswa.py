@@ -9,7 +9,7 @@ parity tests compare with the scores the heads gave, so any heads do, and these 
   - state save/load carries both caches;
   - with the shipped trained heads (heads/gemma3-270m.gguf) and flash attention, a passkey prompt of a few thousand
     tokens goes through the evictions a long prompt does, in a cache of b + ubatch cells, and is answered.
-The accuracy past the model's 32,768-token training context is an evaluation, not a test: scripts/eval_gemma_passkey.py
+The accuracy past the model's 32,768-token training context is an evaluation, not a test: experiments/eval_gemma_passkey.py
 (docs/results.md has its command and result).
 """
 from __future__ import annotations
@@ -241,7 +241,7 @@ def test_gemma_shipped_heads_answer_a_passkey_through_many_evictions(gemma, gemm
     """One fixed passkey prompt of 2,600 tokens, the key right after the instructions, in a cache of b + ubatch = 768
     cells (b = 512, Gemma's window): the heads must keep the key's tokens through about eight evictions of 256-token
     chunks (the streaming policy's sinks and recent window would drop them), with flash attention and the window
-    cache alongside. Past 32K tokens the same path is an evaluation: scripts/eval_gemma_passkey.py (docs/results.md),
+    cache alongside. Past 32K tokens the same path is an evaluation: experiments/eval_gemma_passkey.py (docs/results.md),
     ~150 s per prompt here."""
     budget, ubatch, n_tokens = 512, 256, 2600
     llm = Llama(model_path=str(gemma), n_ctx=8192, n_batch=ubatch, n_ubatch=ubatch, locret_heads=str(gemma_heads),

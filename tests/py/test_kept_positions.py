@@ -514,9 +514,9 @@ def test_tokens_over_evictions_stay_as_close_to_llama_cpp_as_llama_cpp_to_itself
 
 
 def test_the_layout_probe_reports_one_prompt():
-    # scripts/layout_probe.py: one evaluation prompt under one layout, as a table row (what
+    # experiments/layout_probe.py: one evaluation prompt under one layout, as a table row (what
     # docs/experiments/results-history.md quotes)
-    probe = [REPO / ".venv" / "bin" / "python", REPO / "scripts" / "layout_probe.py", "--length", "1024",
+    probe = [REPO / ".venv" / "bin" / "python", REPO / "experiments" / "layout_probe.py", "--length", "1024",
              "--budget", "256", "--ubatch", "128", "--threads", "2"]
     out = run(probe + ["--positions", "keep:512", "--which", "1"], timeout=300)
     assert out.returncode == 0, out.stderr

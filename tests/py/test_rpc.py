@@ -1,7 +1,7 @@
 """Eviction over llama.cpp's RPC backend: two ggml-rpc-server processes on 127.0.0.1 hold every layer and its cache.
 
 The Python parity run (kept sets after every call, greedy tokens, a Locret-Q run, a state round trip) is
-scripts/rpc_check.py in a process of its own: registered RPC devices stay for the process, and a later model load in
+experiments/rpc_check.py in a process of its own: registered RPC devices stay for the process, and a later model load in
 a test worker would reach for servers that are gone. llama-completion and llama-server are run here with --rpc.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_rpc_runs_evict_as_the_local_cpu_run_does(select, tmp_path):
     # scores from the servers, queued together and waited for once
     out = tmp_path / "rpc.json"
     env = dict(os.environ, **({"LOCRET_DEBUG_SELECT": "host"} if select == "host" else {}))
-    proc = run([sys.executable, REPO / "scripts" / "rpc_check.py", "--tokens", "420", "--generate", "8",
+    proc = run([sys.executable, REPO / "experiments" / "rpc_check.py", "--tokens", "420", "--generate", "8",
                 "--budget", BUDGET, "--ubatch", UBATCH, "--json", out], timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""SAGE-KV against the paper's selection computed in PyTorch (scripts/sage_reference.py), on one short prompt.
+"""SAGE-KV against the paper's selection computed in PyTorch (experiments/sage_reference.py), on one short prompt.
 
 test_sage.py checks the engine's selection against numpy on the engine's own query and K cache; this checks it from
 outside: the model again in PyTorch (transformers, dequantized from the same GGUF), its own post-RoPE last query and

@@ -1,4 +1,4 @@
-"""scripts/slots_memory.py: the KV memory llama-server reports with a budget schedule and several slots.
+"""experiments/slots_memory.py: the KV memory llama-server reports with a budget schedule and several slots.
 
 - the size line it reads is llama.cpp's own (an iSWA model's two caches summed);
 - with the pyramid at a small budget, -np 2 allocates exactly twice one slot's KV, and the planner's prediction equals
@@ -13,7 +13,7 @@ from conftest import REPO
 
 
 def test_the_size_line_is_llama_cpps():
-    import slots_memory  # scripts/, on sys.path through conftest
+    import slots_memory  # experiments/, on sys.path through conftest
 
     line = ("0.00.510.540 I llama_kv_cache: size =   39.38 MiB (  1792 cells,  30 layers,  1/1 seqs), "
             "K (f16):   19.69 MiB, V (f16):   19.69 MiB")
@@ -21,7 +21,7 @@ def test_the_size_line_is_llama_cpps():
 
 
 def test_two_slots_of_a_pyramid_allocate_twice_one_slot(model_path):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "slots_memory.py"), "--budget", "256",
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / "slots_memory.py"), "--budget", "256",
                            "--schedules", "pyramid", "--slots", "1,2", "--n-ctx", "4096", "--ubatch", "128"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -38,6 +38,6 @@ def test_two_slots_of_a_pyramid_allocate_twice_one_slot(model_path):
 
 
 def test_bad_slots_are_refused():
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "slots_memory.py"), "--slots", "0"],
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / "slots_memory.py"), "--slots", "0"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--slots must be at least 1" in proc.stderr

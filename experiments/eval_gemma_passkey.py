@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One passkey prompt past a sliding-window model's training context, answered from a bounded cache.
 
-    .venv/bin/python scripts/eval_gemma_passkey.py                    # Gemma-3-270M, 33,000 tokens, b 2048, ub 512
-    .venv/bin/python scripts/eval_gemma_passkey.py --tokens 33000 --prompts 4 --depths 0,0.33,0.67,1
+    .venv/bin/python experiments/eval_gemma_passkey.py                    # Gemma-3-270M, 33,000 tokens, b 2048, ub 512
+    .venv/bin/python experiments/eval_gemma_passkey.py --tokens 33000 --prompts 4 --depths 0,0.33,0.67,1
 
 Gemma-3-270M (iSWA: five of every six layers keep llama.cpp's 512-token window cache, the others evict) with its
 shipped trained heads (heads/gemma3-270m.gguf), flash attention, one ubatch per batch. Each prompt is the passkey

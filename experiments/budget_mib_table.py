@@ -4,7 +4,7 @@ memory size, the budget the library's rule resolves to (llama_locret_budget_for_
 predicts per sequence, the memory a context created with that size really holds (its K/V tensors, window cache and
 Locret stores), and what one unit more would need. Prints a markdown table.
 
-    .venv/bin/python scripts/budget_mib_table.py [--sizes 16,32,64,128] [--ubatch 512] [--n-ctx 131072]
+    .venv/bin/python experiments/budget_mib_table.py [--sizes 16,32,64,128] [--ubatch 512] [--n-ctx 131072]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 """Speculative decoding with a Locret budget in llama-server: generation speed and draft acceptance with and without
 n-gram or draft-model speculation, on an extraction task whose answer quotes a long document.
 
-    .venv/bin/python scripts/bench_speculative.py [--tokens 16000] [--budget 2048] [--ubatch 256] [--n-predict 256]
+    .venv/bin/python experiments/bench_speculative.py [--tokens 16000] [--budget 2048] [--ubatch 256] [--n-predict 256]
         [--spec-type ngram-simple|draft-simple] [--spec-args "ARGS"] [--extra "ARGS"] [--show]
 
 Starts the patched llama-server (build/bin) twice on a loopback port, with the default model and its shipped heads,

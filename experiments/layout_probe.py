@@ -6,7 +6,7 @@ For looking at a single prompt closely (e.g. why kept positions lose a passkey t
 accuracy tables come from `locret eval`. The settings are the evaluation's for `--methods locret`: flash attention,
 the shipped plain heads, no query.
 
-    .venv/bin/python scripts/layout_probe.py --length 32768 --positions keep --which 0
+    .venv/bin/python experiments/layout_probe.py --length 32768 --positions keep --which 0
 """
 from __future__ import annotations
 

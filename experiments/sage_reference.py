@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SAGE-KV checked against its paper: the paper's selection written again in PyTorch, beside our engine's.
 
-    .venv/bin/python scripts/sage_reference.py --tasks passkey,niah --length 6144 --depths 0.25,0.5,0.75 \\
+    .venv/bin/python experiments/sage_reference.py --tasks passkey,niah --length 6144 --depths 0.25,0.5,0.75 \\
         --budget 1024 --threads 1
 
 Why: `--locret-policy sage` selects inside llama.cpp (a query store, a scoring graph, compaction), and its own test

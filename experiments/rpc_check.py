@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Locret over llama.cpp's RPC backend: parity with the local CPU run, and what RPC costs.
 
-    .venv/bin/python scripts/rpc_check.py [--tokens 1200] [--budget 256] [--ubatch 64] [--servers 2] [--json FILE]
+    .venv/bin/python experiments/rpc_check.py [--tokens 1200] [--budget 256] [--ubatch 64] [--servers 2] [--json FILE]
 
 Starts `--servers` local ggml-rpc-server processes (127.0.0.1, free ports, stopped at the end whatever happens) and
 runs the default model with the shipped heads twice, first on the local CPU, then with every layer on the RPC servers

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What evictions cost in rows and host round trips, over one prefill (issue 44's counts).
 
-    .venv/bin/python scripts/eviction_rows.py [--model M.gguf] [--heads H.gguf] [--budget 1024] [--ubatch 512]
+    .venv/bin/python experiments/eviction_rows.py [--model M.gguf] [--heads H.gguf] [--budget 1024] [--ubatch 512]
         [--chars 20000] [--text FILE] [--policy heads] [--positions compact|inplace|keep|keep:N] [--kv-type f16|q8_0]
         [--threads 1]
 

@@ -5,7 +5,7 @@ predicts for the same settings, and the server's resident memory once it serves 
 The ratios against one slot are printed beside them, so that `-np N` can be checked against N x one slot's cache in
 one run. Prints a markdown table.
 
-    .venv/bin/python scripts/slots_memory.py [--budget 1088] [--schedules uniform,pyramid] [--slots 1,4]
+    .venv/bin/python experiments/slots_memory.py [--budget 1088] [--schedules uniform,pyramid] [--slots 1,4]
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "py"))
+sys.path.insert(0, str(REPO / "scripts"))  # server_faults.rss_mib
 
 MIB = 1 << 20
 KV_LINE = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)/(\d+) seqs\)")
