@@ -19,10 +19,7 @@
 // eviction
 //
 
-locret_evictor::locret_evictor(const locret_evict_parts & p)
-    : cfg(p.cfg), policy(p.policy), layers(p.layers), streams(p.streams), scores(p.scores), queries(p.queries),
-      grp(p.grp), kv(p.kv), kv_swa(p.kv_swa), v_trans(p.v_trans), select_graph(p.select_graph), faults(p.faults),
-      drop_sequence(p.drop_sequence) {
+locret_evictor::locret_evictor(const locret_evict_parts & parts) : mem(parts) {
 }
 
 size_t locret_evictor::buffer_size() const {
@@ -45,12 +42,12 @@ void locret_evictor::wait_idle() {
 }
 
 bool locret_evictor::shift_window(llama_context * lctx, uint32_t strm, llama_pos delta) {
-    if (kv_swa == nullptr || delta == 0) {
+    if (mem.kv_swa == nullptr || delta == 0) {
         return true;
     }
-    kv_swa->seq_add((llama_seq_id) strm, -1, -1, delta);
+    mem.kv_swa->seq_add((llama_seq_id) strm, -1, -1, delta);
     // apply the K-shift now: the next ubatch reads the window cache in the new frame
-    return kv_swa->update(lctx, true, {});
+    return mem.kv_swa->update(lctx, true, {});
 }
 
 // the first of the scheduler's backends that can use t's buffer (the device it lives on), NULL if none
@@ -74,8 +71,8 @@ void locret_evictor::make_scheds(llama_context * lctx) {
         bufts.push_back(ggml_backend_get_default_buffer_type(backends.back()));
     }
     // the host threads of the evictions' bookkeeping, started now rather than in the first eviction
-    workers.reserve((unsigned) std::min<size_t>(layers.size(), host_threads(lctx, SIZE_MAX)));
-    const size_t max_nodes = std::max(32 * layers.size() + 64, policy->score_graph_nodes(layers.size()));
+    workers.reserve((unsigned) std::min<size_t>(mem.layers.size(), host_threads(lctx, SIZE_MAX)));
+    const size_t max_nodes = std::max(32 * mem.layers.size() + 64, mem.policy->score_graph_nodes(mem.layers.size()));
     for (auto & g : graphs) {
         g.sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), max_nodes, false, false));
         g.res.reset(new llm_graph_result((int64_t) max_nodes));
@@ -114,24 +111,24 @@ bool locret_evictor::reserve_tables(ggml_backend_sched_t ctx_sched) {
     // and the selection's read-back get their host memory here, pinned when the cache is on a device. A turn takes at
     // most COMPACT_MAX_SEQ sequences, so that a server's many slots do not multiply these buffers (at 256 slots they
     // would be several hundred MiB); LOCRET_DEBUG_COMPACT_SEQ=N takes fewer (tests: turns with a few sequences).
-    turn_seq = std::min<uint32_t>((uint32_t) streams.size(), COMPACT_MAX_SEQ);
+    turn_seq = std::min<uint32_t>((uint32_t) mem.streams.size(), COMPACT_MAX_SEQ);
     if (const char * e = getenv("LOCRET_DEBUG_COMPACT_SEQ")) {
         turn_seq = std::max<uint32_t>(1, std::min<uint32_t>(turn_seq, (uint32_t) atoi(e)));
     }
-    std::vector<size_t> cap(layers.size());
+    std::vector<size_t> cap(mem.layers.size());
     size_t n_rows = 0;
-    for (size_t i = 0; i < layers.size(); ++i) {
-        cap[i] = (size_t) turn_seq * cfg.budget * layers[i].n_head_kv;
-        n_rows += layers[i].n_head_kv;
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
+        cap[i] = (size_t) turn_seq * mem.cfg.budget * mem.layers[i].n_head_kv;
+        n_rows += mem.layers[i].n_head_kv;
     }
     try {
         // layer groups: K/V rows of caches of their own sizes, in tables of their own, moved layer by layer
-        moves.allocate(cap, ggml_backend_buffer_get_type(layers[0].k->buffer), grp.size() > 1);
-        if (cfg.rotate_in_place) {
+        moves.allocate(cap, ggml_backend_buffer_get_type(mem.layers[0].k->buffer), mem.grp.size() > 1);
+        if (mem.cfg.rotate_in_place) {
             moves.allocate_in_place();
         }
-        if (grp.size() == 1) {
-            moves.make_stack(layers, v_trans, kv->get_size(), kv->get_n_stream());
+        if (mem.grp.size() == 1) {
+            moves.make_stack(mem.layers, mem.v_trans, mem.kv->get_size(), mem.kv->get_n_stream());
         }
         // the copies into the tables join the queue of the backend that holds them (a GPU, an RPC server);
         // LOCRET_DEBUG_WAITED_UPLOADS=1 waits for each copy instead (the earlier form: tests and benchmarks compare)
@@ -142,8 +139,8 @@ bool locret_evictor::reserve_tables(ggml_backend_sched_t ctx_sched) {
         return false;
     }
     locret_fill_moves_for_reserve(moves);
-    select_idx_cap = select_graph ? n_rows * cfg.budget : 0;
-    select_idx = (int32_t *) select_idx_block.reserve(locret_host_buft_for(layers[0].k), select_idx_cap * sizeof(int32_t));
+    select_idx_cap = mem.select_graph ? n_rows * mem.cfg.budget : 0;
+    select_idx = (int32_t *) select_idx_block.reserve(locret_host_buft_for(mem.layers[0].k), select_idx_cap * sizeof(int32_t));
     return true;
 }
 
@@ -162,38 +159,38 @@ bool locret_evictor::reserve_graphs() {
     // that re-rotates keys (compact positions, and kept positions at their limit), the one that only copies rows (kept
     // positions), the selection from a full cache, the policy's largest scoring graph
     const auto compact_graph = [&](llm_graph_result * res) {
-        moves.prepare(layers); // the form the evictions will use (every layer at its room: no padding)
-        return locret_build_compact_graph(res, kv, v_trans, layers, moves);
+        moves.prepare(mem.layers); // the form the evictions will use (every layer at its room: no padding)
+        return locret_build_compact_graph(res, mem.kv, mem.v_trans, mem.layers, moves);
     };
     moves.rotate = true;
     bool ok = reserve_slot(GRAPH_COMPACT_ROTATE, compact_graph);
     // (a model without RoPE never re-rotates: its compactions are all copies)
-    const bool copies = cfg.holes_filled() || std::any_of(layers.begin(), layers.end(),
+    const bool copies = mem.cfg.holes_filled() || std::any_of(mem.layers.begin(), mem.layers.end(),
             [](const locret_kv_layer & L) { return !L.rot.rope; });
     if (ok && copies) {
         moves.rotate = false;
         ok = reserve_slot(GRAPH_COMPACT_COPY, compact_graph);
     }
-    if (ok && select_graph && cfg.budget < cfg.capacity) {
+    if (ok && mem.select_graph && mem.cfg.budget < mem.cfg.capacity) {
         ok = reserve_slot(GRAPH_SELECT, [&](llm_graph_result * res) {
             ggml_cgraph * gf = res->get_gf();
-            if (!cfg.has_schedule()) {
-                ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), scores.all(), 0, cfg.n_cells, 0, cfg.capacity, cfg.budget));
+            if (!mem.cfg.has_schedule()) {
+                ggml_build_forward_expand(gf, locret_build_select(res->get_ctx(), mem.scores.all(), 0, mem.cfg.n_cells, 0, mem.cfg.capacity, mem.cfg.budget));
                 return gf;
             }
             // a schedule: every layer choosing its budget from a full cache, its candidates in two runs
-            const uint32_t n0 = cfg.capacity / 2;
-            for (size_t i = 0; i < layers.size(); ++i) {
-                ggml_build_forward_expand(gf, locret_build_select_runs(res->get_ctx(), scores.layer(i), 0,
-                        cfg.n_cells, 0, n0, n0, cfg.capacity - n0, std::min(cfg.budget_of(i), cfg.capacity - 1)));
+            const uint32_t n0 = mem.cfg.capacity / 2;
+            for (size_t i = 0; i < mem.layers.size(); ++i) {
+                ggml_build_forward_expand(gf, locret_build_select_runs(res->get_ctx(), mem.scores.layer(i), 0,
+                        mem.cfg.n_cells, 0, n0, n0, mem.cfg.capacity - n0, std::min(mem.cfg.budget_of(i), mem.cfg.capacity - 1)));
             }
             return gf;
         });
     }
-    if (ok && policy->score_graph_nodes(layers.size()) > 0) {
+    if (ok && mem.policy->score_graph_nodes(mem.layers.size()) > 0) {
         ok = reserve_slot(GRAPH_SCORE, [&](llm_graph_result * res) {
             ggml_cgraph * gf = res->get_gf();
-            policy->build_worst_score_graph(policy_env(), res->get_ctx(), gf);
+            mem.policy->build_worst_score_graph(policy_env(), res->get_ctx(), gf);
             return gf;
         });
     }
@@ -214,7 +211,7 @@ bool locret_evictor::reserve(llama_context * lctx) {
     LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB, "
             "up to %u sequences per compaction\n", __func__,
             buffer_size() / 1024.0 / 1024.0, move_tables_size() / 1024.0 / 1024.0,
-            scores.bytes() / 1024.0 / 1024.0, compact_seq());
+            mem.scores.bytes() / 1024.0 / 1024.0, compact_seq());
     return true;
 }
 
@@ -275,12 +272,12 @@ bool locret_evictor::run_selection(
 
 bool locret_evictor::select_on_device(uint32_t strm, uint32_t cell0, uint32_t n_cand, uint32_t n_top) {
     return run_selection([&](ggml_context * ctx, std::vector<std::pair<ggml_tensor *, size_t>> & outs) {
-        outs.emplace_back(locret_build_select(ctx, scores.all(), strm, cfg.n_cells, cell0, n_cand, n_top), 0);
+        outs.emplace_back(locret_build_select(ctx, mem.scores.all(), strm, mem.cfg.n_cells, cell0, n_cand, n_top), 0);
     });
 }
 
 locret_policy_env locret_evictor::policy_env() {
-    return { cfg, layers, v_trans, queries.tensors(), queries.scales(),
+    return { mem.cfg, mem.layers, mem.v_trans, mem.queries.tensors(), mem.queries.scales(),
         [this](const char * title, const std::string & what, const std::function<void(ggml_context *, ggml_cgraph *)> & build,
                 const std::function<void()> & set_inputs) {
             return run_score_graph(title, what, build, set_inputs);
@@ -315,7 +312,7 @@ bool locret_evictor::run_score_graph(const char * policy_name, const std::string
 }
 
 void locret_evictor::select_layer(size_t i, size_t row0, uint32_t n_used, uint32_t n_keep, uint32_t n_pin, uint32_t n_stab, bool from_idx, const float * block, const locret_cells & s, uint32_t * keep) const {
-    const uint32_t n_head_kv = layers[i].n_head_kv;
+    const uint32_t n_head_kv = mem.layers[i].n_head_kv;
     const uint32_t n_top     = n_keep - n_pin - n_stab;
     std::vector<uint8_t>  mark;
     std::vector<float>    row;
@@ -332,7 +329,7 @@ void locret_evictor::select_layer(size_t i, size_t row0, uint32_t n_used, uint32
                 row[c] = block[(size_t) c * n_head_kv + h];
             }
         } else {
-            policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+            mem.policy->score({ mem.layers[i].il, h, s.pos[i].data() + (size_t) h * mem.cfg.n_cells, row.data(), n_used, s.logical_next });
         }
         locret_select(row.data(), n_used, n_keep, n_pin, n_stab, kept);
         std::copy(kept.begin(), kept.end(), out);
@@ -344,7 +341,7 @@ void locret_evictor::select_layer_masked(size_t i, size_t row0, const locret_lay
         const int32_t * top) const {
     // Algorithm 1 over the cells the layer reads, [0, m0) and [m0 + gap, n_used), as if they were consecutive: the
     // pinned ones first, its last stabilizers, the best of the rest
-    const uint32_t n_head_kv = layers[i].n_head_kv;
+    const uint32_t n_head_kv = mem.layers[i].n_head_kv;
     // no choice by score: every unit stays, or only the pinned ones and the stabilizers (scores do not matter)
     const bool     no_choice = c.n_top == 0 || c.n_top == c.n_cand;
     std::vector<float>    row(n_used, 0.0f);
@@ -360,7 +357,7 @@ void locret_evictor::select_layer_masked(size_t i, size_t row0, const locret_lay
                     row[k] = block[(size_t) k * n_head_kv + h];
                 }
             } else if (!no_choice) {
-                policy->score({ layers[i].il, h, s.pos[i].data() + (size_t) h * cfg.n_cells, row.data(), n_used, s.logical_next });
+                mem.policy->score({ mem.layers[i].il, h, s.pos[i].data() + (size_t) h * mem.cfg.n_cells, row.data(), n_used, s.logical_next });
             }
             for (uint32_t j = 0; j < c.n_held; ++j) {
                 held[j] = row[j < c.m0 ? j : j + c.gap];
@@ -376,22 +373,22 @@ void locret_evictor::select_layer_masked(size_t i, size_t row0, const locret_lay
 
 bool locret_evictor::select_layers_on_device(uint32_t strm, std::vector<locret_layer_cut> & cuts) {
     size_t off = 0;
-    for (size_t i = 0; i < layers.size(); ++i) {
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
         locret_layer_cut & c = cuts[i];
         c.off = SIZE_MAX;
         if (c.on_device()) {
             c.off = off;
-            off += (size_t) c.n_top * layers[i].n_head_kv;
+            off += (size_t) c.n_top * mem.layers[i].n_head_kv;
         }
     }
     if (off == 0) {
         return true; // no layer chooses by score: nothing to select, nothing read back
     }
     return run_selection([&](ggml_context * ctx, std::vector<std::pair<ggml_tensor *, size_t>> & outs) {
-        for (size_t i = 0; i < layers.size(); ++i) {
+        for (size_t i = 0; i < mem.layers.size(); ++i) {
             const locret_layer_cut & c = cuts[i];
             if (c.off != SIZE_MAX) {
-                outs.emplace_back(locret_build_select_runs(ctx, scores.layer(i), strm, cfg.n_cells, c.c0, c.n0,
+                outs.emplace_back(locret_build_select_runs(ctx, mem.scores.layer(i), strm, mem.cfg.n_cells, c.c0, c.n0,
                         c.c1, c.n1, c.n_top), c.off);
             }
         }
@@ -399,7 +396,7 @@ bool locret_evictor::select_layers_on_device(uint32_t strm, std::vector<locret_l
 }
 
 int locret_evictor::evict(llama_context * lctx, const locret_ubatch_plan & plan) {
-    if (moves.layer.size() != layers.size()) {
+    if (moves.layer.size() != mem.layers.size()) {
         // the room for the moves is made when the context reserves its graphs
         locret_set_error("the Locret eviction graphs were not reserved; the cache is unchanged");
         return -1;
@@ -467,8 +464,8 @@ void locret_evictor::wait_for_backend(llama_context * lctx) {
 void locret_evictor::read_scores(llama_context * lctx, uint32_t strm, uint32_t n_used,
         std::vector<const float *> & blocks) {
     size_t n_floats = 0;
-    for (size_t i = 0; i < layers.size(); ++i) {
-        n_floats += (size_t) n_used * layers[i].n_head_kv;
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
+        n_floats += (size_t) n_used * mem.layers[i].n_head_kv;
     }
     select_scores.resize(n_floats);
     const int64_t t0_us = ggml_time_us();
@@ -477,16 +474,16 @@ void locret_evictor::read_scores(llama_context * lctx, uint32_t strm, uint32_t n
     ggml_backend_sched_t sched = any_sched();
     bool queued = false;
     size_t at = 0;
-    for (size_t i = 0; i < layers.size(); ++i) {
-        const ggml_tensor * st_i = scores.layer(i);
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
+        const ggml_tensor * st_i = mem.scores.layer(i);
         if (ggml_backend_buffer_is_host(st_i->buffer)) {
-            blocks[i] = (const float *) ((const char *) st_i->data + scores.offset(i, strm));
+            blocks[i] = (const float *) ((const char *) st_i->data + mem.scores.offset(i, strm));
             continue;
         }
         ggml_backend_t backend = locret_backend_holding(sched, st_i);
         GGML_ASSERT(backend != nullptr);
-        const size_t n = (size_t) n_used * layers[i].n_head_kv;
-        ggml_backend_tensor_get_async(backend, st_i, select_scores.data() + at, scores.offset(i, strm), n * sizeof(float));
+        const size_t n = (size_t) n_used * mem.layers[i].n_head_kv;
+        ggml_backend_tensor_get_async(backend, st_i, select_scores.data() + at, mem.scores.offset(i, strm), n * sizeof(float));
         blocks[i] = select_scores.data() + at;
         at += n;
         queued = true;
@@ -517,12 +514,12 @@ int locret_evictor::evict_turn(llama_context * lctx, const locret_step * steps, 
     turn_pending.clear();
     moves.clear();
     live_next.resize(std::max(live_next.size(), n_steps));
-    turn_moved.assign(layers.size(), 0);
-    turn_rotated.assign(layers.size(), 0);
+    turn_moved.assign(mem.layers.size(), 0);
+    turn_rotated.assign(mem.layers.size(), 0);
     turn_kept = 0;
-    turn_row0.assign(layers.size() + 1, 0);
-    for (size_t i = 0; i < layers.size(); ++i) {
-        turn_row0[i + 1] = turn_row0[i] + layers[i].n_head_kv;
+    turn_row0.assign(mem.layers.size() + 1, 0);
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
+        turn_row0[i + 1] = turn_row0[i] + mem.layers[i].n_head_kv;
     }
     for (size_t k = 0; k < n_steps; ++k) {
         // kept positions: a part that would pass the position limit compacts positions, evicting or not; with a
@@ -570,7 +567,7 @@ int locret_evictor::evict_turn(llama_context * lctx, const locret_step * steps, 
         fprintf(stderr, "locret-profile: bookkeeping after the compaction %.2f ms\n", (ggml_time_us() - t_queued_us) / 1e3);
     }
     t.compact_us += (ggml_time_us() - t_selected_us) - (ubatch_wait_us - ubatch_wait_selected_us);
-    for (size_t i = 0; i < layers.size(); ++i) {
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
         t.n_rows_moved   += turn_moved[i];
         t.n_rows_rotated += turn_rotated[i];
     }
@@ -584,18 +581,18 @@ int locret_evictor::evict_turn(llama_context * lctx, const locret_step * steps, 
 // a chosen set); a pinned query (Locret-Q) stays like the stabilizers; each layer's cut; the selection on the device,
 // or the scores the host selects from read into ch.blocks. The step joins turn_pending.
 bool locret_evictor::choose_step(llama_context * lctx, const locret_step & st, turn_choice & ch) {
-    const locret_cells & s = streams[st.strm];
+    const locret_cells & s = mem.streams[st.strm];
     const bool evicts = st.evict;
     const locret_evict_args args = { st.strm, s.n_used, st.n_keep, s.pinned_cells(), st.n_stab };
     locret_protect prot;
-    if (evicts && !policy->prepare(policy_env(), args, streams[st.strm].policy_state, prot)) {
+    if (evicts && !mem.policy->prepare(policy_env(), args, mem.streams[st.strm].policy_state, prot)) {
         return false;
     }
     ch.t_prepared_us = ggml_time_us();
     ch.n_pin = prot.n_pin;
     // kept positions fill holes with the chunk's units, so that cells are in position order only from the chunk
     // on: the stabilizers are the chunk's last n_s units (all of a shorter chunk), as the paper words it
-    ch.n_stab = cfg.holes_filled() ? std::min(prot.n_stab, s.n_used - s.uniform_from) : prot.n_stab;
+    ch.n_stab = mem.cfg.holes_filled() ? std::min(prot.n_stab, s.n_used - s.uniform_from) : prot.n_stab;
     if (ch.n_pin + ch.n_stab > st.n_keep) {
         // only a state loaded from elsewhere could bring this: the settings checks keep room for both
         locret_set_error(format("Locret: sequence %u keeps %u leading and %u trailing units, more than the %u it may "
@@ -609,11 +606,11 @@ bool locret_evictor::choose_step(llama_context * lctx, const locret_step & st, t
     ch.ends_only = n_top == 0 || !evicts;
     // a budget schedule selects per layer (its own count, around its masked cells): on the device for the layers
     // that choose by score, the others keep all they hold or only their ends, which needs no score
-    ch.sched = cfg.has_schedule();
-    ch.on_device = evicts && !scores.empty() && select_graph && (ch.sched || (n_top > 0 && n_top < n_cand));
-    cuts.resize(layers.size());
-    for (size_t i = 0; i < layers.size(); ++i) {
-        cuts[i] = locret_cut_layer(s.live_end[i], s.dead_end, s.n_used, cfg.budget_of(i), st.n_keep, ch.n_pin, ch.n_stab);
+    ch.sched = mem.cfg.has_schedule();
+    ch.on_device = evicts && !mem.scores.empty() && mem.select_graph && (ch.sched || (n_top > 0 && n_top < n_cand));
+    cuts.resize(mem.layers.size());
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
+        cuts[i] = locret_cut_layer(s.live_end[i], s.dead_end, s.n_used, mem.cfg.budget_of(i), st.n_keep, ch.n_pin, ch.n_stab);
     }
     const bool selected = !ch.on_device ||
         (ch.sched ? select_layers_on_device(st.strm, cuts) : select_on_device(st.strm, ch.n_pin, n_cand, n_top));
@@ -621,8 +618,8 @@ bool locret_evictor::choose_step(llama_context * lctx, const locret_step & st, t
         locret_set_error("the Locret selection graph could not run; the cache is unchanged");
         return false;
     }
-    ch.blocks.assign(layers.size(), nullptr);
-    if (!ch.on_device && !ch.ends_only && !scores.empty()) {
+    ch.blocks.assign(mem.layers.size(), nullptr);
+    if (!ch.on_device && !ch.ends_only && !mem.scores.empty()) {
         read_scores(lctx, st.strm, s.n_used, ch.blocks);
     }
     ch.t_chosen_us = ggml_time_us();
@@ -634,37 +631,37 @@ bool locret_evictor::choose_step(llama_context * lctx, const locret_step & st, t
 // turn_pending) and the row moves, every layer on the eviction's host threads
 void locret_evictor::plan_step(llama_context * lctx, const locret_step & st, const turn_choice & ch) {
     const size_t p = turn_pending.size() - 1;
-    const locret_cells & s = streams[st.strm];
+    const locret_cells & s = mem.streams[st.strm];
     if (pos_next.size() <= p) {
         pos_next.resize(p + 1);
         rope_pos_next.resize(p + 1);
     }
-    pos_next[p].resize(layers.size());
+    pos_next[p].resize(mem.layers.size());
     rope_pos_next[p].resize(s.rope.size());
     keep_cells.resize(turn_row0.back() * st.n_keep);
-    live_next[p].assign(layers.size(), st.n_keep);
+    live_next[p].assign(mem.layers.size(), st.n_keep);
     if (moves.uploads_queued()) {
         // the last compaction's copies into the tables were queued, not waited for, and read these arrays when the
         // backend gets to them: nothing is written before a wait (a selection that read something has waited)
         wait_for_backend(lctx);
     }
     const size_t n_work = turn_row0.back() * (size_t) s.n_used;
-    workers.parallel_for(layers.size(), host_threads(lctx, n_work), [&](size_t i) {
+    workers.parallel_for(mem.layers.size(), host_threads(lctx, n_work), [&](size_t i) {
         plan_layer(i, st, ch, p);
     });
-    for (size_t i = 0; i < layers.size(); ++i) {
-        turn_kept += (uint64_t) layers[i].n_head_kv * live_next[p][i];
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
+        turn_kept += (uint64_t) mem.layers[i].n_head_kv * live_next[p][i];
     }
 }
 
 // the kept cells of layer i's KV heads, in cell order, into keep_cells (every unit the layer holds when the step only
 // compacts positions)
 void locret_evictor::keep_layer(size_t i, const locret_step & st, const turn_choice & ch) {
-    const locret_cells & s = streams[st.strm];
+    const locret_cells & s = mem.streams[st.strm];
     const locret_layer_cut & cut = cuts[i];
     uint32_t * keep = keep_cells.data();
     if (!st.evict) {
-        for (uint32_t h = 0; h < layers[i].n_head_kv; ++h) {
+        for (uint32_t h = 0; h < mem.layers[i].n_head_kv; ++h) {
             uint32_t * out = keep + (turn_row0[i] + h) * st.n_keep;
             uint32_t k = 0;
             for (uint32_t c = 0; c < s.n_used; ++c) {
@@ -685,12 +682,12 @@ void locret_evictor::keep_layer(size_t i, const locret_step & st, const turn_cho
 
 // layer i of pending step p: its kept cells, then the layout turns each KV head's into positions and row moves
 void locret_evictor::plan_layer(size_t i, const locret_step & st, const turn_choice & ch, size_t p) {
-    const locret_cells & s = streams[st.strm];
+    const locret_cells & s = mem.streams[st.strm];
     const locret_layer_cut & cut = cuts[i];
     const uint32_t n_live = cut.n_live; // its budget (a schedule's), at most the units it holds outside its masked cells
     live_next[p][i] = n_live;
     keep_layer(i, st, ch);
-    const uint32_t n_head_kv = layers[i].n_head_kv;
+    const uint32_t n_head_kv = mem.layers[i].n_head_kv;
     auto & next  = pos_next[p][i];
     next.resize(s.pos[i].size());
     if (!s.rope.empty()) {
@@ -701,24 +698,24 @@ void locret_evictor::plan_layer(size_t i, const locret_step & st, const turn_cho
     auto & m = moves.layer[i];
     locret_moves::in_place_rows * rot = moves.in_place.empty() ? nullptr : &moves.in_place[i];
     GGML_ASSERT(m.n + (rot != nullptr ? rot->n : 0) + (size_t) n_head_kv * st.n_keep <= m.cap);
-    locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, (int64_t) st.strm * cfg.n_cells, n_head_kv,
+    locret_row_moves mv = { m.src + m.n, m.dst + m.n, m.delta + m.n, 0, (int64_t) st.strm * mem.cfg.n_cells, n_head_kv,
                             0, 0, 0 };
     if (m.kv_src != nullptr) {
         mv.kv_src  = m.kv_src + m.n;
         mv.kv_dst  = m.kv_dst + m.n;
-        mv.kv_base = (int64_t) st.strm * layers[i].kv_size;
-        mv.live    = grp.live_end(layers[i].group, s);
+        mv.kv_base = (int64_t) st.strm * mem.layers[i].kv_size;
+        mv.live    = mem.grp.live_end(mem.layers[i].group, s);
         mv.gap     = s.dead_end - mv.live;
     }
-    const locret_layout & layout = locret_layout_get(locret_layout_of(cfg.keep_positions, cfg.rotate_in_place,
+    const locret_layout & layout = locret_layout_get(locret_layout_of(mem.cfg.keep_positions, mem.cfg.rotate_in_place,
                                                                       st.reposition));
     locret_layout_scratch scratch;
     for (uint32_t h = 0; h < n_head_kv; ++h) {
         // rows [0, live_end) moved with the last eviction sit at positions offset by the masked cells after them
         const locret_layout_head hd = {
             keep_cells.data() + (turn_row0[i] + h) * st.n_keep, n_live, s.pos_row(i, h),
-            s.rope.empty() ? nullptr : s.rope_row(i, h), next.data() + (size_t) h * cfg.n_cells,
-            s.rope.empty() ? nullptr : rope_pos_next[p][i].data() + (size_t) h * cfg.n_cells,
+            s.rope.empty() ? nullptr : s.rope_row(i, h), next.data() + (size_t) h * mem.cfg.n_cells,
+            s.rope.empty() ? nullptr : rope_pos_next[p][i].data() + (size_t) h * mem.cfg.n_cells,
             s.live_end[i], (int32_t) cut.gap, (int32_t) (st.n_keep - n_live),
         };
         mv.h = h;
@@ -737,7 +734,7 @@ void locret_evictor::plan_layer(size_t i, const locret_step & st, const turn_cho
 locret_compact_status locret_evictor::compact_turn(llama_context * lctx, int64_t t_selected_us) {
     moves.finish(); // the in-place rotations after the moves of every sequence of the turn
     moves.rotate = false;
-    for (size_t i = 0; i < layers.size(); ++i) {
+    for (size_t i = 0; i < mem.layers.size(); ++i) {
         moves.rotate = moves.rotate || turn_rotated[i] > 0;
     }
     if (!moves.empty()) {
@@ -747,8 +744,8 @@ locret_compact_status locret_evictor::compact_turn(llama_context * lctx, int64_t
     }
     graph_slot & compact_slot = graphs[moves.rotate ? GRAPH_COMPACT_ROTATE : GRAPH_COMPACT_COPY];
     const locret_compact_status status = moves.empty() ? LOCRET_COMPACT_OK :
-        locret_compact(compact_slot.sched.get(), compact_slot.res.get(), kv, v_trans, layers, moves,
-                faults.take(LOCRET_FAULT_EVICT_ALLOC), faults.take(LOCRET_FAULT_EVICT_COMPUTE));
+        locret_compact(compact_slot.sched.get(), compact_slot.res.get(), mem.kv, mem.v_trans, mem.layers, moves,
+                mem.faults.take(LOCRET_FAULT_EVICT_ALLOC), mem.faults.take(LOCRET_FAULT_EVICT_COMPUTE));
     t.n_compactions += !moves.empty() && status != LOCRET_COMPACT_NOT_RUN;
     if (locret_profile() && status != LOCRET_COMPACT_NOT_RUN) {
         fprintf(stderr, "locret-profile: compaction of %zu rows %.2f ms\n", moves.count(),
@@ -761,24 +758,24 @@ locret_compact_status locret_evictor::compact_turn(llama_context * lctx, int64_t
 // window cache (iSWA) follows the new RoPE frame; false when the window cache could not
 bool locret_evictor::commit_step(llama_context * lctx, size_t p, bool & shifted) {
     const turn_step & ts = turn_pending[p];
-    locret_cells & s = streams[ts.args.strm];
+    locret_cells & s = mem.streams[ts.args.strm];
     const uint32_t n_used = s.n_used;
     const uint32_t rope_before = s.rope_next;
     if (ts.args.n_keep < n_used) {
         // group 0 (every layer without groups): the cells past the kept ones, by position (free_cells)
-        kv->seq_rm((llama_seq_id) ts.args.strm, (llama_pos) ts.args.n_keep, -1);
+        mem.kv->seq_rm((llama_seq_id) ts.args.strm, (llama_pos) ts.args.n_keep, -1);
     }
     // the next part's RoPE position: on from the last with kept positions, else after the kept units
-    const bool restart_rope = !cfg.keep_positions || ts.reposition;
-    t.n_repositions += cfg.keep_positions && ts.reposition;
+    const bool restart_rope = !mem.cfg.keep_positions || ts.reposition;
+    t.n_repositions += mem.cfg.keep_positions && ts.reposition;
     const uint64_t n_evicted = s.commit_eviction(ts.args.n_keep, live_next[p], pos_next[p], rope_pos_next[p],
                                                  restart_rope, ts.evicts);
-    grp.free_tails(ts.args.strm, s);
-    policy->compacted(cfg, ts.args, ts.prot, s.policy_state);
+    mem.grp.free_tails(ts.args.strm, s);
+    mem.policy->compacted(mem.cfg, ts.args, ts.prot, s.policy_state);
     locret_cells_assert(s);
     t.n_evictions     += ts.evicts; // compacting kept positions alone evicts nothing
     t.n_units_evicted += n_evicted;
-    shifted = shifted || (kv_swa != nullptr && s.rope_next != rope_before);
+    shifted = shifted || (mem.kv_swa != nullptr && s.rope_next != rope_before);
     LLAMA_LOG_DEBUG("%s: Locret eviction %llu of sequence %u: %u -> %u units per head (%u stabilizers), logical position %d\n",
             __func__, (unsigned long long) s.n_evictions, ts.args.strm, n_used, ts.args.n_keep, ts.prot.n_stab,
             s.logical_next);
@@ -793,7 +790,7 @@ bool locret_evictor::commit_step(llama_context * lctx, size_t p, bool & shifted)
 // inconsistent is ever read)
 void locret_evictor::abandon_turn() {
     for (const auto & ts : turn_pending) {
-        drop_sequence((llama_seq_id) ts.args.strm);
+        mem.drop_sequence((llama_seq_id) ts.args.strm);
     }
     locret_set_error("the Locret compaction failed part-way; the sequences it touched were emptied");
 }

@@ -103,20 +103,7 @@ public:
     locret_evict_timing t;
 
 private:
-    // what the eviction works on (locret_evict_parts)
-    const locret_config &                    cfg;
-    const std::unique_ptr<locret_policy> &   policy;
-    const std::vector<locret_kv_layer> &     layers;
-    std::vector<locret_cells> &              streams;
-    const locret_score_store &               scores;
-    const locret_query_store &               queries;
-    const locret_group_caches &              grp;
-    llama_kv_cache * const &                 kv;
-    llama_kv_cache * const &                 kv_swa;
-    const bool &                             v_trans;
-    const bool &                             select_graph;
-    locret_faults &                          faults;
-    std::function<void(llama_seq_id)>        drop_sequence;
+    const locret_evict_parts mem; // what the eviction works on: the memory's parts
 
     // The eviction's graphs, each kind with a scheduler of its own. ggml's scheduler keeps the allocation of the last
     // graph it was given: a graph of another shape (node count, or a tensor larger than reserved) is re-reserved, and
