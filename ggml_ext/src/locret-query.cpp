@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cstring>
 #include <string>
+#include <vector>
 
 // writes at most n_out - 1 bytes of s and a NUL into out (when not NULL); returns s's length, like snprintf
 static int32_t locret_copy_out(const std::string & s, char * out, int32_t n_out) {
@@ -182,22 +183,94 @@ bool locret_reads_as_question(const std::string & span) {
     return false;
 }
 
-// the span's trailing sentences that fit in max_bytes (whole sentences; "" when even the last does not fit)
+// where the span's sentences start: its first byte, a byte after ". ", "? " or "! ", and a line that does not open
+// in lower case (a line opening in lower case continues the sentence above it; a haystack glued to the question's
+// line, as RULER's prompts are, ends at the line end)
+std::vector<size_t> locret_sentence_starts(const std::string & span) {
+    std::vector<size_t> starts;
+    size_t i = 0;
+    while (i < span.size() && locret_is_space(span[i])) {
+        ++i;
+    }
+    if (i < span.size()) {
+        starts.push_back(i);
+    }
+    for (++i; i < span.size(); ++i) {
+        if (locret_is_space(span[i]) || !locret_is_space(span[i - 1])) {
+            continue;
+        }
+        // span[i] opens a word after white space [j, i)
+        size_t j = i;
+        bool line_start = false;
+        while (j > 0 && locret_is_space(span[j - 1])) {
+            line_start = line_start || span[j - 1] == '\n';
+            --j;
+        }
+        const char before = j > 0 ? span[j - 1] : '\0';
+        if (before == '.' || before == '?' || before == '!' ||
+                (line_start && !std::islower((unsigned char) span[i]))) {
+            starts.push_back(i);
+        }
+    }
+    return starts;
+}
+
+// the sentence of the span that starts at starts[k], trimmed
+std::string locret_sentence(const std::string & span, const std::vector<size_t> & starts, size_t k) {
+    const size_t end = k + 1 < starts.size() ? starts[k + 1] : span.size();
+    return locret_trim(span.substr(starts[k], end - starts[k]));
+}
+
+// the question without what follows it: an answer's cue (a sentence opening with "Answer:" or "A:", as RULER's and
+// many prompts end) and, after a question mark, the sentences that do not ask (an answer prefix such as RULER's "The
+// special magic number for X mentioned in the provided text is"); a remark that tells ("Answer with the number only.")
+// stays, as the user wrote it
+std::string locret_question_end(const std::string & span) {
+    std::string q = span;
+    for (const size_t s : locret_sentence_starts(q)) {
+        const std::string head = locret_lower(q.substr(s, 7));
+        if (head.rfind("answer:", 0) == 0 || head.rfind("a:", 0) == 0) {
+            q = q.substr(0, s);
+            break;
+        }
+    }
+    if (q.find('?') == std::string::npos) {
+        return locret_trim(q);
+    }
+    const std::vector<size_t> starts = locret_sentence_starts(q);
+    size_t end = q.size();
+    for (size_t k = starts.size(); k-- > 0 && !locret_reads_as_question(locret_sentence(q, starts, k));) {
+        end = starts[k];
+    }
+    return locret_trim(q.substr(0, end));
+}
+
+// the closing run of sentences that ask (each holds a question mark or opens with a word that asks or tells), so a
+// document's sentences on the question's line or in its paragraph are not pinned as the question; a span with no
+// question mark (an instruction) is kept whole
+std::string locret_asking_sentences(const std::string & span) {
+    if (span.find('?') == std::string::npos) {
+        return span;
+    }
+    const std::vector<size_t> starts = locret_sentence_starts(span);
+    size_t from = span.size();
+    for (size_t k = starts.size(); k-- > 0 && locret_reads_as_question(locret_sentence(span, starts, k));) {
+        from = starts[k];
+    }
+    return from == span.size() ? "" : locret_trim(span.substr(from));
+}
+
+// the span's trailing whole sentences that fit in max_bytes ("" when even the last does not fit)
 std::string locret_fit_sentences(const std::string & span, size_t max_bytes) {
     if (span.size() <= max_bytes) {
         return span;
     }
-    // sentence starts: after ". ", "? ", "! " or a line end
-    size_t best = std::string::npos;
-    for (size_t i = span.size() - max_bytes; i < span.size(); ++i) {
-        const bool start = i > 0 && locret_is_space(span[i - 1]) &&
-                (span[i - 1] == '\n' || (i > 1 && (span[i - 2] == '.' || span[i - 2] == '?' || span[i - 2] == '!')));
-        if (start && !locret_is_space(span[i])) {
-            best = i;
-            break;
+    for (const size_t s : locret_sentence_starts(span)) {
+        if (span.size() - s <= max_bytes) {
+            return locret_trim(span.substr(s));
         }
     }
-    return best == std::string::npos ? "" : locret_trim(span.substr(best));
+    return "";
 }
 
 } // namespace
@@ -212,13 +285,14 @@ static std::string locret_find_question(const std::string & text) {
     if (marker != std::string::npos) {
         // a marked question: what follows the marker (on its line or the next ones), after the emphasis closing it
         const size_t start = clean.find_first_not_of(" \t\r\n*_", marker);
-        return start == std::string::npos ? "" : locret_fit_sentences(locret_trim(clean.substr(start)), max_bytes);
+        return start == std::string::npos ? "" :
+                locret_fit_sentences(locret_question_end(clean.substr(start)), max_bytes);
     }
     const std::string span = locret_trim(clean.substr(locret_last_paragraph(clean)));
     if (!locret_reads_as_question(span)) {
         return ""; // a document with no question at its end
     }
-    const std::string fitted = locret_fit_sentences(span, max_bytes);
+    const std::string fitted = locret_fit_sentences(locret_asking_sentences(locret_question_end(span)), max_bytes);
     return locret_reads_as_question(fitted) ? fitted : "";
 }
 

@@ -34,7 +34,7 @@ SECONDS_PER_FILE: dict[str, float] = {
     "test_calibrate.py": 23, "test_wheel.py": 20, "test_realtext.py": 18, "test_llama_tree.py": 13,
     "test_real_needles.py": 13, "test_refusals_at_creation.py": 12, "test_rule_book.py": 9, "test_llama_cli.py": 6,
     "test_needle_ranks.py": 5, "test_loadtest.py": 60, "test_web_ui.py": 20, "test_plan_documents.py": 8, "test_slots_memory.py": 5, "test_fuzz_checkpoints.py": 4, "test_python_library.py": 2,
-    "test_eval_tasks.py": 2, "test_build_config.py": 1, "test_code_shape.py": 1,
+    "test_eval_tasks.py": 2, "test_ruler_pool.py": 4, "test_build_config.py": 1, "test_code_shape.py": 1,
 }
 
 # 216 s of worker time in the run above: with ctest, about 3 minutes on the two cores
@@ -44,7 +44,7 @@ FAST_FILES: set[str] = {
     "test_fuzz_regressions.py", "test_python_library.py", "test_tool_output.py", "test_main_job.py",
     "test_llama_cli.py", "test_slots_memory.py", "test_cli.py", "test_budget_mib.py", "test_calibrate.py",
     "test_real_needles.py", "test_lanes.py", "test_plan_documents.py", "test_code_shape.py",
-    "test_policy_settings.py", "test_policy_traits.py",
+    "test_policy_settings.py", "test_policy_traits.py", "test_ruler_pool.py",
 }
 
 _KVPRESS = ("kvpress's side runs in its own environment (.venv-kvpress) and is tested only in this lane; the ci lane "

@@ -32,6 +32,26 @@ DOC = natural_text()[:1600]  # ~380 tokens: pinned in the first batch, then evic
     (DOC + "\nQUERY:\nName the ship at berth 12.", "Name the ship at berth 12."),
     # several questions in the last paragraph: all of them
     (DOC + "\n\nWhat is A? And which one is B?", "What is A? And which one is B?"),
+    # after the question, a remark that tells stays (as the generated tasks write theirs), an answer prefix goes
+    (DOC + "\n\nWhat is the code? Answer with the code only.", "What is the code? Answer with the code only."),
+    (DOC + "\n\nWhat is the code? The code is", "What is the code?"),
+    # RULER's needle prompts: the question glued to the haystack's last line, then the answer prefix; a haystack
+    # sentence with a question mark of its own before it is the document's
+    (DOC + " Does that make it worse? It is more complex, which\nWhat is the special magic number for lyrical-kumquat"
+     " mentioned in the provided text? The special magic number for lyrical-kumquat mentioned in the provided text is",
+     "What is the special magic number for lyrical-kumquat mentioned in the provided text?"),
+    ("The sky is blue. There and back again.\nWhat are all the special magic numbers for a, b, and c mentioned in the"
+     " provided text? The special magic numbers for a, b, and c mentioned in the provided text are",
+     "What are all the special magic numbers for a, b, and c mentioned in the provided text?"),
+    # an answer's cue ("Answer:", "A:") ends a marked question, with or without a question mark before it
+    (DOC + "\n\nQuestion: In what country is Normandy located? Answer:", "In what country is Normandy located?"),
+    (DOC + "\nQuestion: Find all variables that are assigned the value 20480 in the text above. Answer: According to"
+     " the chain(s) of variable assignment in the text above, 5 variables are assigned the value 20480, they are:",
+     "Find all variables that are assigned the value 20480 in the text above."),
+    (DOC + "\n\nWhich module reads tar archives?\nA:", "Which module reads tar archives?"),
+    # a line opening in lower case continues the question of the line above
+    (DOC + "\n\nWhich module reads archives,\nand which one writes them?",
+     "Which module reads archives,\nand which one writes them?"),
     # an instruction without a question mark
     (DOC + "\n\nList the modules that read archives.", "List the modules that read archives."),
     # a document alone: its last paragraph is a statement
@@ -52,11 +72,14 @@ def test_the_rule_finds_the_closing_question(text, question):
 
 
 def test_a_long_question_keeps_its_trailing_sentences_within_the_bound():
-    paragraph = "This sentence is filler. " * 20 + "Where is the key?"
+    # the document's sentences before the question, in its paragraph, are not the question
+    assert find_question("x " * 10 + "\n\n" + "This sentence is filler. " * 20 + "Where is the key?") == \
+        "Where is the key?"
+    paragraph = "Is it in the box? " * 30 + "Where is the key?"
     got = find_question("x " * 10 + "\n\n" + paragraph)
     # whole sentences from a sentence start, within LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES, ending with the question
-    assert len(got.encode()) <= 320 and got.startswith("This sentence") and got.endswith("Where is the key?")
-    assert paragraph.endswith(got) and len(got) > 320 - len("This sentence is filler. ")
+    assert len(got.encode()) <= 320 and got.startswith("Is it in the box?") and got.endswith("Where is the key?")
+    assert paragraph.endswith(got) and len(got) > 320 - len("Is it in the box? ")
     # one sentence longer than the bound: nothing (a cut sentence would not be the user's question)
     assert find_question("Why " + "very " * 80 + "long?") == ""
 
@@ -222,7 +245,7 @@ def test_a_second_question_rereads_the_conversation_with_it_pinned(model_path, h
 def test_a_pyramid_keeps_room_for_the_longest_question_the_rule_finds(model_path):
     # the longest question auto finds (whole sentences within LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES), in a pyramid whose
     # last layer PyramidKV would give b/20 or the stabilizers and one unit: the Locret-Q heads' pin must still fit
-    question = "Consider the archive formats this text describes. " * 5 + "Which module reads and writes tar archives?"
+    question = "Which of the archive formats does this text describe? " * 6 + "Which module reads and writes tar archives?"
     found = find_question(DOC + "\n\n" + question)
     assert 280 < len(found.encode()) <= 320 and found.endswith("tar archives?")
     b = 256
