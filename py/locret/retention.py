@@ -164,11 +164,12 @@ def _rounded(by_label: dict) -> dict:
 
 def answer_spans(pieces: list[bytes], answers, limit: int = 8) -> list[tuple[str, int, int]]:
     """("answer", first, end) token spans of every occurrence of each answer string in the prompt whose tokens
-    detokenize to `pieces` (at most `limit` occurrences each: a RULER common-words answer is everywhere)."""
+    detokenize to `pieces` (at most `limit` occurrences each: a RULER common-words answer is everywhere). An answer
+    listed twice (RULER's qa gives SQuAD's several annotators' answers, often the same words) is followed once."""
     text = b"".join(pieces)
     starts = np.concatenate(([0], np.cumsum([len(p) for p in pieces])))
     out = []
-    for answer in answers:
+    for answer in dict.fromkeys(str(a) for a in answers):
         needle, at, seen = str(answer).encode(), 0, 0
         while seen < limit and (at := text.find(needle, at)) >= 0:
             first = int(np.searchsorted(starts, at, side="right") - 1)

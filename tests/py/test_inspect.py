@@ -64,6 +64,16 @@ def test_inspect_reports_what_the_cache_holds(model_path, heads_file, tmp_path):
     llm.close()
 
 
+def test_answer_spans_follow_each_answer_once_wherever_it_is_written():
+    from locret.retention import answer_spans
+
+    pieces = [b"In", b" Fr", b"ance", b" and", b" France", b" 12", b"3"]
+    # RULER's qa lists an answer once per annotator: each distinct answer is followed once, at every place
+    assert answer_spans(pieces, ["France", "France", "France"]) == [("answer", 1, 3), ("answer", 4, 5)]
+    assert answer_spans(pieces, ["France", "123"], limit=1) == [("answer", 1, 3), ("answer", 5, 7)]
+    assert answer_spans(pieces, ["Spain"]) == []
+
+
 def test_inspect_refuses_a_needle_that_is_not_there(model_path, heads_file, tmp_path):
     (tmp_path / "doc.txt").write_text(natural_text()[:2000])
     proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--heads", heads_file,
