@@ -457,8 +457,9 @@ LLAMA_API int32_t llama_locret_query_tokens(const struct llama_vocab * vocab, co
 //   - else it is the text's last paragraph (after its last blank line), when that reads as a question: it holds a
 //     question mark, or its first word asks or tells ("what", "which", "how", "is", "list", "find", ...); of it, the
 //     closing run of sentences that ask (the document's sentences on the question's line are not the question);
-//   - it ends before an answer's cue (a sentence opening with "Answer:" or "A:") and, after its question mark,
-//     before the sentences that do not ask (an answer prefix; a remark that tells, "Answer with ... only.", stays);
+//   - it ends before an answer's cue (the last sentence opening with "Answer:" or "A:", with no question mark after
+//     it) and, after its question mark, before the sentences that do not ask (an answer prefix; a remark that
+//     tells, "Answer with ... only.", stays);
 //   - longer than LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES, it keeps its trailing whole sentences that fit (none if the
 //     last alone does not). Sentences start after ". ", "? ", "! " and at a line not opening in lower case.
 // In a chat the text is the last user message; in a plain completion, the prompt. Writes the question (at most

@@ -221,18 +221,21 @@ std::string locret_sentence(const std::string & span, const std::vector<size_t> 
     return locret_trim(span.substr(starts[k], end - starts[k]));
 }
 
-// the question without what follows it: an answer's cue (a sentence opening with "Answer:" or "A:", as RULER's and
-// many prompts end) and, after a question mark, the sentences that do not ask (an answer prefix such as RULER's "The
-// special magic number for X mentioned in the provided text is"); a remark that tells ("Answer with the number only.")
-// stays, as the user wrote it
+// the question without what follows it: an answer's cue (the last sentence opening with "Answer:" or "A:", as RULER's
+// and many prompts end, when no question follows it: an earlier one is a document's "Q: ... A: ..." line) and, after
+// a question mark, the sentences that do not ask (an answer prefix such as RULER's "The special magic number for X
+// mentioned in the provided text is"); a remark that tells ("Answer with the number only.") stays, as the user wrote it
 std::string locret_question_end(const std::string & span) {
     std::string q = span;
+    size_t cue = std::string::npos;
     for (const size_t s : locret_sentence_starts(q)) {
         const std::string head = locret_lower(q.substr(s, 7));
         if (head.rfind("answer:", 0) == 0 || head.rfind("a:", 0) == 0) {
-            q = q.substr(0, s);
-            break;
+            cue = s;
         }
+    }
+    if (cue != std::string::npos && q.find('?', cue) == std::string::npos) {
+        q = q.substr(0, cue);
     }
     if (q.find('?') == std::string::npos) {
         return locret_trim(q);

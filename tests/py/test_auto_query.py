@@ -49,6 +49,12 @@ DOC = natural_text()[:1600]  # ~380 tokens: pinned in the first batch, then evic
      " the chain(s) of variable assignment in the text above, 5 variables are assigned the value 20480, they are:",
      "Find all variables that are assigned the value 20480 in the text above."),
     (DOC + "\n\nWhich module reads tar archives?\nA:", "Which module reads tar archives?"),
+    # a cue with a question after it is the document's ("Q: ... A: ..." notes), not the answer's start; RULER's
+    # essays at 16K cut one so ("... afterwards.\nanswer: outsource any job ..."), which once lost the question
+    ("I will quiz you about the number afterwards.\nanswer: outsource any job. " + DOC + "\nWhat is the special magic"
+     " number for shiny-fleece mentioned in the provided text? The special magic number for shiny-fleece mentioned in"
+     " the provided text is", "What is the special magic number for shiny-fleece mentioned in the provided text?"),
+    (DOC + "\n\nThe notes say. A: keep the receipts. Which receipts should be kept?", "Which receipts should be kept?"),
     # a line opening in lower case continues the question of the line above
     (DOC + "\n\nWhich module reads archives,\nand which one writes them?",
      "Which module reads archives,\nand which one writes them?"),
