@@ -117,7 +117,8 @@ def test_shipped_locret_q_heads_sit_beside_the_plain_ones_and_resolve_for_a_quer
 
     plain, query = models.shipped_heads("smollm2-135m"), models.shipped_heads("smollm2-135m", query=True)
     assert plain.name == "smollm2-135m-instruct.gguf" and query.name == "smollm2-135m-instruct.query.gguf"
-    assert models.shipped_heads("gemma3-270m", query=True) is None
+    gemma_query = models.shipped_heads("gemma3-270m", query=True)
+    assert gemma_query.name == "gemma3-270m.query.gguf" and gemma_query != models.shipped_heads("gemma3-270m")
     a, b = GGUFReader(plain, "r"), GGUFReader(query, "r")
     layout = lambda r: {k: f.contents() for k, f in r.fields.items()
                         if k.startswith("locret.") and not k.startswith("locret.training.")}
@@ -132,8 +133,12 @@ def test_shipped_locret_q_heads_sit_beside_the_plain_ones_and_resolve_for_a_quer
     assert planner.resolve_heads(str(model_path), model_path, facts, None, query=True)[0] == query
     assert planner.resolve_heads("smollm2-135m", model_path, facts, None)[0] == plain
     gemma = models.resolve("gemma3-270m", fetch=False)
-    assert planner.resolve_heads("gemma3-270m", gemma, planner.read_model(gemma), None, query=True)[0] == \
+    assert planner.resolve_heads("gemma3-270m", gemma, planner.read_model(gemma), None, query=True)[0] == gemma_query
+    assert planner.resolve_heads("gemma3-270m", gemma, planner.read_model(gemma), None)[0] == \
         models.shipped_heads("gemma3-270m")
+    g_plain, g_query = GGUFReader(models.shipped_heads("gemma3-270m"), "r"), GGUFReader(gemma_query, "r")
+    assert layout(g_query) == layout(g_plain) | {"locret.recommended.pool": 15, "locret.recommended.query": "auto"}
+    assert "Locret-Q layout" in g_query.fields["locret.training.notes"].contents()
 
     llm = Llama(model_path=str(model_path), n_ctx=1024, n_ubatch=256, n_batch=256, locret_heads=str(query),
                 locret_budget=512, verbose=False)

@@ -180,6 +180,16 @@ def test_bad_ruler_settings_are_refused(args, message, tmp_path, model_path):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_model_without_a_chat_template_is_refused_the_chat_mode(tmp_path):
+    """Gemma-3-270M (base) has no chat template: llama-server would answer RULER's chat in its ChatML fallback, and
+    full attention scored 0 on the 7 prompts tried. The refusal names the mode that works."""
+    proc = run(locret_cmd("eval", "--model", "gemma3-270m", "--suite", "ruler", "--lengths", "4096", "--methods",
+                          "full", "--tasks", "vt", "-o", tmp_path / "out"), timeout=300)
+    assert proc.returncode == 1, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert "has no chat template" in proc.stderr and "--ruler-mode completion" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_heads_trained_on_rulers_data_get_no_ruler_result(tmp_path, model_path):
     """A heads file whose training log names a data file of the package (its path, or a copy by its bytes) is refused
     before any prompt is made; the shipped heads' logs name none."""
@@ -202,7 +212,8 @@ def test_heads_trained_on_rulers_data_get_no_ruler_result(tmp_path, model_path):
         assert "no ruler result for these heads" in proc.stderr and "held out" in proc.stderr, proc.stderr[-1500:]
     from locret.evaluation.heldout import held_out_data_problem
 
-    for shipped in ("smollm2-135m-instruct.gguf", "smollm2-135m-instruct.query.gguf", "gemma3-270m.gguf"):
+    for shipped in ("smollm2-135m-instruct.gguf", "smollm2-135m-instruct.query.gguf", "gemma3-270m.gguf",
+                    "gemma3-270m.query.gguf"):
         assert held_out_data_problem(REPO / "heads" / shipped) is None
 
 

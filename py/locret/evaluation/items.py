@@ -300,6 +300,11 @@ def ruler_items(llm, tasks: Sequence[str], lengths: Sequence[int], samples: int,
     if unknown or not tasks:
         raise ItemError(f"unknown RULER task {', '.join(unknown) or '(none given)'}; the package's tasks: {', '.join(TASKS)}")
     tokenize, chat = decoding.tokenizer(llm), decoding.chat_format(llm)
+    if mode == "chat" and chat is None:
+        # llama-server would wrap the message in its ChatML fallback, which a base model never saw: every answer
+        # (full attention's too) is then template noise, a table of zeros that says nothing about eviction
+        raise ItemError(f"{Path(llm.model_path).name} has no chat template, so RULER's chat mode would score the "
+                        "server's ChatML fallback; use --ruler-mode completion (the prompt as the package writes it)")
     template = prompts.model_template(chat) if mode == "completion" else "{task_template}"
     model_path = llm.model_path
     tokenizer = package.GGUFTokenizer(model_path)
