@@ -20,6 +20,17 @@ HELD_OUT_ROOTS = (Path("/usr/share/doc"), Path("/usr/share/common-licenses"))
 # a path with one of these folders in it is the RULER package's (its data sits beside its code)
 HELD_OUT_PACKAGE_DIRS = ("long_context_eval",)
 RULER_DATA_FILES = ("PaulGrahamEssays.json", "squad.json", "hotpotqa.json")
+# the real-text families of the evaluation (tasks/realtext: GNU info manuals, the man-pages project, the standard
+# library's source): what our real-text results are measured on, so no training run may draw its text from them
+HELD_OUT_FAMILIES = ("info", "man", "pysource")
+
+
+def why_held_out_family(name: str) -> str | None:
+    """Why text kind `name` may not be training text (a held-out real-text family), or None."""
+    if name in HELD_OUT_FAMILIES:
+        return (f"{name} is a held-out real-text family ({', '.join(HELD_OUT_FAMILIES)}: the evaluation's real "
+                "text), which no training run may read")
+    return None
 
 
 def held_out_roots() -> tuple[Path, ...]:

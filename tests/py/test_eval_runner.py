@@ -595,6 +595,15 @@ def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path,
         check_held_out(["manual"], {"e": None})
     orphan = heads("orphan", data=[], init_heads="gone.gguf")
     assert training(orphan).families is None and "gone.gguf" in training(orphan).why
+    # a file replaced by its fine-tuned successor: only its log is left, and it still counts
+    replaced = heads("replaced", data=[], contexts=["pydoc", "legal"])
+    Path(replaced).unlink()
+    successor = heads("successor", data=[], contexts=["pypackages"], init_heads="elsewhere/replaced.gguf")
+    assert training(successor).families == {"pypackages", "pydoc", "legal"}
+    # a log naming itself as its start is no chain
+    (tmp_path / "loop.run").mkdir()
+    (tmp_path / "loop.run" / "train-log.json").write_text(json.dumps({"config": {"init_heads": "loop.gguf"}}))
+    assert training(str(tmp_path / "loop.gguf")).families is None
 
 
 def test_snapkv_with_the_question_found_pins_it_as_its_window(tmp_path, model_path):

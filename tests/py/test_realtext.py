@@ -199,3 +199,31 @@ def test_missing_sources_say_how_to_install_them(monkeypatch, tmp_path):
         sources.man_files()
     with pytest.raises(sources.MissingSource, match="no GNU info manuals under"):
         sources.info_files(tmp_path)
+
+
+# ------------------------------------------------------------------ the trainer's real text (pypackages)
+
+def test_the_training_family_reads_the_chosen_packages_source_and_nothing_held_out(tmp_path):
+    """pypackages: the .py files of sources.PYPACKAGES under the given site-packages, sorted, without test suites,
+    vendored copies or any other package (the RULER package's among them); on this machine's venv it is a large
+    corpus of real code with numbers, and no file of it is a held-out family's or under a held-out root."""
+    root = tmp_path / "site-packages"
+    for rel in ("numpy/core/a.py", "numpy/tests/test_a.py", "scipy/_vendor/v.py", "scipy/optimize/b.py",
+                "long_context_eval/data/x.py", "kvpress/p.py", "numpy/README.txt"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x = 1\n")
+    assert [f.name for f in sources.pypackages_files(root)] == ["numpy/core/a.py", "scipy/optimize/b.py"]
+    with pytest.raises(sources.MissingSource, match="none of numpy"):
+        sources.pypackages_files(tmp_path / "empty")
+    with pytest.raises(sources.ForbiddenSource, match="RULER package"):
+        sources.check_allowed(root / "long_context_eval/data/x.py", (root,))
+
+    assert realtext.TRAINING_FAMILIES == ("pypackages",) and not set(realtext.TRAINING_FAMILIES) & set(realtext.FAMILIES)
+    corpus = realtext.load("pypackages")
+    files = corpus_module.manifest(corpus)
+    assert len(files) >= 500 and {f["name"].split("/")[0] for f in files} <= set(sources.PYPACKAGES)
+    assert not any(set(f["name"].split("/")[:-1]) & sources.PYPACKAGES_SKIP_DIRS for f in files)
+    text = "\n".join(p for d in corpus.documents[:300] for p in d.paragraphs)
+    assert "def " in text and '"""' in text and re.search(r"\b\d+\.\d+\b", text)
+    stdlib = sources.stdlib_root().resolve()
+    assert not any((sources.purelib_root() / f["name"]).resolve().is_relative_to(stdlib) for f in files[:50])

@@ -160,7 +160,8 @@ def test_locret_q_puts_the_question_or_the_last_user_tokens_in_front(tiny, tmp_p
     from locret.train.synthetic import TASKS, SyntheticData
     from locret.train.training_data import Example, read_examples, with_query
 
-    data = SyntheticData(lambda text: len(text.split()), seed=3, min_tokens=100, max_tokens=200, tasks=TASKS)
+    data = SyntheticData(lambda text: len(text.split()), seed=3, min_tokens=100, max_tokens=200, tasks=TASKS,
+                         contexts=("pydoc", "pypackages"))   # the tasks about real source need its text
     examples = [data.example(i) for i in range(60)]
     assert {ex.task for ex in examples} == set(TASKS)
     for ex in examples:
@@ -522,14 +523,15 @@ def test_unsupported_base_models_are_refused(tmp_path):
 
 
 def test_synthetic_examples_are_seeded_and_hold_their_answer():
-    from locret.train.synthetic import DEFAULT_TASKS, TASKS, SyntheticData
+    from locret.train.synthetic import DEFAULT_TASKS, SOURCE_TASKS, TASKS, SyntheticData
 
     def count(text):
         return len(text.split())  # a stand-in tokenizer: words
 
-    data = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=TASKS)
-    again = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=TASKS)
-    other = SyntheticData(count, seed=8, min_tokens=300, max_tokens=600, tasks=TASKS)
+    tasks = tuple(t for t in TASKS if t not in SOURCE_TASKS)   # those need real source (a test of their own)
+    data = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=tasks)
+    again = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=tasks)
+    other = SyntheticData(count, seed=8, min_tokens=300, max_tokens=600, tasks=tasks)
     seen = set()
     for i in range(80):
         ex = data.example(i)
@@ -548,7 +550,7 @@ def test_synthetic_examples_are_seeded_and_hold_their_answer():
             passage = max(set(blocks), key=blocks.count)
             assert blocks.count(passage) >= len(blocks) - 1 >= 3, blocks[:3]
         assert count(ex.prompt) <= 600 + 5
-    assert seen == set(TASKS)
+    assert seen == set(tasks)
     assert [data.example(i) for i in range(10)] != [other.example(i) for i in range(10)]
     assert {data.example(i).context for i in range(80)} == {"pydoc"}
     # the default mix is the shipped heads' recipe: fixed, without the opt-in task
@@ -560,6 +562,7 @@ def test_synthetic_contexts_draw_the_haystack_families():
     """--contexts: each example's text is one kind, drawn per example; the needles and the answer are in it
     as with the Python reference; a family's text is its generator's (code lines, log lines, clauses); the
     quote task, which asks about a section, keeps the reference; an unknown kind is refused."""
+    from locret.tasks import realtext
     from locret.tasks.haystacks import FAMILIES
     from locret.train.synthetic import CONTEXTS, DEFAULT_TASKS, SyntheticData
 
@@ -583,7 +586,7 @@ def test_synthetic_contexts_draw_the_haystack_families():
             assert "Section: " not in context, ex.context
         assert count(ex.prompt) <= 600 + 5
     assert set(kinds) == set(CONTEXTS), {k: len(v) for k, v in kinds.items()}
-    assert CONTEXTS == ("pydoc",) + FAMILIES
+    assert CONTEXTS == ("pydoc",) + FAMILIES + ("pypackages",) == ("pydoc",) + FAMILIES + realtext.TRAINING_FAMILIES
     code = "\n\n".join(ex.prompt for ex in kinds["code"])
     logs = "\n\n".join(ex.prompt for ex in kinds["logs"])
     assert code.count("def ") + code.count("import ") >= 10 and "\n    " in code  # indented code lines
@@ -600,3 +603,131 @@ def test_synthetic_contexts_draw_the_haystack_families():
             "eb817a4ca555c9d6f028f9339907a5ec27599925b7d9bd9da4ac7afbd3dfe30b"
     with pytest.raises(ValueError, match="unknown context kind"):
         SyntheticData(count, seed=5, min_tokens=300, max_tokens=600, contexts=("pydoc", "poetry"))
+
+
+SOURCE_SNIPPET = '''MAXITER = 500
+TOL = 1e-8
+TOL = 2e-8          # assigned twice: never asked
+FLAG = 1            # one character: says nothing
+NAME = 'brent'
+
+
+def solve(f, a, b, xtol=2e-12, method="hybr", maxiter=MAXITER, k=0):
+    """Find a root of f between a and b. The bracket must change sign.
+
+    More text.
+    """
+    return a
+
+
+def again(x=0.25):
+    return x
+
+
+def again(x=0.5):
+    """Defined twice, so its name names no one function: never asked about."""
+'''
+
+
+def test_source_facts_and_docstrings_are_what_the_code_states():
+    """The fact task asks a literal a name is set to once, or a literal default of a function defined once; the
+    docstring task a first sentence; never a value of one character, a name assigned twice, a twice-defined
+    function or a non-literal default."""
+    from locret.train.synthetic import source_docstrings, source_facts
+
+    asked = {q.split(" the source code above, ")[1]: a for q, a in source_facts(SOURCE_SNIPPET)}
+    assert asked == {"which value is MAXITER set to?": "500", "which value is NAME set to?": "'brent'",
+                     "what is the default value of the parameter xtol of the function solve?": "2e-12",
+                     "what is the default value of the parameter method of the function solve?": '"hybr"'}
+    assert source_docstrings(SOURCE_SNIPPET) == [("solve", "Find a root of f between a and b.")]
+
+
+def test_source_tasks_ask_what_the_real_source_states():
+    """fact and docstring examples: the text is a stretch of the pypackages corpus with nothing inserted (every
+    block of it is one of the corpus's paragraphs), and the answer is what that text states."""
+    from locret.tasks import realtext
+    from locret.train.synthetic import SyntheticData, source_docstrings, source_facts
+
+    def count(text):
+        return len(text.split())
+
+    corpus = realtext.load("pypackages")
+    paragraphs = {p for d in corpus.documents for p in d.paragraphs}
+    data = SyntheticData(count, seed=11, min_tokens=300, max_tokens=600, tasks=("fact", "docstring"),
+                         contexts=("pydoc", "pypackages"))
+    tasks = set()
+    for i in range(16):
+        ex = data.example(i)
+        tasks.add(ex.task)
+        assert ex.context == "pypackages" and ex.prompt.endswith("\n\n" + ex.question)
+        intro, context = ex.prompt[:-len(ex.question) - 2].split("\n\n", 1)
+        assert all(block in paragraphs for block in context.split("\n\n")), i
+        if ex.task == "fact":
+            assert (ex.question, ex.answer) in source_facts(context) and ex.answer in context
+        else:
+            name = re.search(r"function (\w+) in the source", ex.question).group(1)
+            assert (name, ex.answer) in source_docstrings(context)
+            assert ex.answer in " ".join(context.split())
+        assert count(ex.prompt) <= 600 + 5
+    assert tasks == {"fact", "docstring"}
+
+
+def test_held_out_families_and_source_tasks_without_source_are_refused():
+    from locret import holdout
+    from locret.tasks import realtext
+    from locret.train.synthetic import SyntheticData
+
+    assert set(realtext.FAMILIES) == set(holdout.HELD_OUT_FAMILIES)
+    for family in holdout.HELD_OUT_FAMILIES:
+        with pytest.raises(ValueError, match=f"{family} is a held-out real-text family"):
+            SyntheticData(len, seed=1, min_tokens=300, max_tokens=600, contexts=("pydoc", family))
+    with pytest.raises(ValueError, match="fact ask about real source text: add pypackages"):
+        SyntheticData(len, seed=1, min_tokens=300, max_tokens=600, tasks=("passkey", "fact"))
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--contexts", "pydoc,man"], "--contexts: man is a held-out real-text family"),
+    (["--tasks", "passkey,docstring"], "--tasks docstring ask about real source text: add pypackages to --contexts"),
+])
+def test_the_trainer_refuses_held_out_text_and_a_mix_it_cannot_draw(tiny, tmp_path, args, needle):
+    hf_dir, gguf = tiny
+    proc = _train("--base", hf_dir, "--gguf", gguf, "-o", tmp_path / "h.gguf", "--steps", 2, "--warmup-steps", 0,
+                  *args, check=False)
+    assert proc.returncode == 1 and needle in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("task", ["fact", "docstring"])
+def test_labels_of_real_source_answers_match_a_brute_force_reference(tiny, task):
+    """The new kinds of answer: an example of each, as the trainer tokenizes it, gets labels equal to the
+    brute-force reference (the attention its answer tokens give each prompt token)."""
+    from locret.train.backbone import load_backbone
+    from locret.train.trainer import ExampleSource, TrainConfig
+
+    hf_dir, _ = tiny
+    backbone = load_backbone(hf_dir)
+    config = TrainConfig(base="", gguf="", output="", run_dir="", min_tokens=400, max_tokens=512, tasks=[task],
+                         contexts=["pypackages"])
+    example, got = ExampleSource(config, backbone).get(0)
+    assert got == task and 0 < example.n_prompt < len(example.token_ids) <= 512
+    features, _, wants = _brute_force_labels(backbone, example.token_ids, example.n_prompt)
+    _assert_labels(features, wants, example.n_prompt)
+
+
+def test_the_training_log_names_the_real_text_corpus_once(tiny):
+    """ExampleSource.corpora (the log's "corpora"): each real-text family of --contexts once, by its cache id, file
+    count and the sha256 of its manifest (every file's name and sha256), so an evaluation can tell what was read."""
+    from locret.tasks import realtext
+    from locret.tasks.realtext import corpus as corpus_module
+    from locret.train.backbone import load_backbone
+    from locret.train.trainer import ExampleSource, TrainConfig
+
+    backbone = load_backbone(tiny[0])
+    config = TrainConfig(base="", gguf="", output="", run_dir="", contexts=["pydoc", "pypackages", "code",
+                                                                            "pypackages"])
+    (entry,) = ExampleSource(config, backbone).corpora()
+    corpus = realtext.load("pypackages")
+    listing = json.dumps(corpus_module.manifest(corpus), sort_keys=True).encode()
+    assert entry == {"family": "pypackages", "id": corpus.id, "files": len(corpus_module.manifest(corpus)),
+                     "manifest_sha256": hashlib.sha256(listing).hexdigest()}
+    assert ExampleSource(TrainConfig(base="", gguf="", output="", run_dir=""), backbone).corpora() == []

@@ -6,8 +6,9 @@ haystack families plus `pydoc`; "pydoc" alone when the key is absent, the traine
 (`data`) and the heads it started from (`init_heads`), whose families count too. A family is held out from a heads
 file when none of that names it. When the log cannot tell (no log, data files of unknown text) nothing is held out.
 
-The real-text families (info, man, pysource: tasks/realtext) are no context of the trainer, so no log of the shipped
-heads names them and they are held out from all of them; a log that names one refuses it like any other family.
+The real-text families (info, man, pysource: tasks/realtext) are no context of the trainer (it refuses them:
+holdout.HELD_OUT_FAMILIES), so no log names them and they are held out from every heads file; a log that named one
+would refuse it like any other family. The trainer's own real text (pypackages) is a family of its own.
 """
 from __future__ import annotations
 
@@ -48,9 +49,10 @@ def training(heads_file: str | Path | None, *, _seen: frozenset[str] = frozenset
     why = [str(log)]
     init = config.get("init_heads")
     if init:
-        # a relative path is the repository's (as the trainer was run from it); else beside the heads file
+        # a relative path is the repository's (as the trainer was run from it); else beside the heads file. A heads
+        # file its fine-tuned successor replaced keeps only its training log (<stem>.run/), which is what counts.
         candidates = [Path(init), Path(heads_file).parent / Path(init).name]
-        found = next((c for c in candidates if c.is_file()), None)
+        found = next((c for c in candidates if c.is_file() or run_log(c).is_file()), None)
         if found is None or str(found.resolve()) in _seen:
             return Training(None, f"{log}: started from {init}, whose training cannot be read")
         parent = training(found, _seen=_seen | {str(Path(heads_file).resolve())})

@@ -57,8 +57,9 @@ def parser() -> RefusingParser:
                         f"often (known: {','.join(TASKS)}; default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--contexts", default=",".join(DEFAULT_CONTEXTS),
                    help=f"built-in generator's text around the needles, comma separated, one drawn per example "
-                        f"(known: {','.join(CONTEXTS)}; pydoc: the Python reference, the others the evaluation's "
-                        f"generated haystack families; default pydoc)")
+                        f"(known: {','.join(CONTEXTS)}; pydoc: the Python reference, pypackages: real source and "
+                        f"docstrings of packages in the venv, the others the evaluation's generated haystack "
+                        f"families; default pydoc)")
     p.add_argument("--d-r", type=int, default=DEFAULTS.d_r, help=f"head hidden width (default {DEFAULTS.d_r})")
     p.add_argument("--steps", type=int, default=DEFAULTS.steps,
                    help=f"optimizer steps, one sequence each (default {DEFAULTS.steps})")

@@ -19,10 +19,18 @@ between paragraphs:
              over and over (boilerplate, logs, a template filled in many times). Not in the default
              mix: it teaches heads that a fact stated once must outrank every repeat of the text
              around it, which pointwise scores otherwise rank alike (heads/README.md).
+- fact:      a fact the real text states itself, nothing inserted: in a stretch of Python source (the
+             ``pypackages`` text), a name assigned a number or a short string once (``_MAXITER = 500``), or
+             a parameter's default in a function defined once (``def brentq(..., xtol=2e-12, ...)``); the
+             value asked back as written. The source around it is full of look-alikes (other names, other
+             numbers), which is what real documents are like and generated needles are not.
+- docstring: the first sentence of the docstring of a function defined once in the stretch of source,
+             asked back: an answer that is a passage of real prose, found by a name.
 
 The text around the needles is, by default, the Python reference (``pydoc``). ``contexts`` adds the
-evaluation's generated haystack families (``prose``, ``code``, ``legal``, ``logs``: locret.tasks.haystacks),
-one drawn per example, so that heads see needles inside source code, licence clauses and server logs too,
+evaluation's generated haystack families (``prose``, ``code``, ``legal``, ``logs``: locret.tasks.haystacks)
+and real text (``pypackages``: third-party packages' source and docstrings, locret.tasks.realtext; never a
+held-out real-text family, which is refused), one drawn per example, so that heads see needles inside source code, licence clauses and server logs too,
 where the structure of the text repeats and a fact stated once must still outrank it. The families' units
 are generated from templates with a seed of the example's own, so training and evaluation share the kind of
 text, never the same stream.
@@ -39,13 +47,18 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from locret import holdout
+from locret.tasks import realtext
 from locret.tasks.haystacks import FAMILIES, units
 
-CONTEXTS = ("pydoc",) + FAMILIES
+CONTEXTS = ("pydoc",) + FAMILIES + realtext.TRAINING_FAMILIES
 # the text when none is chosen (--contexts): the Python reference alone, the shipped plain heads' (a training log
 # without "contexts" means this; locret.evaluation.heldout reads it so)
 DEFAULT_CONTEXTS = ("pydoc",)
-TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats")
+TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats", "fact", "docstring")
+# tasks that ask about what the real source text says (never an inserted needle): they need SOURCE_CONTEXT
+SOURCE_TASKS = ("fact", "docstring")
+SOURCE_CONTEXT = "pypackages"
 # the mix when none is chosen: the shipped heads' recipe, kept fixed so that it reproduces them
 DEFAULT_TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent")
 
@@ -58,6 +71,75 @@ _ITEMS = ["lamps", "coils", "ropes", "jars", "bolts", "crates of tea", "maps", "
 _MADE_UP = ["florp", "zindle", "quabe", "marvish", "telloc", "brunt", "snorvel", "plimmet", "drove", "kastel",
             "wemble", "yorrin", "gashet", "prindle", "volque"]
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+# what the fact task may ask back: a number or a short string literal, as written in the source
+_LITERAL = r"-?\d[\d_]*(?:\.\d+)?(?:[eE][-+]?\d+)?|'[^'\n\\]{1,40}'|\"[^\"\n\\]{1,40}\""
+_ASSIGNMENT = re.compile(rf"^[ \t]*([A-Za-z_]\w*)[ \t]*=[ \t]*({_LITERAL})[ \t]*(?:#.*)?$", re.M)
+_DEF = re.compile(r"^[ \t]*def[ \t]+([A-Za-z_]\w*)[ \t]*\(", re.M)
+_SIGNATURE_END = re.compile(r"\)[ \t]*(?:->[^:\n]*)?:")
+_DEFAULT = re.compile(rf"(?<![\w.])([A-Za-z_]\w*)[ \t]*(?::[^=,()\n]+)?=[ \t]*({_LITERAL})(?=[ \t]*[,)\n])")
+_DOCSTRING = re.compile(r'\A[ \t]*\n[ \t]*[rRuU]?(?:"""|\'\'\')(.*?)(?:"""|\'\'\'|\n[ \t]*\n)', re.S)
+
+
+def mix_problem(tasks, contexts) -> str | None:
+    """Why a task mix cannot be drawn with these contexts (a task asking about real source without its text), or
+    None. The trainer's check and the generator's are this one."""
+    needs_source = [t for t in tasks if t in SOURCE_TASKS]
+    if needs_source and SOURCE_CONTEXT not in contexts:
+        return (f"task(s) {', '.join(dict.fromkeys(needs_source))} ask about real source text: add {SOURCE_CONTEXT} "
+                f"to the contexts")
+    return None
+
+
+def source_facts(text: str) -> list[tuple[str, str]]:
+    """(question, answer) for every fact of the fact task in `text`: names assigned a literal exactly once (and
+    never otherwise assigned), and literal defaults of the parameters of functions defined exactly once. Only
+    values that say something: two characters or more, and written at most three times in the text (a default of
+    0 or 1 is everywhere, so no kept token would tell it)."""
+    facts = []
+    for m in _ASSIGNMENT.finditer(text):
+        name, value = m.group(1), m.group(2)
+        if _telling(value, text) and len(re.findall(rf"^[ \t]*{name}[ \t]*=[^=]", text, re.M)) == 1:
+            facts.append((f"In the source code above, which value is {name} set to?", value))
+    for name, signature, _ in _functions(text):
+        for m in _DEFAULT.finditer(signature):
+            if _telling(m.group(2), text):
+                facts.append((f"In the source code above, what is the default value of the parameter {m.group(1)} "
+                              f"of the function {name}?", m.group(2)))
+    return facts
+
+
+def _telling(value: str, text: str) -> bool:
+    return len(value.strip("'\"")) >= 2 and text.count(value) <= 3
+
+
+def source_docstrings(text: str) -> list[tuple[str, str]]:
+    """(function name, the first sentence of its docstring) for functions defined exactly once in `text` whose
+    docstring opens with a sentence of 20-300 characters."""
+    out = []
+    for name, _, after in _functions(text):
+        m = _DOCSTRING.match(after)
+        if not m:
+            continue
+        first_paragraph = " ".join(re.split(r"\n[ \t]*\n", m.group(1).strip())[0].split())
+        sentence = _SENTENCE_END.split(first_paragraph)[0]
+        if 20 <= len(sentence) <= 300 and re.search(r"[A-Za-z]{3}", sentence):
+            out.append((name, sentence))
+    return out
+
+
+def _functions(text: str) -> list[tuple[str, str, str]]:
+    """(name, signature, the text after the signature) of each function defined exactly once in `text`."""
+    out = []
+    for m in _DEF.finditer(text):
+        name = m.group(1)
+        if name.startswith("__"):          # __init__ and the like: "the function __init__" names no one thing
+            continue
+        end = _SIGNATURE_END.search(text, m.end(), m.end() + 1500)
+        if not end or len(re.findall(rf"\bdef[ \t]+{name}[ \t]*\(", text)) != 1:
+            continue
+        out.append((name, text[m.end():end.start()], text[end.end():end.end() + 2000]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -90,11 +172,18 @@ class SyntheticData:
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise ValueError(f"unknown synthetic task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
+        for c in contexts:
+            problem = holdout.why_held_out_family(c)
+            if problem:
+                raise ValueError(problem)
         unknown = [c for c in contexts if c not in CONTEXTS]
         if unknown or not contexts:
             raise ValueError(f"unknown context kind(s) {', '.join(unknown) or '(none given)'}; known: "
                              f"{', '.join(CONTEXTS)}")
         self.contexts = contexts
+        problem = mix_problem(tasks, contexts)
+        if problem:
+            raise ValueError(problem)
         if not 0 < min_tokens <= max_tokens:
             raise ValueError(f"synthetic context lengths must satisfy 0 < min <= max (got {min_tokens}, {max_tokens})")
         self.count_tokens = count_tokens
@@ -146,15 +235,21 @@ class SyntheticData:
 
     def _family_context(self, family: str, rng: random.Random, target_tokens: int,
                         reserve_tokens: int) -> list[str]:
-        """Paragraphs of 2-8 units of a haystack family (whole units: code and log lines keep their
-        newlines), about target - reserve tokens long, trimmed by measuring."""
+        """Paragraphs of 2-8 units of a generated haystack family (whole units: code and log lines keep their
+        newlines), or paragraphs of a real-text family in document order, about target - reserve tokens long,
+        trimmed by measuring."""
         budget = max(50, target_tokens - reserve_tokens)
-        stream = units(family, random.Random(rng.getrandbits(64)))
+        stream_rng = random.Random(rng.getrandbits(64))
+        real = family in realtext.TRAINING_FAMILIES
+        stream = iter(realtext.units(family, stream_rng)) if real else units(family, stream_rng)
         blocks: list[str] = []
         chars = 0
         while chars < budget * self.chars_per_token:
-            parts = [next(stream) for _ in range(rng.randint(2, 8))]
-            block = "".join(u if u.endswith("\n") else u + " " for u in parts).strip()
+            # a real paragraph is a block of its own (up to 1,200 characters already: more would overshoot short
+            # examples); generated units are a sentence or a line each, so 2-8 make a paragraph
+            parts = [next(stream) for _ in range(1 if real else rng.randint(2, 8))]
+            block = parts[0].rstrip("\n") if real else \
+                "".join(u if u.endswith("\n") else u + " " for u in parts).strip()  # (real: indentation kept)
             blocks.append(block)
             chars += len(block) + 2
         while len(blocks) > 1 and self.count_tokens("\n\n".join(blocks)) > budget:
@@ -247,9 +342,12 @@ class SyntheticData:
                              "Follow the variable assignments in the text.", value)
 
     def _quote(self, rng: random.Random, target: int) -> SyntheticExample:
-        blocks = self._context(rng, target, 120, sections_only=True)
-        headers = [i for i, b in enumerate(blocks) if b.startswith("Section: ") and i + 1 < len(blocks)
-                   and not blocks[i + 1].startswith("Section: ")]
+        while True:   # a short context may be cut after a header: draw again (an example that drew once is as before)
+            blocks = self._context(rng, target, 120, sections_only=True)
+            headers = [i for i, b in enumerate(blocks) if b.startswith("Section: ") and i + 1 < len(blocks)
+                       and not blocks[i + 1].startswith("Section: ")]
+            if headers:
+                break
         i = rng.choice(headers)
         first_sentence = _SENTENCE_END.split(blocks[i + 1])[0][:400]
         topic = blocks[i][len("Section: "):]
@@ -266,3 +364,27 @@ class SyntheticData:
         self._place(rng, blocks, needles)
         question = "Which made-up creature was seen most often in the document? Answer with one word."
         return self._example("frequent", blocks, question, "Count the sightings.", common)
+
+    def _source_context(self, rng: random.Random, target: int, reserve: int,
+                        find: Callable[[str], list]) -> tuple[list[str], list]:
+        """A stretch of the real source text (SOURCE_CONTEXT) in which `find` finds something to ask, and what
+        it found; a new stretch is drawn until one has (real source nearly always does)."""
+        self._kind = SOURCE_CONTEXT
+        for _ in range(400):      # a short stretch (a few paragraphs) holds a documented function 1 time in 10
+            blocks = self._family_context(SOURCE_CONTEXT, rng, target, reserve)
+            found = find("\n\n".join(blocks))
+            if found:
+                return blocks, found
+        raise RuntimeError(f"400 stretches of {SOURCE_CONTEXT} text held nothing to ask about")
+
+    def _fact(self, rng: random.Random, target: int) -> SyntheticExample:
+        blocks, facts = self._source_context(rng, target, 60, source_facts)
+        question, answer = facts[rng.randrange(len(facts))]
+        return self._example("fact", blocks, question, "Read the source code and answer the question after it.",
+                             answer)
+
+    def _docstring(self, rng: random.Random, target: int) -> SyntheticExample:
+        blocks, found = self._source_context(rng, target, 120, source_docstrings)
+        name, sentence = found[rng.randrange(len(found))]
+        question = f"Quote the first sentence of the docstring of the function {name} in the source code above."
+        return self._example("docstring", blocks, question, "Read the source code.", sentence)

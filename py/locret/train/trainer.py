@@ -35,7 +35,7 @@ from ..convert.errors import ConversionError
 from ..convert.gguf_output import Recommended
 from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
-from .synthetic import CONTEXTS, DEFAULT_CONTEXTS, DEFAULT_TASKS, TASKS, SyntheticData
+from .synthetic import CONTEXTS, DEFAULT_CONTEXTS, DEFAULT_TASKS, TASKS, SyntheticData, mix_problem
 from .. import holdout
 from .training_data import Example, TokenizedExample, read_examples, tokenize, with_query
 
@@ -105,6 +105,10 @@ def check_config(config: TrainConfig) -> None:
         raise ConversionError(f"--checkpoint-every must be positive, got {config.checkpoint_every}")
     if config.query_tokens < 0:
         raise ConversionError(f"--query-tokens must be >= 0 (0: no Locret-Q query), got {config.query_tokens}")
+    for c in config.contexts:
+        problem = holdout.why_held_out_family(c)
+        if problem:
+            raise ConversionError(f"--contexts: {problem}")
     unknown = [c for c in config.contexts if c not in CONTEXTS]
     if unknown or not config.contexts:
         raise ConversionError(f"unknown --contexts kind(s) {', '.join(unknown) or '(none given)'}; known: "
@@ -113,6 +117,9 @@ def check_config(config: TrainConfig) -> None:
     if unknown or not config.tasks:
         raise ConversionError(f"unknown synthetic task(s) {', '.join(unknown) or '(none given)'}; known: "
                               f"{', '.join(TASKS)}")
+    problem = mix_problem(config.tasks, config.contexts)
+    if problem:
+        raise ConversionError(problem.replace("task(s)", "--tasks", 1).replace("the contexts", "--contexts"))
     output = Path(config.output)
     refuse_bad_output(output, [resolve_model(config.gguf)])
     for path in config.data:
@@ -160,6 +167,22 @@ class ExampleSource:
                                            config.seed, config.min_tokens, config.max_tokens, tuple(config.tasks),
                                            tuple(config.contexts))
         self.order: list[int] = []
+
+    def corpora(self) -> list[dict]:
+        """The real-text corpora the built-in generator reads ([] for data files or generated text only)."""
+        if self.synthetic is None:
+            return []
+        from ..tasks import realtext
+        from ..tasks.realtext import corpus as corpus_module
+
+        out = []
+        for family in dict.fromkeys(self.config.contexts):      # a kind named twice is one corpus
+            if family in realtext.TRAINING_FAMILIES:
+                c = realtext.load(family)
+                listing = json.dumps(corpus_module.manifest(c), sort_keys=True).encode()
+                out.append({"family": family, "id": c.id, "files": len(corpus_module.manifest(c)),
+                            "manifest_sha256": hashlib.sha256(listing).hexdigest()})
+        return out
 
     def describe(self) -> str:
         if self.synthetic is not None:
@@ -348,6 +371,9 @@ def train(config: TrainConfig, resume: bool = True, max_minutes: float | None = 
         # every data file by path and content, so that an evaluation can tell what the heads learned from
         # (RULER's refuses heads whose log names its package's data: holdout.why_not_training_data)
         "sources": [{"path": str(p), "sha256": holdout.sha256_of(p)} for p in config.data],
+        # the real text the built-in generator drew from: each corpus by its cache key and file count, with the
+        # sha256 of its manifest (every file's name and sha256: locret.tasks.realtext.corpus.manifest)
+        "corpora": source.corpora(),
         "backbone": {"source": str(config.base), "architecture": backbone.gguf_architecture,
                      "n_layer": backbone.n_layer, "n_head": backbone.n_head, "n_head_kv": backbone.n_head_kv,
                      "head_dim": backbone.head_dim},

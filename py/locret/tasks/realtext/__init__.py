@@ -19,7 +19,11 @@ seeded document, on into the next document; each unit is one paragraph (whole li
 contract haystack.assemble keeps. The needle tasks over these families are real_number, real_code and
 real_lookalike (tasks/realneedle.py).
 
-No training run has used these families: they are the held-out families of the evaluation (heldout.py).
+No training run has used these families: they are the held-out families of the evaluation (heldout.py), and the
+trainer refuses them (holdout.HELD_OUT_FAMILIES). Its own real text is a family of its own, held out from nothing:
+
+- ``pypackages``: the source files of a few third-party packages in the venv's site-packages (numpy, scipy, pandas,
+  matplotlib, networkx, nltk: sources.PYPACKAGES), their docstrings and comments, without their test suites.
 """
 from __future__ import annotations
 
@@ -29,7 +33,8 @@ from . import corpus
 from .corpus import Corpus, Document, Stretch, load, stretch
 from .sources import ForbiddenSource, MissingSource, check_allowed
 
-FAMILIES = tuple(corpus.FAMILIES)   # info, man, pysource
+FAMILIES = tuple(corpus.FAMILIES)   # info, man, pysource: held out
+TRAINING_FAMILIES = tuple(corpus.TRAINING_FAMILIES)   # pypackages: the trainer's real text
 
 
 def units(family: str, rng: random.Random) -> Stretch:
@@ -37,5 +42,5 @@ def units(family: str, rng: random.Random) -> Stretch:
     return stretch(load(family), rng)
 
 
-__all__ = ["FAMILIES", "Corpus", "Document", "ForbiddenSource", "MissingSource", "Stretch", "check_allowed", "load",
+__all__ = ["FAMILIES", "TRAINING_FAMILIES", "Corpus", "Document", "ForbiddenSource", "MissingSource", "Stretch", "check_allowed", "load",
            "stretch", "units"]

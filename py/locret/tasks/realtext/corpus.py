@@ -51,6 +51,11 @@ FAMILIES: dict[str, Family] = {
     "pysource": Family("pysource", lambda: (sources.stdlib_root(),), sources.pysource_files, pysource.units,
                        lambda: {"python": sources.python_version(), "stdlib": str(sources.stdlib_root())}),
 }
+# text the trainer may read (--contexts pypackages): real source and docstrings, none of it held out
+TRAINING_FAMILIES: dict[str, Family] = {
+    "pypackages": Family("pypackages", lambda: (sources.purelib_root(),), sources.pypackages_files, pysource.units,
+                         lambda: {"python": sources.python_version(), "packages": list(sources.PYPACKAGES)}),
+}
 
 
 @dataclass
@@ -174,14 +179,14 @@ def manifest(corpus: Corpus) -> list[dict]:
 
 
 def unknown_family(name: str) -> ValueError:
-    return ValueError(f"unknown real-text family {name!r}; valid: {', '.join(FAMILIES)}")
+    return ValueError(f"unknown real-text family {name!r}; valid: {', '.join([*FAMILIES, *TRAINING_FAMILIES])}")
 
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str, folder: str) -> Corpus:
     from ... import cachelock
 
-    family = FAMILIES[name]
+    family = FAMILIES.get(name) or TRAINING_FAMILIES[name]
     files = family.files()
     tools = family.tools()
     key = cache_key(family, files, tools)
@@ -191,8 +196,8 @@ def _load(name: str, folder: str) -> Corpus:
 
 
 def load(name: str) -> Corpus:
-    """The corpus of family `name`, built on first use on this machine (MissingSource when its files are not
+    """The corpus of family `name` (held out or training text), built on first use on this machine (MissingSource when its files are not
     here, ForbiddenSource when a file lies under a forbidden root)."""
-    if name not in FAMILIES:
+    if name not in FAMILIES and name not in TRAINING_FAMILIES:
         raise unknown_family(name)
     return _load(name, str(cache_folder()))

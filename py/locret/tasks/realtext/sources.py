@@ -36,6 +36,12 @@ STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_tes
                     "__pycache__", "ensurepip"}
 STDLIB_SKIP_FILE = re.compile(r"^_sysconfigdata")
 
+# the training text (pypackages): third-party packages that scripts/requirements.txt installs in the venv, chosen for
+# prose-rich docstrings full of numbers, units, defaults and examples; their test suites are left out. Never the
+# RULER package (held out: check_allowed refuses it) nor the peers' (kvpress) or ours.
+PYPACKAGES = ("numpy", "scipy", "pandas", "matplotlib", "networkx", "nltk")
+PYPACKAGES_SKIP_DIRS = {"tests", "test", "testing", "_testing", "__pycache__", "benchmarks", "_vendor", "vendored"}
+
 
 class ForbiddenSource(ValueError):
     """A path a real-text family must not read."""
@@ -148,3 +154,30 @@ def pysource_files(root: Path | None = None) -> list[SourceFile]:
 
 def python_version() -> str:
     return sys.version.split()[0]
+
+
+# ------------------------------------------------------------------ pypackages (training text, not held out)
+
+def purelib_root() -> Path:
+    """Where the venv's third-party packages are (sysconfig's purelib)."""
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def pypackages_files(root: Path | None = None, packages: tuple[str, ...] = PYPACKAGES) -> list[SourceFile]:
+    """The .py files of PYPACKAGES under the venv's site-packages, sorted by path, without their test suites and
+    vendored copies; a package that is not installed is skipped, MissingSource when none is."""
+    root = purelib_root() if root is None else root
+    out = []
+    for package in packages:
+        folder = root / package
+        if not folder.is_dir():
+            continue
+        for p in sorted(folder.rglob("*.py")):
+            rel = p.relative_to(root)
+            if PYPACKAGES_SKIP_DIRS & set(rel.parts[:-1]) or p.is_symlink():
+                continue
+            out.append(SourceFile(p, rel.as_posix()))
+    if not out:
+        raise MissingSource(f"none of {', '.join(packages)} is installed under {root} "
+                            "(bash scripts/setup.sh installs them)")
+    return out
