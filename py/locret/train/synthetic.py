@@ -30,10 +30,10 @@ between paragraphs:
 The text around the needles is, by default, the Python reference (``pydoc``). ``contexts`` adds the
 evaluation's generated haystack families (``prose``, ``code``, ``legal``, ``logs``: locret.tasks.haystacks)
 and real text (``pypackages``: third-party packages' source and docstrings, locret.tasks.realtext; never a
-held-out real-text family, which is refused), one drawn per example, so that heads see needles inside source code, licence clauses and server logs too,
-where the structure of the text repeats and a fact stated once must still outrank it. The families' units
-are generated from templates with a seed of the example's own, so training and evaluation share the kind of
-text, never the same stream.
+held-out real-text family, which is refused), one drawn per example, so that heads see needles inside source
+code, licence clauses and server logs too, where the structure of the text repeats and a fact stated once must
+still outrank it. The generated families' units come from templates with a seed of the example's own, so
+training and evaluation share the kind of text, never the same stream.
 
 Everything is drawn from `random.Random(f"{seed}:{index}")`, so example `index` of a seed is the
 same in every run and on every machine, whatever was generated before it (resuming a run is
@@ -82,12 +82,24 @@ _DOCSTRING = re.compile(r'\A[ \t]*\n[ \t]*[rRuU]?(?:"""|\'\'\')(.*?)(?:"""|\'\'\
 
 
 def mix_problem(tasks, contexts) -> str | None:
-    """Why a task mix cannot be drawn with these contexts (a task asking about real source without its text), or
-    None. The trainer's check and the generator's are this one."""
+    """Why the built-in generator cannot draw this task mix over these text kinds (a held-out family, an unknown
+    kind or task, a task asking about real source without its text), or None. The one check of the trainer's options
+    and of the generator: both raise with this message."""
+    for c in contexts:
+        held_out = holdout.why_held_out_family(c)
+        if held_out:
+            return f"--contexts: {held_out}"
+    unknown = [c for c in contexts if c not in CONTEXTS]
+    if unknown or not contexts:
+        return (f"unknown context kind(s) {', '.join(unknown) or '(none given)'} (--contexts); known: "
+                f"{', '.join(CONTEXTS)}")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        return f"unknown synthetic task(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(TASKS)}"
     needs_source = [t for t in tasks if t in SOURCE_TASKS]
     if needs_source and SOURCE_CONTEXT not in contexts:
-        return (f"task(s) {', '.join(dict.fromkeys(needs_source))} ask about real source text: add {SOURCE_CONTEXT} "
-                f"to the contexts")
+        return (f"--tasks {', '.join(dict.fromkeys(needs_source))} ask about real source text: add {SOURCE_CONTEXT} "
+                f"to --contexts")
     return None
 
 
@@ -169,21 +181,10 @@ class SyntheticData:
 
     def __init__(self, count_tokens: Callable[[str], int], seed: int, min_tokens: int, max_tokens: int,
                  tasks: tuple[str, ...] = DEFAULT_TASKS, contexts: tuple[str, ...] = DEFAULT_CONTEXTS) -> None:
-        unknown = [t for t in tasks if t not in TASKS]
-        if unknown:
-            raise ValueError(f"unknown synthetic task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
-        for c in contexts:
-            problem = holdout.why_held_out_family(c)
-            if problem:
-                raise ValueError(problem)
-        unknown = [c for c in contexts if c not in CONTEXTS]
-        if unknown or not contexts:
-            raise ValueError(f"unknown context kind(s) {', '.join(unknown) or '(none given)'}; known: "
-                             f"{', '.join(CONTEXTS)}")
-        self.contexts = contexts
         problem = mix_problem(tasks, contexts)
         if problem:
             raise ValueError(problem)
+        self.contexts = contexts
         if not 0 < min_tokens <= max_tokens:
             raise ValueError(f"synthetic context lengths must satisfy 0 < min <= max (got {min_tokens}, {max_tokens})")
         self.count_tokens = count_tokens

@@ -42,5 +42,5 @@ def units(family: str, rng: random.Random) -> Stretch:
     return stretch(load(family), rng)
 
 
-__all__ = ["FAMILIES", "TRAINING_FAMILIES", "Corpus", "Document", "ForbiddenSource", "MissingSource", "Stretch", "check_allowed", "load",
-           "stretch", "units"]
+__all__ = ["FAMILIES", "TRAINING_FAMILIES", "Corpus", "Document", "ForbiddenSource", "MissingSource", "Stretch",
+           "check_allowed", "load", "stretch", "units"]

@@ -178,15 +178,19 @@ def manifest(corpus: Corpus) -> list[dict]:
     return json.loads(corpus.path.read_text())["files"] if corpus.path else []
 
 
+# every family load() builds: the held-out ones and the trainer's
+_ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **TRAINING_FAMILIES}
+
+
 def unknown_family(name: str) -> ValueError:
-    return ValueError(f"unknown real-text family {name!r}; valid: {', '.join([*FAMILIES, *TRAINING_FAMILIES])}")
+    return ValueError(f"unknown real-text family {name!r}; valid: {', '.join(_ALL_FAMILIES)}")
 
 
 @functools.lru_cache(maxsize=None)
 def _load(name: str, folder: str) -> Corpus:
     from ... import cachelock
 
-    family = FAMILIES.get(name) or TRAINING_FAMILIES[name]
+    family = _ALL_FAMILIES[name]
     files = family.files()
     tools = family.tools()
     key = cache_key(family, files, tools)
@@ -196,8 +200,8 @@ def _load(name: str, folder: str) -> Corpus:
 
 
 def load(name: str) -> Corpus:
-    """The corpus of family `name` (held out or training text), built on first use on this machine (MissingSource when its files are not
-    here, ForbiddenSource when a file lies under a forbidden root)."""
-    if name not in FAMILIES and name not in TRAINING_FAMILIES:
+    """The corpus of family `name` (held out or training text), built on first use on this machine (MissingSource
+    when its files are not here, ForbiddenSource when a file lies under a forbidden root)."""
+    if name not in _ALL_FAMILIES:
         raise unknown_family(name)
     return _load(name, str(cache_folder()))
