@@ -221,6 +221,18 @@ std::string locret_sentence(const std::string & span, const std::vector<size_t> 
     return locret_trim(span.substr(starts[k], end - starts[k]));
 }
 
+// where the span's closing run of sentences starts whose reading as a question is `asks` (the sentences that ask at
+// its end, or those after the last that asks): the first such sentence's start, or span.size() when the last
+// sentence is not of that kind
+size_t locret_closing_run(const std::string & span, bool asks) {
+    const std::vector<size_t> starts = locret_sentence_starts(span);
+    size_t from = span.size();
+    for (size_t k = starts.size(); k-- > 0 && locret_reads_as_question(locret_sentence(span, starts, k)) == asks;) {
+        from = starts[k];
+    }
+    return from;
+}
+
 // the question without what follows it: an answer's cue (the last sentence opening with "Answer:" or "A:", as RULER's
 // and many prompts end, when no question follows it: an earlier one is a document's "Q: ... A: ..." line) and, after
 // a question mark, the sentences that do not ask (an answer prefix such as RULER's "The special magic number for X
@@ -240,12 +252,7 @@ std::string locret_question_end(const std::string & span) {
     if (q.find('?') == std::string::npos) {
         return locret_trim(q);
     }
-    const std::vector<size_t> starts = locret_sentence_starts(q);
-    size_t end = q.size();
-    for (size_t k = starts.size(); k-- > 0 && !locret_reads_as_question(locret_sentence(q, starts, k));) {
-        end = starts[k];
-    }
-    return locret_trim(q.substr(0, end));
+    return locret_trim(q.substr(0, locret_closing_run(q, /*asks =*/ false)));
 }
 
 // the closing run of sentences that ask (each holds a question mark or opens with a word that asks or tells), so a
@@ -255,11 +262,7 @@ std::string locret_asking_sentences(const std::string & span) {
     if (span.find('?') == std::string::npos) {
         return span;
     }
-    const std::vector<size_t> starts = locret_sentence_starts(span);
-    size_t from = span.size();
-    for (size_t k = starts.size(); k-- > 0 && locret_reads_as_question(locret_sentence(span, starts, k));) {
-        from = starts[k];
-    }
+    const size_t from = locret_closing_run(span, /*asks =*/ true);
     return from == span.size() ? "" : locret_trim(span.substr(from));
 }
 

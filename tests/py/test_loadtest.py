@@ -45,6 +45,24 @@ def test_percentiles_match_numpy():
         figures.percentile([1.0], 101)
 
 
+def test_rss_window_ratio_is_the_last_ten_minutes_peak_over_the_first():
+    from locret.loadtest.watch import rss_window_ratio
+
+    rng = np.random.default_rng(1)
+    t = np.arange(0.0, 3600.0, 2.0)
+    for growth in (0.0, 0.03, 0.2):
+        rss = (400e6 * (1 + growth * t / t[-1]) + rng.integers(0, 4e6, t.size)).astype(np.int64)
+        samples = [(float(a), int(b)) for a, b in zip(t, rss)]
+        samples[7] = (samples[7][0], None)                        # a sample whose /proc read failed
+        keep = np.array([r is not None for _, r in samples])
+        first = rss[keep & (t <= t[0] + 600)].max()
+        last = rss[keep & (t >= t[-1] - 600)].max()
+        assert rss_window_ratio(samples) == pytest.approx(last / first, abs=1e-4)
+    assert rss_window_ratio(samples) > 1.1                        # the 20 % leak shows
+    assert rss_window_ratio([(0.0, 1), (1199.0, 2)]) is None      # two windows would overlap
+    assert rss_window_ratio([(0.0, None), (5000.0, None)]) is None
+
+
 # ---------------------------------------------------------------- a stub server with known delays
 
 @dataclass(frozen=True)
