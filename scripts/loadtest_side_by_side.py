@@ -182,19 +182,23 @@ def main(argv=None) -> int:
     except RuntimeError as e:
         print(f"loadtest_side_by_side: {e}", file=sys.stderr)
         return 2
-    # slots: the server's (for Locret, the plan's); busy: the most busy at once, sampled every 2 s (what it sustained)
-    lines = [loadtest.table_header().replace("| server |", "| server | slots | busy | KV MiB |", 1)
-             .replace("|---|", "|---|---:|---:|---:|", 1)]
+    # slots: the server's (for Locret, the plan's); busy: the most busy at once, sampled every 2 s (what it sustained);
+    # RSS: the peak, and in brackets its last ten minutes' peak over its first ten's (runs of 20 minutes or more)
+    lines = [loadtest.table_header().replace("| server |", "| server | slots | busy | KV MiB | RSS MiB (10 min) |", 1)
+             .replace("|---|", "|---|---:|---:|---:|---:|", 1)]
     for r in results:
         row = loadtest.one_line(r["server"], r["figures"])
-        busy = r["memory"].get("busy_slots_peak")
-        lines.append(row.replace(f"| {r['server']} |",
-                                 f"| {r['server']} | {r['slots']} | {'-' if busy is None else busy} | {r['kv_mib']} |",
-                                 1))
+        m = r["memory"]
+        dash = lambda x: "-" if x is None else x  # noqa: E731
+        cells = (f"{r['slots']} | {dash(m.get('busy_slots_peak'))} | {r['kv_mib']} | "
+                 f"{dash(m.get('rss_mib_peak'))} ({dash(m.get('rss_window_ratio'))})")
+        lines.append(row.replace(f"| {r['server']} |", f"| {r['server']} | {cells} |", 1))
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     summary = {"settings": {k: v for k, v in vars(args).items()}, "heads": str(heads),
-               "servers": [{k: v for k, v in r.items() if k != "requests"} for r in results]}
+               "servers": [{**{k: v for k, v in r.items() if k != "requests"},   # the RSS timeline: <server>.json
+                            "memory": {k: v for k, v in r["memory"].items() if k != "rss_mib_timeline"}}
+                           for r in results]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(table)
     return 0

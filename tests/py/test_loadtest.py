@@ -265,6 +265,9 @@ def test_a_short_load_test_against_locret_serve(tmp_path, model_path):
     assert f["ttft_s"]["p50"] > 0 and f["e2e_s"]["p95"] >= f["e2e_s"]["p50"]
     assert result["memory"]["rss_mib_peak"] > 50 and result["memory"]["locret_kv_mib_peak"] > 0
     assert 1 <= result["memory"]["busy_slots_peak"] <= 2      # the two slots, sampled every 2 s
+    timeline = result["memory"]["rss_mib_timeline"]
+    assert len(timeline) == result["memory"]["samples"] and max(m for _, m in timeline) == result["memory"]["rss_mib_peak"]
+    assert result["memory"]["rss_window_ratio"] is None       # a run under 20 minutes has no ten-minute windows
     journal = [json.loads(line) for line in out.with_suffix(".requests.jsonl").read_text().splitlines()]
     assert sorted(map(json.dumps, journal)) == sorted(map(json.dumps, rows))
     assert f"| http://127.0.0.1:{port} | 2/2 |" in proc.stdout
@@ -297,3 +300,6 @@ def test_side_by_side_in_the_same_memory(tmp_path):
     assert firsts["plain@4096"] == firsts["plain-unbounded"]
     table = (out / "table.md").read_text()
     assert all(f"| {name} |" in table for name in servers) and table.strip() in proc.stdout
+    assert "| RSS MiB (10 min) |" in table and f"| {locret['memory']['rss_mib_peak']} (-) |" in table
+    assert all("rss_mib_timeline" not in s["memory"] for s in servers.values())       # in <server>.json only
+    assert json.loads((out / "locret@4096.json").read_text())["memory"]["rss_mib_timeline"]

@@ -523,12 +523,13 @@ def test_unsupported_base_models_are_refused(tmp_path):
 
 
 def test_synthetic_examples_are_seeded_and_hold_their_answer():
-    from locret.train.synthetic import DEFAULT_TASKS, SOURCE_TASKS, TASKS, SyntheticData
+    from locret.train.synthetic import DEFAULT_TASKS, SOURCE_TASKS, TASKS, TEACHER_TASKS, SyntheticData
 
     def count(text):
         return len(text.split())  # a stand-in tokenizer: words
 
-    tasks = tuple(t for t in TASKS if t not in SOURCE_TASKS)   # those need real source (a test of their own)
+    # real source and the model's own answers have tests of their own
+    tasks = tuple(t for t in TASKS if t not in SOURCE_TASKS + TEACHER_TASKS)
     data = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=tasks)
     again = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=tasks)
     other = SyntheticData(count, seed=8, min_tokens=300, max_tokens=600, tasks=tasks)
@@ -688,6 +689,7 @@ def test_held_out_families_and_source_tasks_without_source_are_refused():
 @pytest.mark.parametrize("args,needle", [
     (["--contexts", "pydoc,man"], "--contexts: man is a held-out real-text family"),
     (["--tasks", "passkey,docstring"], "--tasks docstring ask about real source text: add pypackages to --contexts"),
+    (["--tasks", "summarize,explain"], "--tasks explain ask about real source text: add pypackages to --contexts"),
 ])
 def test_the_trainer_refuses_held_out_text_and_a_mix_it_cannot_draw(tiny, tmp_path, args, needle):
     hf_dir, gguf = tiny
@@ -731,3 +733,73 @@ def test_the_training_log_names_the_real_text_corpus_once(tiny):
     assert entry == {"family": "pypackages", "id": corpus.id, "files": len(corpus_module.manifest(corpus)),
                      "manifest_sha256": hashlib.sha256(listing).hexdigest()}
     assert ExampleSource(TrainConfig(base="", gguf="", output="", run_dir=""), backbone).corpora() == []
+
+
+# ---------------------------------------------------------------- teacher answers (the model's own)
+
+def _greedy_without_a_cache(model, prompt_ids: list[int], n: int, eos: int) -> list[int]:
+    """The reference: the whole sequence through the model again for every token, its last logits' argmax."""
+    import torch
+
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(n):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            if token == eos:
+                break
+            ids.append(token)
+    return ids[len(prompt_ids):]
+
+
+def test_teacher_answers_are_the_models_greedy_answer_and_get_the_papers_labels(tiny):
+    """summarize: the answer is the backbone's greedy continuation of the rendered prompt (against a reference that
+    runs the whole sequence for each token, no cache), the same on a second call, and the example's labels equal the
+    brute-force reference."""
+    from locret.train.backbone import load_backbone
+    from locret.train.synthetic import TEACHER_TOKENS
+    from locret.train.trainer import ExampleSource, TrainConfig
+    from locret.train.training_data import render_prompt
+
+    backbone = load_backbone(tiny[0])
+    prompt = render_prompt(backbone.tokenizer, (("user", " ".join(natural_text().split()[:60])),))
+    want = _greedy_without_a_cache(backbone.model, prompt, 12, backbone.tokenizer.eos_token_id)
+    assert backbone.greedy(prompt, 12) == want and len(want) >= 1
+
+    config = TrainConfig(base="", gguf="", output="", run_dir="", min_tokens=400, max_tokens=512,
+                         tasks=["summarize"], contexts=["pydoc", "code"])
+    source = ExampleSource(config, backbone)
+    example, _ = source.example(0)
+    user = example.messages[0][1]
+    reference = _greedy_without_a_cache(backbone.model, render_prompt(backbone.tokenizer, (("user", user),)),
+                                        TEACHER_TOKENS, backbone.tokenizer.eos_token_id)
+    assert example.answer == backbone.tokenizer.decode(reference, skip_special_tokens=True).strip() != ""
+    assert source.example(0)[0] == example                       # greedy: a resumed run draws the same example
+    tokenized, task = source.get(0)
+    assert task == "summarize" and tokenized.n_prompt < len(tokenized.token_ids) <= 512
+    features, _, wants = _brute_force_labels(backbone, tokenized.token_ids, tokenized.n_prompt)
+    _assert_labels(features, wants, tokenized.n_prompt)
+    assert "greedy answers with full attention" in source.describe()
+
+
+def test_teacher_tasks_need_a_teacher_and_redraw_an_unanswered_prompt():
+    from locret.train.synthetic import SyntheticData
+
+    with pytest.raises(ValueError, match="summarize take the model's own answer: they need a teacher"):
+        SyntheticData(len, seed=1, min_tokens=300, max_tokens=600, tasks=("passkey", "summarize"))
+    with pytest.raises(ValueError, match="--tasks explain ask about real source text: add pypackages"):
+        SyntheticData(len, seed=1, min_tokens=300, max_tokens=600, tasks=("explain",), teacher=lambda p: "x")
+
+    asked = []
+
+    def shy(prompt):          # no answer to the first two prompts
+        asked.append(prompt)
+        return "" if len(asked) <= 2 else f"answer {len(asked)}"
+
+    data = SyntheticData(lambda t: len(t.split()), seed=1, min_tokens=300, max_tokens=600, tasks=("summarize",),
+                         teacher=shy)
+    ex = data.example(0)
+    assert ex.answer == "answer 3" and ex.prompt == asked[-1] and len(asked) == 3
+    assert ex.prompt.endswith("\n\n" + ex.question)
+    silent = SyntheticData(len, seed=1, min_tokens=300, max_tokens=600, tasks=("summarize",), teacher=lambda p: " ")
+    with pytest.raises(RuntimeError, match="no answer to 8 summarize prompts"):
+        silent.example(0)

@@ -137,6 +137,28 @@ class Backbone:
         return Features(inputs=inputs, labels=labels)
 
 
+    @torch.no_grad()
+    def greedy(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """The model's own answer to a prompt: its greedy continuation with full attention over the whole prompt (a
+        KV cache, one token at a time), at most `max_new_tokens` tokens, ending before its end-of-sequence token.
+        The teacher of the tasks that have no reference answer (synthetic.TEACHER_TASKS)."""
+        if not prompt_ids or max_new_tokens <= 0:
+            raise ConversionError(f"a greedy answer needs a prompt and room for it (got {len(prompt_ids)} prompt "
+                                  f"tokens, {max_new_tokens} new)")
+        eos = self.tokenizer.eos_token_id
+        step = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        past, out = None, []
+        while len(out) < max_new_tokens:
+            result = self.model(step, past_key_values=past, use_cache=True, logits_to_keep=1)
+            past = result.past_key_values
+            token = int(result.logits[0, -1].argmax())
+            if token == eos:
+                break
+            out.append(token)
+            step = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        return out
+
+
 def load_backbone(source: Path, threads: int | None = None, device: str = "cpu") -> Backbone:
     """A frozen float32 backbone on `device` (cpu, cuda, cuda:N) from a GGUF file or a Hugging Face model
     directory, with its tokenizer."""

@@ -27,6 +27,14 @@ between paragraphs:
 - docstring: the first sentence of the docstring of a function defined once in the stretch of source,
              asked back: an answer that is a passage of real prose, found by a name.
 
+Two tasks have no reference answer: the model answers them itself, greedily and with full attention over the
+whole prompt (the teacher: the trainer's own backbone), and the labels are the attention its answer gives the
+prompt, as the paper's labels of an SFT answer are. They ask for what a passage says rather than for a needle:
+
+- explain:   what a function defined once in a stretch of real source (``pypackages``) does, by its name;
+- summarize: the text above in a few sentences, or its main points listed (an instruction without a
+             question mark), over any kind of text.
+
 The text around the needles is, by default, the Python reference (``pydoc``). ``contexts`` adds the
 evaluation's generated haystack families (``prose``, ``code``, ``legal``, ``logs``: locret.tasks.haystacks)
 and real text (``pypackages``: third-party packages' source and docstrings, locret.tasks.realtext; never a
@@ -55,9 +63,15 @@ CONTEXTS = ("pydoc",) + FAMILIES + realtext.TRAINING_FAMILIES
 # the text when none is chosen (--contexts): the Python reference alone, the shipped plain heads' (a training log
 # without "contexts" means this; locret.evaluation.heldout reads it so)
 DEFAULT_CONTEXTS = ("pydoc",)
-TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats", "fact", "docstring")
+TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats", "fact", "docstring", "explain",
+         "summarize")
 # tasks that ask about what the real source text says (never an inserted needle): they need SOURCE_CONTEXT
-SOURCE_TASKS = ("fact", "docstring")
+SOURCE_TASKS = ("fact", "docstring", "explain")
+# tasks whose answer is the model's own (a teacher: SyntheticData's `teacher`), at most TEACHER_TOKENS tokens long;
+# their contexts leave that much room below the longest example, so the prompt the teacher answered is the one the
+# labels are computed on (the trainer cuts the middle of a prompt only past --max-tokens)
+TEACHER_TASKS = ("explain", "summarize")
+TEACHER_TOKENS = 96
 SOURCE_CONTEXT = "pypackages"
 # the mix when none is chosen: the shipped heads' recipe, kept fixed so that it reproduces them
 DEFAULT_TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent")
@@ -177,13 +191,21 @@ def _paragraphs() -> list[tuple[str, list[str]]]:
 
 
 class SyntheticData:
-    """Example `index` of the built-in task mix for one seed."""
+    """Example `index` of the built-in task mix for one seed. `teacher(prompt) -> answer` answers the tasks without
+    a reference answer (TEACHER_TASKS): the model's own greedy answer, deterministic, so example `index` stays the
+    same in every run."""
 
     def __init__(self, count_tokens: Callable[[str], int], seed: int, min_tokens: int, max_tokens: int,
-                 tasks: tuple[str, ...] = DEFAULT_TASKS, contexts: tuple[str, ...] = DEFAULT_CONTEXTS) -> None:
+                 tasks: tuple[str, ...] = DEFAULT_TASKS, contexts: tuple[str, ...] = DEFAULT_CONTEXTS,
+                 teacher: Callable[[str], str] | None = None) -> None:
         problem = mix_problem(tasks, contexts)
         if problem:
             raise ValueError(problem)
+        taught = [t for t in dict.fromkeys(tasks) if t in TEACHER_TASKS]
+        if taught and teacher is None:
+            raise ValueError(f"--tasks {', '.join(taught)} take the model's own answer: they need a teacher (the "
+                             f"trainer's backbone)")
+        self.teacher = teacher
         self.contexts = contexts
         if not 0 < min_tokens <= max_tokens:
             raise ValueError(f"synthetic context lengths must satisfy 0 < min <= max (got {min_tokens}, {max_tokens})")
@@ -383,6 +405,35 @@ class SyntheticData:
         question, answer = facts[rng.randrange(len(facts))]
         return self._example("fact", blocks, question, "Read the source code and answer the question after it.",
                              answer)
+
+    def _taught(self, task: str, draw: Callable[[], tuple[list[str], str, str]]) -> SyntheticExample:
+        """A teacher task's example: `draw()` gives (blocks, question, intro); the teacher's answer to the prompt is
+        the answer. A draw the teacher leaves unanswered (an empty answer: nothing to label) is drawn again."""
+        for _ in range(8):
+            blocks, question, intro = draw()
+            example = self._example(task, blocks, question, intro, "")
+            answer = self.teacher(example.prompt).strip()
+            if answer:
+                return replace(example, answer=answer)
+        raise RuntimeError(f"the teacher gave no answer to 8 {task} prompts in a row")
+
+    def _explain(self, rng: random.Random, target: int) -> SyntheticExample:
+        def draw():
+            blocks, found = self._source_context(rng, target, 60 + TEACHER_TOKENS, _functions)
+            name = found[rng.randrange(len(found))][0]
+            question = rng.choice([f"Explain briefly what the function {name} in the source code above does.",
+                                   f"What does the function {name} in the source code above do?"])
+            return blocks, question, "Read the source code."
+        return self._taught("explain", draw)
+
+    def _summarize(self, rng: random.Random, target: int) -> SyntheticExample:
+        def draw():
+            blocks = self._context(rng, target, 60 + TEACHER_TOKENS)
+            question = rng.choice(["Summarize the text above in two or three sentences.",
+                                   "What is the text above about? Answer in two sentences.",
+                                   "List the main points of the text above."])
+            return blocks, question, "Read the text."
+        return self._taught("summarize", draw)
 
     def _docstring(self, rng: random.Random, target: int) -> SyntheticExample:
         blocks, found = self._source_context(rng, target, 120, source_docstrings)

@@ -35,9 +35,9 @@ from ..convert.errors import ConversionError
 from ..convert.gguf_output import Recommended
 from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
-from .synthetic import DEFAULT_CONTEXTS, DEFAULT_TASKS, SyntheticData, mix_problem
+from .synthetic import DEFAULT_CONTEXTS, DEFAULT_TASKS, TEACHER_TASKS, TEACHER_TOKENS, SyntheticData, mix_problem
 from .. import holdout
-from .training_data import Example, TokenizedExample, read_examples, tokenize, with_query
+from .training_data import Example, TokenizedExample, read_examples, render_prompt, tokenize, with_query
 
 BETAS = (0.9, 0.95)
 FINAL_LR_FRACTION = 0.1
@@ -148,13 +148,21 @@ class ExampleSource:
     def __init__(self, config: TrainConfig, backbone: Backbone) -> None:
         self.config = config
         self.tokenizer = backbone.tokenizer
+        self.backbone = backbone
         self.records = [e for path in config.data for e in read_examples(Path(path))]
         self.synthetic = None
         if not self.records:
+            taught = any(t in TEACHER_TASKS for t in config.tasks)
             self.synthetic = SyntheticData(lambda text: len(self.tokenizer.encode(text, add_special_tokens=False)),
                                            config.seed, config.min_tokens, config.max_tokens, tuple(config.tasks),
-                                           tuple(config.contexts))
+                                           tuple(config.contexts), teacher=self.teacher if taught else None)
         self.order: list[int] = []
+
+    def teacher(self, prompt: str) -> str:
+        """The backbone's own greedy answer (full attention) to a prompt of one user turn, rendered as the labels
+        will read it (without Locret-Q's layout: the teacher answers the prompt as a user would send it)."""
+        ids = render_prompt(self.tokenizer, (("user", prompt),))
+        return self.tokenizer.decode(self.backbone.greedy(ids, TEACHER_TOKENS), skip_special_tokens=True)
 
     def corpora(self) -> list[dict]:
         """The real-text corpora the built-in generator reads ([] for data files or generated text only)."""
@@ -179,6 +187,10 @@ class ExampleSource:
                      f"text drawn from {', '.join(self.config.contexts)}")
             text = (f"built-in generator ({kinds}; tasks {', '.join(self.config.tasks)}; "
                     f"{self.config.min_tokens}-{self.config.max_tokens} tokens; seed {self.config.seed})")
+            taught = [t for t in dict.fromkeys(self.config.tasks) if t in TEACHER_TASKS]
+            if taught:
+                text += (f"; the answers of {', '.join(taught)}: the backbone's own greedy answers with full "
+                         f"attention, at most {TEACHER_TOKENS} tokens")
         else:
             text = f"{len(self.records)} records from {', '.join(Path(p).name for p in self.config.data)}"
         if self.config.query_tokens:  # the heads expect this layout at inference, so their recipe says so

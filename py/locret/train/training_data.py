@@ -130,19 +130,22 @@ def with_query(tokenizer, example: Example, query_tokens: int, question: str | N
     return replace(example, messages=tuple(messages))
 
 
+def render_prompt(tokenizer, messages: tuple[tuple[str, str], ...]) -> list[int]:
+    """The prompt's token ids as the model reads them before its answer: the chat template with the generation
+    prompt when the model has one, else the turns' text joined by blank lines."""
+    if getattr(tokenizer, "chat_template", None):
+        turns = [{"role": role, "content": text} for role, text in messages]
+        return list(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True, return_dict=False))
+    return tokenizer.encode("\n\n".join(text for _, text in messages) + "\n", add_special_tokens=True)
+
+
 def tokenize(tokenizer, example: Example, max_tokens: int) -> TokenizedExample:
     """Prompt (chat template if the model has one) then answer and end-of-turn token.
 
     A prompt longer than `max_tokens` allows loses its middle (head and tail kept, as long-context
     benchmarks truncate). A prompt shorter than its answer is refused: the labels are about which
     prompt tokens the answer needs, and such a record is almost always a broken one."""
-    messages = [{"role": role, "content": text} for role, text in example.messages]
-    if getattr(tokenizer, "chat_template", None):
-        prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=False))
-    else:
-        prompt_ids = tokenizer.encode("\n\n".join(text for _, text in example.messages) + "\n",
-                                      add_special_tokens=True)
+    prompt_ids = render_prompt(tokenizer, example.messages)
     answer_ids = tokenizer.encode(example.answer, add_special_tokens=False)
     if tokenizer.eos_token_id is not None:
         answer_ids.append(tokenizer.eos_token_id)
