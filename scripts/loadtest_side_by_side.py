@@ -60,6 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "the whole conversation)")
     p.add_argument("--servers", default="plain,locret,unbounded",
                    help="which to run: plain, locret, unbounded (default all three)")
+    p.add_argument("--cache-ram", type=int,
+                   help="every server's --cache-ram (MiB of host memory for llama-server's prompt cache, which keeps "
+                        "each finished prompt's state: its RSS grows by one slot state a request up to this limit; "
+                        "0: off). Default: llama-server's own (8192)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("-o", "--output", required=True, help="folder for the results")
     return p.parse_args(argv)
@@ -68,7 +72,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def plain_command(model: Path, cells: int, slots: int, args, port: int) -> list[str]:
     return [str(tool_path("llama-server")), "-m", str(model), "-c", str(cells), "-np", str(slots),
             "-ub", str(args.ubatch), "-b", str(max(args.ubatch, 2048)), "-t", str(args.threads),
-            "-tb", str(args.threads), "--metrics", "--no-webui", "--host", "127.0.0.1", "--port", str(port)]
+            "-tb", str(args.threads), "--metrics", "--no-webui", "--host", "127.0.0.1", "--port", str(port)] + \
+        cache_ram(args)
+
+
+def cache_ram(args) -> list[str]:
+    return [] if args.cache_ram is None else ["--cache-ram", str(args.cache_ram)]
 
 
 def longest_conversation(args) -> int:
@@ -110,7 +119,7 @@ def locret_command(model: Path, heads: Path | None, slots: int, budget: int, arg
            "--budget", str(budget), "--ubatch", str(args.ubatch), "--context", str(context),
            "--threads", str(args.threads), "--port", str(port)]
     cmd += ["--heads", str(heads)] if heads is not None else []
-    return cmd + ["--", "--metrics", "--no-webui", "-tb", str(args.threads)]
+    return cmd + ["--", "--metrics", "--no-webui", "-tb", str(args.threads)] + cache_ram(args)
 
 
 def serve_and_play(name: str, cmd: list[str], users, args, out: Path) -> dict:

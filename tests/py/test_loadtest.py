@@ -303,3 +303,22 @@ def test_side_by_side_in_the_same_memory(tmp_path):
     assert "| RSS MiB (10 min) |" in table and f"| {locret['memory']['rss_mib_peak']} (-) |" in table
     assert all("rss_mib_timeline" not in s["memory"] for s in servers.values())       # in <server>.json only
     assert json.loads((out / "locret@4096.json").read_text())["memory"]["rss_mib_timeline"]
+
+
+def test_the_side_by_side_gives_every_server_the_same_prompt_cache_setting():
+    """--cache-ram reaches plain llama-server and `locret serve`'s llama-server alike (llama-server's host prompt cache
+    keeps each finished prompt's state: without the same setting on both, their RSS would not compare)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("sbs", REPO / "scripts" / "loadtest_side_by_side.py")
+    sbs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sbs)
+    for given, want in ((["--cache-ram", "0"], ["--cache-ram", "0"]), ([], [])):
+        args = sbs.parse_args(["--lengths", "700:900", "-o", "x", *given])
+        plain = sbs.plain_command(Path("m.gguf"), 4096, 2, args, 8080)
+        locret = sbs.locret_command(Path("m.gguf"), None, 3, 512, args, 8081)
+        for cmd in (plain, locret):
+            tail = cmd[cmd.index("--cache-ram"):][:2] if "--cache-ram" in cmd else []
+            assert tail == want, cmd
+        assert locret.index("--") < (locret.index("--cache-ram") if want else len(locret))  # llama-server's option
