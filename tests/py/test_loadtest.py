@@ -150,10 +150,14 @@ def test_figures_against_a_stub_with_known_delays(stub):
     assert len(ok) == 10 and len(rows) == 11                     # the refused user asked once and stopped
     refused = [r for r in rows if r["error"] is not None]
     assert refused[0]["user"] == 5 and refused[0]["error"].startswith("HTTP 400") and refused[0]["score"] is None
+    # the stub's delays, as the client saw them: the lower bounds are exact; the upper ones leave room for a loaded
+    # machine (the stub's threads and the client share it; 0.25 s failed once beside an evaluation)
+    slack_s = 1.5
     for r in ok:
         d = delays[r["user"]]
-        assert d <= r["ttft_s"] < d + 0.25, r                     # the stub's delay, as the client saw it
-        assert d + 5 * 0.02 <= r["e2e_s"] < d + 5 * 0.02 + 0.35, r
+        assert d <= r["ttft_s"] < d + slack_s, r
+        assert d + 5 * 0.02 <= r["e2e_s"] < d + 5 * 0.02 + slack_s, r
+        assert r["e2e_s"] - r["ttft_s"] >= 5 * 0.02, r             # the five tokens after the first, each 0.02 s
         assert r["completion_tokens"] == 6 and r["prompt_tokens"] == 100
         assert r["decode_tok_s"] == pytest.approx(5 / (r["e2e_s"] - r["ttft_s"]), rel=1e-2)
         assert r["score"] == float(r["user"] % 2 == 0)
