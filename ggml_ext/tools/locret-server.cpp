@@ -110,7 +110,7 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
     // one there, the whole prompt is processed again instead of being mixed
     if (!llama_memory_seq_rm(mem, seq_id, p0, -1)) {
         LOG_INF("Locret: slot %d: the cached prompt diverges inside the compressed part (position %d): processing the "
-                "whole prompt\n", seq_id, p0);
+                "whole prompt again (%zu tokens)\n", seq_id, p0, tokens.size());
         llama_memory_seq_rm(mem, seq_id, -1, -1);
         *clear_cached = true;
         n_cached = 0;
@@ -124,6 +124,9 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
     }
     bool pinned = n_pin >= 0 && llama_locret_pin_query(ctx, seq_id, n_pin) == 0;
     if (n_pin >= 0 && !pinned && n_cached > 0) {
+        // a follow-up's new question: what the slot kept was chosen for another one (its cost, the re-read, logged)
+        LOG_INF("Locret-Q: slot %d: the cached prompt was read with another question pinned: processing the whole "
+                "prompt again with this one (%zu tokens)\n", seq_id, tokens.size());
         llama_memory_seq_rm(mem, seq_id, -1, -1);
         *clear_cached = true;
         pinned = llama_locret_pin_query(ctx, seq_id, n_pin) == 0;

@@ -8,6 +8,7 @@ that a prompt without a question evicts as plain Locret.
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
 
 import pytest
@@ -246,6 +247,9 @@ def test_a_second_question_rereads_the_conversation_with_it_pinned(model_path, h
     assert again["timings"]["prompt_n"] == fresh["timings"]["prompt_n"] == again["usage"]["prompt_tokens"] > 4 * B
     assert again["choices"][0]["message"]["content"] == fresh["choices"][0]["message"]["content"]
     assert again["choices"][0]["logprobs"] == fresh["choices"][0]["logprobs"]
+    # the re-read's cost is in the server's log: the whole prompt's tokens, read again for the new question
+    reread = re.findall(r"slot 0: .* processing the whole prompt again(?: with this one)? \((\d+) tokens\)", turn2_log)
+    assert [int(n) for n in reread] == [again["usage"]["prompt_tokens"]], turn2_log[-2000:]
 
 
 def test_a_pyramid_keeps_room_for_the_longest_question_the_rule_finds(model_path):
