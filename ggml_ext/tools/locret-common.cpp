@@ -196,7 +196,7 @@ bool locret_common_configure(const common_params & params, llama_model * model, 
         LOG_INF("Locret-Q (auto): the heads recommend it; the question at the end of each prompt is pinned "
                 "(--locret-query off turns it off)\n");
     }
-    locret_server_set_query_auto(o.query_auto_on);
+    locret_server_set_query_auto(o.query_auto_on, o.requery);
     return true;
 }
 

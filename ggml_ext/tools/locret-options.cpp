@@ -144,6 +144,17 @@ static std::vector<locret_option> locret_make_options() {
               o.query_off  = v == "off";
               o.query      = o.query_auto || o.query_off ? std::string() : locret_query_checked("--locret-query", v);
           } },
+        { "--locret-requery", "on|off", "LLAMA_ARG_LOCRET_REQUERY",
+          "Locret-Q auto in llama-server's chats: on, a follow-up's question is pinned in place of the first, so the\n"
+          "whole conversation is read again for it (the cost is logged); off, the conversation's first question stays\n"
+          "pinned and a follow-up reads only its new tokens, answered from what the first question's eviction kept\n"
+          "(default: on)",
+          [](locret_options & o, const std::string & v) {
+              if (v != "on" && v != "off") {
+                  throw std::invalid_argument("--locret-requery: expected on or off, got '" + v + "'");
+              }
+              o.requery = v == "on";
+          } },
         { "--locret-query-file", "FNAME", nullptr,
           "Locret-Q: --locret-query read from a file",
           [](locret_options & o, const std::string & v) {

@@ -31,6 +31,10 @@ struct locret_options {
     std::string query;                          // Locret-Q: placed at the prompt's start and pinned
     bool        query_auto  = false;            // --locret-query auto: the question found in the prompt instead
     bool        query_off   = false;            // --locret-query off: no query, whatever the heads recommend
+    // --locret-requery on|off (llama-server, chats with auto): on, each request pins the question that closes its last
+    // user message, so a follow-up re-reads the conversation for it; off, the conversation's first question stays
+    // pinned and a follow-up reads only what is new (answered from what the first question's eviction kept)
+    bool        requery     = true;
     // set when the model is configured (locret_common_configure): auto is in effect (asked for, or the default of
     // Locret-Q heads without a query given, with eviction); and the question the tool then found in its prompt
     mutable bool        query_auto_on = false;

@@ -13,13 +13,16 @@
 #include <stdexcept>
 
 static bool g_query_auto = false;
+static bool g_requery    = true;
 
-void locret_server_set_query_auto(bool on) {
+void locret_server_set_query_auto(bool on, bool requery) {
     g_query_auto = on;
+    g_requery    = requery;
 }
 
-// Locret-Q auto: a request without a query gets the question at the end of `text` as its "locret_query"
-static void locret_auto_query(common_json & body, const std::string & text) {
+// Locret-Q auto: a request without a query gets the question at the end of `text` as its "locret_query"; `kept`: the
+// text is a chat's first user message with a question, kept as the query by --locret-requery off
+static void locret_auto_query(common_json & body, const std::string & text, bool kept = false) {
     if (!g_query_auto || body.contains("locret_query")) {
         return;
     }
@@ -28,8 +31,19 @@ static void locret_auto_query(common_json & body, const std::string & text) {
         LOG_INF("Locret-Q (auto): no question at the end of the request; plain Locret eviction\n");
         return;
     }
-    LOG_INF("Locret-Q (auto): the request's closing question goes to its start and is pinned: \"%s\"\n", q.c_str());
+    if (kept) {
+        LOG_INF("Locret-Q (auto): the conversation's first question stays at its start and pinned (--locret-requery "
+                "off): \"%s\"\n", q.c_str());
+    } else {
+        LOG_INF("Locret-Q (auto): the request's closing question goes to its start and is pinned: \"%s\"\n", q.c_str());
+    }
     body["locret_query"] = q;
+}
+
+// a message of role user whose content is a string (a message whose content is parts is not searched)
+static bool locret_is_user_text(const common_json & m) {
+    return m.contains("role") && m.at("role").is_string() && m.at("role").get<std::string>() == "user" &&
+           m.contains("content") && m.at("content").is_string();
 }
 
 // a request's query: a string with something besides whitespace
@@ -46,15 +60,24 @@ void locret_server_place_chat_query(common_json & body) {
         return; // without messages, the server's own parser gives its error
     }
     if (g_query_auto && !body.contains("locret_query")) {
-        // the last user message's text (a message whose content is parts is not searched)
-        std::string last;
+        // the last user message's text; without requery, the first one's that ends with a question: the
+        // conversation's first question stays the query, so every turn's prompt opens as the slot's cached one did
+        // and a follow-up reads only its new tokens
+        std::string text;
+        bool found_first = false;
+        bool kept        = false;
         for (auto & m : body.at("messages")) {
-            if (m.contains("role") && m.at("role").is_string() && m.at("role").get<std::string>() == "user" &&
-                    m.contains("content") && m.at("content").is_string()) {
-                last = m.at("content").get<std::string>();
+            if (!locret_is_user_text(m)) {
+                continue;
             }
+            if (found_first) {
+                kept = true; // a later user message: the first question is kept for it
+                break;
+            }
+            text = m.at("content").get<std::string>();
+            found_first = !g_requery && !locret_find_question(text).empty();
         }
-        locret_auto_query(body, last);
+        locret_auto_query(body, text, kept);
     }
     if (!body.contains("locret_query")) {
         return;
@@ -177,6 +200,7 @@ void locret_server_init(const llama_context * ctx, common_params & params) {
         {"positions",       llama_locret_positions_name(st.positions)},
         {"position_limit",  st.position_limit},
         {"query",           o.query_auto_on ? "auto" : o.query.empty() ? "off" : "given"},
+        {"requery",         o.requery},
         {"n_ubatch",        st.n_ubatch},
         {"n_cells",         st.n_cells},
         {"kv_bytes",        st.kv_bytes},

@@ -14,11 +14,13 @@ struct common_params;
 
 // Locret-Q auto in effect for the requests that give no query (locret_common_configure sets it when the model is
 // configured): the question at the end of the request's last user message (chat) or prompt (completion) becomes the
-// request's "locret_query"
-void locret_server_set_query_auto(bool on);
+// request's "locret_query". Without requery (--locret-requery off), a chat's query is the question of its first user
+// message that has one: a follow-up keeps the prompt the slot has cached and reads only its new tokens.
+void locret_server_set_query_auto(bool on, bool requery);
 
 // Locret-Q, a chat request (OpenAI messages): the body's "locret_query" (or, with auto and none given, the question at
-// the end of the last user message) opens its first user turn, in Locret-Q's layout (locret_query_layout). Throws
+// the end of the last user message; without requery, of the first user message that ends with one) opens its first
+// user turn, in Locret-Q's layout (locret_query_layout). Throws
 // std::invalid_argument with the reason for a query that is not a non-empty string or a request without a user message
 // whose content is a string. A body without a query is left as it is.
 void locret_server_place_chat_query(common_json & body);

@@ -8,8 +8,10 @@ that a prompt without a question evicts as plain Locret.
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import sys
+import urllib.request
 
 import pytest
 
@@ -277,3 +279,38 @@ def test_a_pyramid_keeps_room_for_the_longest_question_the_rule_finds(model_path
     assert plain.locret_layer_budget(n_layer - 1) == plain.locret_stats()["stabilizers"] + 1
     plain.close()
     llm.close()
+
+
+def test_with_requery_off_a_follow_up_reads_only_its_new_tokens(model_path, heads_file, tmp_path):
+    # --locret-requery off: a chat's query stays its first question, so the second turn's prompt opens as the first
+    # one's did and the slot reads only what is new (the first answer and the follow-up), the first question still
+    # pinned; an unknown value is refused before the model loads
+    port = free_port()
+    cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", B, "-c", 8192,
+           "-b", 256, "-ub", UB, "-t", 2, "-np", 1, "--host", "127.0.0.1", "--port", port, "-lv", 4,
+           "--locret-query", "auto", "--locret-requery", "off"]
+    q1 = "Which module reads and writes tar archives?"
+    q2 = "Which module of the standard library compresses and decompresses data in the zlib format?"
+    first = [{"role": "user", "content": DOC + "\n\n" + q1}]
+    log = tmp_path / "server.log"
+    with http_server(cmd, log, port) as url:
+        with urllib.request.urlopen(url + "/props", timeout=30) as response:
+            assert json.load(response)["locret"]["requery"] is False
+        req = {"max_tokens": 8, "temperature": 0}
+        r1 = post_json(url + "/v1/chat/completions", req | {"messages": first})
+        second = first + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                          {"role": "user", "content": q2}]
+        before = len(log.read_text())
+        r2 = post_json(url + "/v1/chat/completions", req | {"messages": second})
+        turn2_log = log.read_text()[before:]
+    assert f'first question stays at its start and pinned (--locret-requery off): "{q1}"' in turn2_log, turn2_log[-2000:]
+    assert q2 not in "".join(line for line in turn2_log.splitlines() if "Locret-Q" in line)
+    assert "processing the whole prompt again" not in turn2_log
+    # the follow-up's own tokens only: the conversation's first turn (more than 4 budgets of it) is not read again
+    assert 0 < r2["timings"]["prompt_n"] < 64 < 4 * B < r2["usage"]["prompt_tokens"], r2["timings"]
+    assert r2["choices"][0]["message"]["content"].strip()
+    pins = [(int(m.group(2)), int(m.group(1))) for m in PIN_LOG.finditer(log.read_text())]
+    assert len({n for _, n in pins}) == 1, pins                     # the same pin both turns: q1's
+
+    bad = run([tool("llama-server"), "-m", model_path, "--locret-budget", B, "--locret-requery", "maybe"], timeout=60)
+    assert bad.returncode != 0 and "--locret-requery: expected on or off, got 'maybe'" in bad.stderr + bad.stdout
