@@ -64,6 +64,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="every server's --cache-ram (MiB of host memory for llama-server's prompt cache, which keeps "
                         "each finished prompt's state: its RSS grows by one slot state a request up to this limit; "
                         "0: off). Default: llama-server's own (8192)")
+    p.add_argument("--requery", choices=("on", "off"),
+                   help="the Locret server's --locret-requery (with Locret-Q heads: on, a follow-up's question is "
+                        "pinned and the conversation read again; off, the first question stays pinned and a follow-up "
+                        "reads only its new tokens). Default: llama-server's own (on)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("-o", "--output", required=True, help="folder for the results")
     return p.parse_args(argv)
@@ -119,7 +123,8 @@ def locret_command(model: Path, heads: Path | None, slots: int, budget: int, arg
            "--budget", str(budget), "--ubatch", str(args.ubatch), "--context", str(context),
            "--threads", str(args.threads), "--port", str(port)]
     cmd += ["--heads", str(heads)] if heads is not None else []
-    return cmd + ["--", "--metrics", "--no-webui", "-tb", str(args.threads)] + cache_ram(args)
+    requery = [] if args.requery is None else ["--locret-requery", args.requery]
+    return cmd + ["--", "--metrics", "--no-webui", "-tb", str(args.threads)] + cache_ram(args) + requery
 
 
 def serve_and_play(name: str, cmd: list[str], users, args, out: Path) -> dict:

@@ -326,3 +326,11 @@ def test_the_side_by_side_gives_every_server_the_same_prompt_cache_setting():
             tail = cmd[cmd.index("--cache-ram"):][:2] if "--cache-ram" in cmd else []
             assert tail == want, cmd
         assert locret.index("--") < (locret.index("--cache-ram") if want else len(locret))  # llama-server's option
+    # --requery: the Locret server's alone (plain llama-server has no Locret-Q)
+    for given in ("on", "off"):
+        args = sbs.parse_args(["--lengths", "700:900", "-o", "x", "--requery", given])
+        locret = sbs.locret_command(Path("m.gguf"), None, 3, 512, args, 8081)
+        assert locret.index("--") < locret.index("--locret-requery") and locret[-2:] == ["--locret-requery", given]
+        assert "--locret-requery" not in sbs.plain_command(Path("m.gguf"), 4096, 2, args, 8080)
+    assert "--locret-requery" not in sbs.locret_command(Path("m.gguf"), None, 3, 512, sbs.parse_args(
+        ["--lengths", "700:900", "-o", "x"]), 8081)
