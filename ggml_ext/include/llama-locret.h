@@ -468,6 +468,15 @@ LLAMA_API int32_t llama_locret_query_tokens(const struct llama_vocab * vocab, co
 #define LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES 320
 LLAMA_API int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out);
 
+// Locret-Q auto in a chat: which user message's question is the chat's query. `texts`: the chat's user messages whose
+// content is text, in order (a message of content parts is not searched). With requery (llama-server's default), the
+// last one's: a follow-up question is pinned in place of the first, and the conversation is read again for it.
+// Without (--locret-requery off, locret.Llama(locret_requery=False)), the first one that ends with a question
+// (llama_locret_find_question): the conversation's first question stays its query, so every later turn's prompt opens
+// as the cached one did and a follow-up reads only its new tokens; the last one when none ends with a question.
+// Returns the message's index, or -1 when there is none (n_texts 0).
+LLAMA_API int32_t llama_locret_chat_query_message(const char * const * texts, int32_t n_texts, bool requery);
+
 // The tokens a budget schedule keeps free for a pinned question in its smallest layer, beyond the stabilizers: a
 // question of LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES in Locret-Q's layout (about 70-90 tokens of English with the usual
 // tokenizers). A pyramid with Locret-Q heads raises its last layer to n_s + 1 + this, and `locret calibrate` its floor.

@@ -306,6 +306,21 @@ int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out)
     return locret_copy_out(locret_find_question(text != nullptr ? text : ""), out, n_out);
 }
 
+int32_t llama_locret_chat_query_message(const char * const * texts, int32_t n_texts, bool requery) {
+    if (texts == nullptr || n_texts <= 0) {
+        return -1;
+    }
+    if (!requery) {
+        // the conversation's first question: every later turn's prompt then opens as the first one's did
+        for (int32_t i = 0; i < n_texts; ++i) {
+            if (!locret_find_question(texts[i] != nullptr ? texts[i] : "").empty()) {
+                return i;
+            }
+        }
+    }
+    return n_texts - 1;
+}
+
 int32_t llama_locret_pin_room(void) {
     return LLAMA_LOCRET_PIN_ROOM;
 }

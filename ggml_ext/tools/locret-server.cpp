@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 static bool g_query_auto = false;
 static bool g_requery    = true;
@@ -60,24 +61,24 @@ void locret_server_place_chat_query(common_json & body) {
         return; // without messages, the server's own parser gives its error
     }
     if (g_query_auto && !body.contains("locret_query")) {
-        // the last user message's text; without requery, the first one's that ends with a question: the
-        // conversation's first question stays the query, so every turn's prompt opens as the slot's cached one did
-        // and a follow-up reads only its new tokens
-        std::string text;
-        bool found_first = false;
-        bool kept        = false;
-        for (auto & m : body.at("messages")) {
-            if (!locret_is_user_text(m)) {
-                continue;
+        // which user message's question is the chat's query: the library's rule (llama_locret_chat_query_message)
+        std::vector<std::string>  texts;
+        std::vector<const char *> ptrs;
+        for (const auto & m : body.at("messages")) {
+            if (locret_is_user_text(m)) {
+                texts.push_back(m.at("content").get<std::string>());
             }
-            if (found_first) {
-                kept = true; // a later user message: the first question is kept for it
-                break;
-            }
-            text = m.at("content").get<std::string>();
-            found_first = !g_requery && !locret_find_question(text).empty();
         }
-        locret_auto_query(body, text, kept);
+        for (const auto & t : texts) {
+            ptrs.push_back(t.c_str());
+        }
+        const int32_t i = llama_locret_chat_query_message(ptrs.data(), (int32_t) ptrs.size(), g_requery);
+        if (i >= 0) {
+            // kept: a later user message (a follow-up) keeps the first question as its query
+            locret_auto_query(body, texts[i], i + 1 < (int32_t) texts.size());
+        } else {
+            locret_auto_query(body, "");
+        }
     }
     if (!body.contains("locret_query")) {
         return;

@@ -93,6 +93,8 @@ _SIGNATURES = {
     "llama_locret_kv_cells": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_uint32, ctypes.c_uint32],
                               ctypes.c_int64),
     "llama_locret_find_question": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_chat_query_message": ([ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_bool],
+                                        ctypes.c_int32),
     "llama_locret_pin_room": ([], ctypes.c_int32),
     "llama_locret_file_recommended": ([ctypes.c_char_p, ctypes.POINTER(_Settings)], ctypes.c_int32),
     "llama_locret_query_layout": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32], ctypes.c_int32),

@@ -38,8 +38,11 @@ counted in the budget, so every eviction sees the question. Use heads trained th
 the question at the end of the prompt (of the last user message in a chat), found by the library's written rule
 (`locret.query.find_question`), is the query; without one the call evicts as plain Locret. Heads that recommend it
 (`locret.recommended.query = "auto"`, the shipped Locret-Q heads) make "auto" the default; `locret_query="off"` (or
-"") turns it off. `locret_pool` defaults to the heads' recommended window (`locret.recommended.pool`); 0 turns pooling
-off.
+"") turns it off. In a chat, auto's question is the last user message's; `locret_requery=False` keeps the
+conversation's first question instead (of the first user message that ends with one, the library's rule that
+llama-server's `--locret-requery off` follows too): a follow-up's prompt then opens as the cached one did and only its
+new tokens are read, answered from what the first question's eviction kept (docs/locret-q.md). `locret_pool` defaults
+to the heads' recommended window (`locret.recommended.pool`); 0 turns pooling off.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ import llama_cpp._internals as _internals
 
 from . import eviction, rpc
 from .heads import Heads, HeadsError, _last_error
-from .query import AUTO, find_question, place_query
+from .query import AUTO, chat_query_message, find_question, place_query
 
 _context_lock = threading.Lock()
 
@@ -64,7 +67,7 @@ class Llama(llama_cpp.Llama):
     def __init__(self, model_path: str, *args: Any, locret_heads: str | os.PathLike | None = None,
                  locret_budget: int | None = None, locret_stabilizers: int | None = None,
                  locret_local: int | None = None, locret_policy: str | None = None, n_seq_max: int | None = None,
-                 locret_query: str | None = None, locret_pool: int | None = None,
+                 locret_query: str | None = None, locret_requery: bool = True, locret_pool: int | None = None,
                  locret_budget_schedule: str | os.PathLike | None = None, locret_positions: str | None = None,
                  locret_budget_mib: float | None = None, rpc_servers: str | Sequence[str] | None = None,
                  **kwargs: Any):
@@ -87,12 +90,16 @@ class Llama(llama_cpp.Llama):
             # kinds serve speculation with a budget
             raise HeadsError("draft_model cannot be used with locret_budget: use llama-server's n-gram speculation "
                              "(--spec-type ngram-simple), or decode drafts of at most Llama.locret_room() tokens")
+        if not isinstance(locret_requery, bool):
+            raise HeadsError(f"locret_requery must be True or False (got {locret_requery!r})")
         settings = dict(heads=locret_heads, budget=locret_budget, stabilizers=locret_stabilizers,
                         local=locret_local, policy=locret_policy, pool=locret_pool,
                         budget_schedule=locret_budget_schedule, positions=locret_positions)
         self._locret_heads: Heads | None = None
         # the default query of every call (Locret-Q): text, "auto", or none ("" or "off"; None: what the heads recommend)
         self.locret_query = None if locret_query in ("", "off") else locret_query
+        # a chat's auto question: the last user message's (True), or the conversation's first one's (False)
+        self.locret_requery = locret_requery
         self._locret_active_query: str | None = None  # the query of the call being served
         self._locret_query_is_auto = False  # that query was found in the text (locret_query="auto")
         self._locret_pending_pin: int | None = None   # tokens to pin when that call's prompt starts a sequence
@@ -224,8 +231,9 @@ class Llama(llama_cpp.Llama):
 
     def create_chat_completion(self, messages, *args: Any, locret_query: str | None = None, **kwargs: Any):
         """llama-cpp-python's, with the Locret-Q query at the start of the first user turn."""
-        last_user = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
-        query = self._call_query(locret_query, last_user)
+        user_texts = [m["content"] for m in messages if m.get("role") == "user" and isinstance(m.get("content"), str)]
+        asked = chat_query_message(user_texts, self.locret_requery)  # whose question auto takes
+        query = self._call_query(locret_query, user_texts[asked] if asked >= 0 else None)
         if query is not None:
             messages = [dict(m) for m in messages]
             first_user = next((m for m in messages if m.get("role") == "user"), None)

@@ -30,6 +30,19 @@ def find_question(text: str) -> str:
     return _c_string(lambda out, n: _api().llama_locret_find_question(text.encode(), out, n))
 
 
+def chat_query_message(user_texts: list[str], requery: bool = True) -> int:
+    """Locret-Q auto in a chat: the index of the user message (of `user_texts`, a chat's user messages whose content
+    is text, in order) whose closing question is the chat's query, by the C library's rule
+    (llama_locret_chat_query_message, which llama-server calls too): with `requery`, the last one; without, the first
+    one that ends with a question (a conversation keeps its first question, so a follow-up reads only its new tokens),
+    else the last. -1 for no messages."""
+    import ctypes
+    from .eviction import _api
+    encoded = [t.encode() for t in user_texts]
+    array = (ctypes.c_char_p * max(1, len(encoded)))(*encoded)
+    return int(_api().llama_locret_chat_query_message(array, len(encoded), bool(requery)))
+
+
 def pin_room() -> int:
     """The tokens a budget schedule keeps free for a pinned question in its smallest layer, beyond the stabilizers
     (the library's LLAMA_LOCRET_PIN_ROOM: a question of the auto rule's longest in Locret-Q's layout)."""

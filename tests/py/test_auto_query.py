@@ -17,7 +17,8 @@ import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
 from locret.llama import Llama
-from locret.query import find_question, pin_room, place_query
+from locret.heads import HeadsError
+from locret.query import chat_query_message, find_question, pin_room, place_query
 
 from conftest import REPO, free_port, http_server, natural_text, post_json, run, tool
 from test_eviction import B, UB, make
@@ -115,6 +116,50 @@ def test_python_auto_pins_what_the_found_question_pins(model_path, heads_file):
     n_pin = llm.locret_stats()["n_pinned"]
     assert "user" in llm.detokenize(llm.input_ids[:n_pin].tolist(), special=True).decode()
     assert llm.detokenize(llm.input_ids[:n_pin].tolist()).decode().strip().endswith(question)
+
+
+def test_the_chat_rule_says_whose_question_is_the_query():
+    # llama_locret_chat_query_message, the one rule llama-server and locret.Llama follow: with requery the last user
+    # message's question; without, the first message that ends with one (a follow-up keeps it), else the last message
+    doc_q1, doc = DOC + "\n\nWhich module reads and writes tar archives?", DOC + "\n\nThe harbour closed at dusk."
+    follow = "And which one compresses data?"
+    assert chat_query_message([]) == chat_query_message([], requery=False) == -1
+    assert chat_query_message([doc_q1, follow]) == 1
+    assert chat_query_message([doc_q1, follow], requery=False) == 0
+    assert chat_query_message([doc, doc_q1, follow], requery=False) == 1   # the first message with a question
+    assert chat_query_message([doc, "Thanks. That is all."], requery=False) == 1  # none: the last, as with requery
+    assert chat_query_message([doc_q1], requery=False) == chat_query_message([doc_q1]) == 0
+
+
+def test_python_with_requery_off_a_follow_up_reads_only_its_new_tokens(model_path, heads_file):
+    # locret.Llama(locret_requery=False) with auto: the second turn keeps the first question pinned at its start, so
+    # llama-cpp-python's prefix match reuses the cached conversation and reads only the new tokens; with requery (the
+    # default) the new question opens the first turn and the whole conversation is read again for it
+    q1, q2 = "Which module reads and writes tar archives?", "And which module compresses data in the zlib format?"
+    first = [{"role": "user", "content": DOC + "\n\n" + q1}]
+    for requery in (False, True):
+        llm = make(model_path, heads_file, n_batch=256, n_ubatch=64, locret_query="auto", locret_requery=requery)
+        read = []
+        evaluate = llm.eval
+        llm.eval = lambda tokens, *a, **k: (read.append(len(tokens)), evaluate(tokens, *a, **k))[1]
+        r1 = llm.create_chat_completion(first, max_tokens=4, temperature=0.0)
+        pin1 = llm.locret_stats()["n_pinned"]
+        second = first + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"]},
+                          {"role": "user", "content": q2}]
+        read.clear()
+        r2 = llm.create_chat_completion(second, max_tokens=4, temperature=0.0)
+        st = llm.locret_stats()
+        head = llm.detokenize(llm.input_ids[:st["n_pinned"]].tolist()).decode().strip()
+        prompt_tokens = r2["usage"]["prompt_tokens"]
+        assert st["n_evictions"] > 0 and prompt_tokens > 4 * B
+        if requery:
+            assert head.endswith(q2) and read[0] == prompt_tokens      # the whole conversation, read again
+        else:
+            assert head.endswith(q1) and st["n_pinned"] == pin1 > 0
+            assert 0 < read[0] < 64, read                              # the answer and the follow-up only
+        llm.close()
+    with pytest.raises(HeadsError, match="locret_requery must be True or False"):
+        make(model_path, heads_file, locret_requery="off")
 
 
 def test_llama_completion_auto_pins_the_closing_question(model_path, heads_file):
