@@ -70,6 +70,9 @@ LONG_TESTS: dict[str, str] = {
     "test_kvpress_side.py::test_replaying_one_prefill_gives_each_presss_own_result": "293 s; " + _KVPRESS,
     "test_kvpress_side.py::test_the_side_by_side_feeds_kvpress_the_ids_the_server_reads": "262 s; " + _KVPRESS,
     "test_gpu_scripts.py::test_bench_eviction_decode_split": "269 s; " + _BENCH,
+    "test_gpu_scripts.py::test_gpu_train_packs_joins_and_trains_each_run":
+        "about 2 minutes, two trainer runs of two steps end to end; the trainer's own steps, labels and refusals are "
+        "in the ci lane (test_trainer.py), gpu_train.sh's refusals too (test_gpu_scripts.py)",
     "test_gpu_scripts.py::test_bench_eviction_measures_each_positions_layout": "66 s; " + _BENCH,
     "test_gpu_scripts.py::test_bench_eviction_decode_figures_span_one_eviction_cycle": "45 s; " + _BENCH,
     "test_server_faults.py::test_the_server_keeps_serving_under_load_and_faults_with_the_most_slots_that_fit":

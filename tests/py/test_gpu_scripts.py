@@ -6,7 +6,9 @@
 - backend_check.py's child run saves the last logits and every (layer, KV head)'s kept positions, and its comparison
   counts shared units and logit differences exactly;
 - gpu_check.sh refuses unknown stages and arguments, and backend_check.py unknown checks, with exit 2 before doing
-  anything.
+  anything;
+- gpu_train.sh packs the model in two parts that join to it byte for byte (the device tool carries it in two calls),
+  refuses a part from another pack and a run missing its parts, and trains each recipe (two steps on the CPU here).
 """
 from __future__ import annotations
 
@@ -161,3 +163,57 @@ def test_backend_check_refuses_unknown_checks(capsys):
     with pytest.raises(SystemExit) as e:
         backend_check.main(["--model", "m.gguf", "--heads", "h.gguf", "--checks", "selection,speed"])
     assert e.value.code == 2 and "--checks takes selection, cache and compaction" in capsys.readouterr().err
+
+
+def _gpu_train(*argv, env=None, timeout=60):
+    import os
+
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_train.sh"), *argv], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHON": sys.executable, **(env or {})})
+
+
+def test_gpu_train_refuses_bad_arguments_and_missing_parts(tmp_path):
+    proc = _gpu_train("--epochs", "3")
+    assert proc.returncode == 2 and "unknown argument --epochs" in proc.stderr
+    # the model's parts were not carried (or the machine went back between the two calls): said, before any work
+    proc = _gpu_train("--device", "cpu", env={"LOCRET_GPU_TRAIN_PARTS": str(tmp_path / "none")})
+    assert proc.returncode == 1 and f"{tmp_path / 'none'}-1/model.part is missing" in proc.stderr
+    assert not (tmp_path / "none-1").exists()
+
+
+def test_gpu_train_packs_joins_and_trains_each_run(model_path, tmp_path):
+    """--pack then the runs, on the CPU with two steps each: the parts join to the model byte for byte, a part from
+    another pack is refused, and each run writes its heads GGUF (the Locret-Q runs' recommending the question found
+    and pinned) and its log."""
+    import hashlib
+    import json
+
+    from locret.gguf_header import read_header
+
+    env = {"LOCRET_GPU_TRAIN_PARTS": str(tmp_path / "pack"), "LOCRET_GPU_TRAIN_WORK": str(tmp_path / "work")}
+    proc = _gpu_train("--pack", env=env)
+    assert proc.returncode == 0, proc.stderr
+    parts = [tmp_path / f"pack-{i}" / "model.part" for i in (1, 2)]
+    joined = hashlib.sha256(parts[0].read_bytes() + parts[1].read_bytes()).hexdigest()
+    assert joined == hashlib.sha256(model_path.read_bytes()).hexdigest()
+    assert (tmp_path / "pack-2" / "model.sha256").read_text().strip() == joined
+    assert 0 < parts[1].stat().st_size < parts[0].stat().st_size
+
+    smoke = "--steps 2 --warmup-steps 1 --min-tokens 256 --max-tokens 512 --tasks passkey,fact --contexts pypackages"
+    out = tmp_path / "out"
+    proc = _gpu_train("--device", "cpu", "--runs", "plain-scratch,q-broad", "--out", str(out), "--extra", smoke,
+                      env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(f.name for f in out.iterdir()) == ["plain-scratch.gguf", "plain-scratch.train-log.json",
+                                                     "q-broad.gguf", "q-broad.train-log.json", "train.log"]
+    for name, query in (("plain-scratch", ""), ("q-broad", "auto")):
+        log = json.loads((out / f"{name}.train-log.json").read_text())
+        assert log["steps_done"] == 2 and log["finished"] and log["config"]["max_tokens"] == 512
+        assert ("--query-tokens 64" in log["command"]) == bool(query)
+        assert read_header(out / f"{name}.gguf").kv.get("locret.recommended.query", "") == query
+    # a run no recipe names, and a part that is not this pack's
+    assert "names none of the runs" in _gpu_train("--device", "cpu", "--runs", "q-fast", env=env).stderr
+    with open(parts[1], "ab") as f:
+        f.write(b"\0")
+    proc = _gpu_train("--device", "cpu", env=env)
+    assert proc.returncode == 1 and "sha256 differs" in proc.stderr
