@@ -76,6 +76,21 @@ if [ "$PACK" = 1 ]; then
     cp "$INIT_Q" "$PART2/init.query.gguf"
     log "wrote $PART1 ($(du -sh "$PART1" | cut -f1)) and $PART2 ($(du -sh "$PART2" | cut -f1)): carry $PART1 in one" \
         "call and $PART2 in the next, to the same warm machine"
+    # what each call carries: the tree that travels (tracked and not ignored) without the heads GGUFs, and one part;
+    # the device tool takes 64 MiB a call
+    tree=0
+    if git rev-parse --git-dir > /dev/null 2>&1; then
+        tree="$(git ls-files -co --exclude-standard -z | grep -zv '^heads/.*\.gguf$' | xargs -0 -r du -cb 2>/dev/null \
+                | awk 'END { print $1 }')"
+    fi
+    for part in "$PART1" "$PART2"; do
+        bytes=$(( tree + $(du -sb "$part" | cut -f1) ))
+        log "a call carrying $part: $(( bytes / 1048576 )) MiB with the tree (the device tool takes 64)"
+        [ "$bytes" -le $(( 64 * 1048576 )) ] || fail "a call carrying $part would be over 64 MiB: move SPLIT_AT" \
+            "or take more out of the tree for the calls"
+    done
+    log "for both calls take the heads GGUFs out of what travels: git rm -q --cached heads/*.gguf and" \
+        "/heads/*.gguf in .git/info/exclude; afterwards git reset -q -- heads/ and that line out again"
     exit 0
 fi
 

@@ -193,6 +193,7 @@ def test_gpu_train_packs_joins_and_trains_each_run(model_path, tmp_path):
     env = {"LOCRET_GPU_TRAIN_PARTS": str(tmp_path / "pack"), "LOCRET_GPU_TRAIN_WORK": str(tmp_path / "work")}
     proc = _gpu_train("--pack", env=env)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("MiB with the tree (the device tool takes 64)") == 2  # each call's size, checked
     parts = [tmp_path / f"pack-{i}" / "model.part" for i in (1, 2)]
     joined = hashlib.sha256(parts[0].read_bytes() + parts[1].read_bytes()).hexdigest()
     assert joined == hashlib.sha256(model_path.read_bytes()).hexdigest()
