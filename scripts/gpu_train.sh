@@ -19,7 +19,8 @@
 #                                           wins: a smoke test here is --device cpu --extra "--steps 2 --warmup-steps
 #                                           1 --min-tokens 256 --max-tokens 640").
 #
-# The runs (RUNS below): Locret-Q heads fine-tuned from the shipped ones on 2-8K tokens of a broad mix (q-broad)
+# The runs (RUNS below): Locret-Q heads fine-tuned from the shipped ones, every layer (the CPU fine-tune of 2026-12-03
+# froze layers 0-5 and changed what is kept, not what is found: heads/README.md), on 2-8K tokens of a broad mix (q-broad)
 # and on 4-12K tokens of real source text with the model's own answers as teacher (q-real), and plain heads from a
 # random init, as the paper trains them, on the broad mix at 0.5-4K tokens (plain-scratch). Their steps are sized
 # so that an H200 finishes them inside the minutes (data generation on the host, ~0.3-0.6 s an example, is the
@@ -119,10 +120,10 @@ COMMON="--checkpoint-every 25 --budget 2048 --chunk 512 --stabilizers 128 --loca
 BROAD_TASKS="lookup,lookup,combine,tracking,passkey,quote,fact,fact,docstring,explain,summarize"
 BROAD_TEXT="pydoc,prose,code,legal,logs,pypackages,pypackages"
 RUNS=(
-    "q-broad|--init-heads $PART2/init.query.gguf --freeze-layers 0-5 --query-tokens 64 --rank-weight 1
+    "q-broad|--init-heads $PART2/init.query.gguf --query-tokens 64 --rank-weight 1
         --tasks $BROAD_TASKS --contexts $BROAD_TEXT --steps 360 --lr 5e-4 --warmup-steps 10
         --min-tokens 2048 --max-tokens 8192 --seed 21"
-    "q-real|--init-heads $PART2/init.query.gguf --freeze-layers 0-5 --query-tokens 64 --rank-weight 1
+    "q-real|--init-heads $PART2/init.query.gguf --query-tokens 64 --rank-weight 1
         --tasks fact,fact,docstring,explain,summarize,lookup --contexts pypackages --steps 160 --lr 5e-4
         --warmup-steps 10 --min-tokens 4096 --max-tokens 12288 --seed 22"
     "plain-scratch|--d-r 256 --tasks $BROAD_TASKS --contexts $BROAD_TEXT --steps 700 --lr 1e-3 --warmup-steps 30
