@@ -9,13 +9,15 @@ held, the best rank of a needle token by the heads' own score among all prompt t
 and the longest runs of retained positions as text with their mean score: what the cache holds instead. With
 `--query` the question is also placed at the start and pinned (Locret-Q); the report says how many tokens are pinned.
 
-    locret inspect --task niah --length 8192 [--haystacks prose,code] [--depth 0.5] [--samples 2] [--seed 11]
+    locret inspect --task niah --length 8192 [--haystacks prose,code] [--depth 0.25,0.75] [--samples 2] [--seed 11]
                    [--method locret-q] [--budget 768] [--pool 15] [--heads H.gguf] [--json out.json]
 
 The second form runs the evaluation's own prompts (`locret eval`'s items, the same seeds) and follows every needle
 they place by its token span, labelled as the task labels it (niah: the asked "answer" needles and the look-alike
 "distractor" needles): for each needle, the share of its tokens held over the evicting (layer, KV head) pairs and
-the pairs that hold it whole; then the same per label, averaged over the prompts. That is how Locret-Q heads are
+the pairs that hold it whole, each layer's share (which layers lost it) and the share of the answer's own tokens
+inside it (a number's digits); then the same per label, averaged over the prompts. `--method locret-q-auto` finds
+the question as the tools' defaults do. That is how Locret-Q heads are
 told from plain ones: they should hold the asked needle more than its look-alikes (heads/README.md).
 
 Why: eviction failures on long inputs are about which spans survive. The diagnostic that found score pooling
@@ -136,17 +138,44 @@ def inspect_prompt(*, model: str, prompt: str, needle: str, budget: int, ubatch:
         llm.close()
 
 
-def needle_shares(llm, spans: list[tuple[str, int, int]], layers: list[int], n_head_kv: int) -> list[dict]:
+def needle_shares(llm, spans: list[tuple[str, int, int]], layers: list[int], n_head_kv: int,
+                  values: list[tuple[int, int]] | None = None) -> list[dict]:
     """For each needle (label, first position, end): the mean share of its tokens held over the (layer, KV head)
-    pairs of `layers`, and how many of those pairs hold all of its tokens."""
+    pairs of `layers`, how many of those pairs hold all of its tokens, each token's share of the pairs holding it
+    ("token_shares", in order) and each layer's share of the needle's tokens held, over its KV heads
+    ("layer_shares", in the order of `layers`). values[i], where given, is the (first, end) of the needle's answer
+    value inside it (the digits of a number): its share held as "value_held_share" (None where the needle carries
+    no value)."""
     kept = [llm.locret_retained(il, ih) for il in layers for ih in range(n_head_kv)]
     out = []
-    for label, a, b in spans:
+    for i, (label, a, b) in enumerate(spans):
         positions = np.arange(a, b)
-        shares = np.array([np.isin(positions, k).mean() for k in kept])
-        out.append({"label": label, "positions": [int(a), int(b)], "held_share": round(float(shares.mean()), 4),
-                    "pairs_whole": int((shares == 1.0).sum())})
+        held = np.array([np.isin(positions, k) for k in kept])  # [pairs, tokens]
+        shares = held.mean(axis=1)
+        entry = {"label": label, "positions": [int(a), int(b)], "held_share": round(float(shares.mean()), 4),
+                 "pairs_whole": int((shares == 1.0).sum()),
+                 "token_shares": [round(float(x), 4) for x in held.mean(axis=0)],
+                 "layer_shares": [round(float(x), 4) for x in shares.reshape(len(layers), n_head_kv).mean(axis=1)]}
+        value = values[i] if values is not None else None
+        entry["value_held_share"] = (round(float(held[:, value[0] - a:value[1] - a].mean()), 4)
+                                     if value is not None else None)
+        out.append(entry)
     return out
+
+
+def layer_map(layer_shares: list[float]) -> str:
+    """One character a layer: '.' none of the needle held in any of its KV heads, '#' all of it in every head, else
+    the tenths held (0-9)."""
+    return "".join("." if s == 0 else "#" if s == 1 else str(min(int(s * 10), 9)) for s in layer_shares)
+
+
+def value_within(pieces: list[bytes], first: int, end: int, answers) -> tuple[int, int] | None:
+    """The token span of the first answer string written inside the needle's span [first, end) of a prompt whose
+    tokens detokenize to `pieces` (None when no answer is written there: a look-alike, or a needle of another
+    form)."""
+    for label, a, b in answer_spans(pieces[first:end], answers, limit=1):
+        return first + a, first + b
+    return None
 
 
 def _mean_by_label(entries: list[dict]) -> dict:
@@ -180,7 +209,7 @@ def answer_spans(pieces: list[bytes], answers, limit: int = 8) -> list[tuple[str
 
 
 def inspect_task(*, model: str, task: str, length: int, method: str, budget: int, ubatch: int, heads: str | None,
-                 haystacks: list[str], depth: float, samples: int, seed: int, pool: int | None = None,
+                 haystacks: list[str], depths: list[float], samples: int, seed: int, pool: int | None = None,
                  stabilizers: int | None = None, local: int | None = None, threads: int = 2,
                  suite: str | None = None) -> dict:
     """The task-mode report (see the module's docstring): the evaluation's prompts of `task`, prefilled with the
@@ -191,7 +220,7 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
     from .evaluation import items as items_module
     from .evaluation.worker import RunSpec, _prefill, evicting_layers, kv_heads, make_llm, prompt_of
 
-    allowed = ("locret", "locret-q-auto") if suite else ("locret", "locret-q")
+    allowed = ("locret", "locret-q-auto") if suite else ("locret", "locret-q", "locret-q-auto")
     if method not in allowed:
         raise ValueError(f"--method must be {' or '.join(allowed)}, got {method!r}")
     vocab = items_module.vocab_model(model)
@@ -205,7 +234,7 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
                 pieces = [vocab.detokenize([t]) for t in it.tokens]
                 it.extra["needles"] = answer_spans(pieces, it.answers)
         else:
-            items = items_module.task_items(vocab, [task], [length], [depth], samples, seed, haystacks=tuple(haystacks))
+            items = items_module.task_items(vocab, [task], [length], depths, samples, seed, haystacks=tuple(haystacks))
     except items_module.ItemError as e:
         raise ValueError(str(e)) from None
     finally:
@@ -226,12 +255,15 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
             tokens = prompt_of(spec, it)
             shift = len(tokens) - len(it.tokens)  # Locret-Q's head grew by the question; the rest is unchanged
             spans = [(label, a + shift, b + shift) for label, a, b in it.extra["needles"]]
+            pieces = [llm.detokenize([t]) for t in tokens]
+            values = [value_within(pieces, a, b, it.answers) for _, a, b in spans]
             stats = llm.locret_stats()
-            needles = needle_shares(llm, spans, layers, n_head_kv)
+            needles = needle_shares(llm, spans, layers, n_head_kv, values)
             means = _mean_by_label(needles)
             prompt_means.append(means)
-            for n, (_, a, b) in zip(needles, spans):
+            for n, (_, a, b), value in zip(needles, spans, values):
                 n["text"] = llm.detokenize(tokens[a:b]).decode(errors="replace").strip()
+                n["value"] = llm.detokenize(tokens[value[0]:value[1]]).decode(errors="replace") if value else None
             rows.append({"item": it.id, "prompt_tokens": len(tokens), "evictions": int(stats["n_evictions"]),
                          "pinned": int(stats["n_pinned"]), "needles": needles, "by_label": _rounded(means)})
     finally:
@@ -239,19 +271,25 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
     # each prompt weighs the same in the overall means, whatever its count of needles
     mean = _rounded(_mean_by_label([dict(v, label=lab) for m in prompt_means for lab, v in m.items()]))
     return {"task": task, "length": length, "method": method, "heads": Path(heads).name if heads else None,
-            "budget": budget, "pool": pool or 0, "pairs": len(layers) * n_head_kv, "items": rows, "by_label": mean}
+            "budget": budget, "pool": pool or 0, "pairs": len(layers) * n_head_kv, "layers": layers, "items": rows,
+            "by_label": mean}
 
 
 def print_task_report(report: dict) -> None:
     print(f"{report['task']} at {report['length']} tokens, {report['method']} b = {report['budget']}, pooling "
           f"{report['pool'] or 'none'}, heads {report['heads'] or '(embedded)'}: share of each needle's tokens held "
-          f"over {report['pairs']} (layer, KV head) pairs, and the pairs holding it whole")
+          f"over {report['pairs']} (layer, KV head) pairs, and the pairs holding it whole; by layer, one character "
+          f"a layer ({report['layers'][0]}-{report['layers'][-1]}): '.' none of it held, '#' all of it in every "
+          f"KV head, else the tenths held; value: the answer's own tokens")
     for r in report["items"]:
         print(f"\n{r['item']}: {r['prompt_tokens']} tokens, {r['evictions']} evictions, pinned {r['pinned']}")
         for n in r["needles"]:
             shown = n["text"] if len(n["text"]) <= 70 else n["text"][:67] + "..."
             print(f"  {n['label']:<10} @{n['positions'][0]:>7}  held {n['held_share']:.3f}  whole in "
                   f"{n['pairs_whole']:>3}  {shown}")
+            value = (f"  value {n['value'].strip()!r} held {n['value_held_share']:.3f}"
+                     if n.get("value_held_share") is not None else "")
+            print(f"  {'':<10} by layer {layer_map(n['layer_shares'])}{value}")
     print(f"\nmean over {len(report['items'])} prompts:")
     for lab, v in report["by_label"].items():
         print(f"  {lab:<10} held {v['held_share']:.3f}  whole in {v['pairs_whole']:.1f} pairs")
@@ -290,11 +328,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       "as `locret eval --suite ruler` sends them); --method locret or locret-q-auto")
     task.add_argument("--length", type=int, help="prompt length in tokens")
     task.add_argument("--haystacks", default="prose", help="haystack families, comma-separated (default prose)")
-    task.add_argument("--depth", type=float, default=0.5, help="needle depth in [0, 1] (default 0.5)")
+    task.add_argument("--depth", default="0.5", help="needle depths in [0, 1], comma-separated (default 0.5); "
+                      "the list locret eval's --depths was given gives its very prompts")
     task.add_argument("--samples", type=int, default=1, help="prompts per haystack family (default 1)")
     task.add_argument("--seed", type=int, default=0)
     task.add_argument("--method", default="locret", choices=("locret", "locret-q", "locret-q-auto"),
-                      help="locret-q: the question in front and pinned, and the Locret-Q heads without --heads")
+                      help="locret-q: the task's question in front and pinned, and the Locret-Q heads without "
+                      "--heads; locret-q-auto: the question the auto rule finds, as the tools' defaults do")
     p.add_argument("--question", help="appended after the document (\"\\n\\nQuestion: ...\")")
     p.add_argument("--query", help="Locret-Q: placed at the start and pinned (give the question again); without "
                    "--heads, the model's shipped Locret-Q heads where there are some")
@@ -326,6 +366,12 @@ def run_cli(args: argparse.Namespace) -> int:
                              "and --chat apply to --prompt-file")
         if args.samples < 1:
             raise ValueError(f"--samples must be at least 1, got {args.samples}")
+        try:
+            depths = [float(d) for d in args.depth.split(",") if d.strip()]
+        except ValueError:
+            raise ValueError(f"--depth takes numbers in [0, 1], comma-separated, got {args.depth!r}") from None
+        if not depths or any(not 0 <= d <= 1 for d in depths):
+            raise ValueError(f"--depth takes numbers in [0, 1], comma-separated, got {args.depth!r}")
     elif not args.needle:
         raise ValueError("--prompt-file needs --needle (the text to follow)")
     elif args.method != "locret":
@@ -339,7 +385,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.task is not None:
         report = inspect_task(model=str(model), task=args.task, length=args.length, method=args.method,
                               budget=args.budget, ubatch=args.ubatch, heads=heads,
-                              haystacks=[h for h in args.haystacks.split(",") if h], depth=args.depth,
+                              haystacks=[h for h in args.haystacks.split(",") if h], depths=depths,
                               samples=args.samples, seed=args.seed, pool=args.pool, stabilizers=args.stabilizers,
                               local=args.local, threads=args.threads, suite=args.suite)
         print_task_report(report)

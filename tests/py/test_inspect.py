@@ -9,7 +9,7 @@ import numpy as np
 
 import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
-from locret import eviction
+from locret import eviction, models
 from locret.llama import Llama
 from locret.query import place_query
 
@@ -125,8 +125,76 @@ def test_inspect_follows_every_needle_of_an_evaluation_prompt(model_path, heads_
         assert (any(v in needle for v in item.answers)) == (n["label"] == "answer")
         shares = [np.isin(np.arange(a, b), k).mean() for k in kept]
         assert n["held_share"] == round(float(np.mean(shares)), 4) and n["pairs_whole"] == sum(s == 1.0 for s in shares)
+        check_token_layer_and_value_shares(llm, tokens, n, kept, n_layer, n_head_kv, item.answers)
     answers = [n["held_share"] for n in row["needles"] if n["label"] == "answer"]
     assert report["by_label"]["answer"]["held_share"] == round(float(np.mean(answers)), 4)
+    llm.close()
+
+
+def check_token_layer_and_value_shares(llm, tokens, n, kept, n_layer, n_head_kv, answers):
+    """A needle's per-token and per-layer shares and its value's share, recomputed from the cache's retained sets
+    (kept: every (layer, KV head) pair, layer-major)."""
+    a, b = n["positions"]
+    held = np.array([[p in set(k.tolist()) for p in range(a, b)] for k in kept], dtype=float)  # [pairs, tokens]
+    assert n["token_shares"] == [round(float(x), 4) for x in held.mean(axis=0)]
+    assert n["layer_shares"] == [round(float(held[il * n_head_kv:(il + 1) * n_head_kv].mean()), 4)
+                                 for il in range(n_layer)]
+    # the value: the shortest run of the needle's tokens that reads as one of the answers
+    runs = [(j, k) for j in range(a, b) for k in range(j + 1, b + 1)
+            if llm.detokenize(tokens[j:k]).decode(errors="replace").strip() in answers]
+    if not runs:
+        assert n["value"] is None and n["value_held_share"] is None
+        return
+    j, k = min(runs, key=lambda r: (r[1] - r[0], r[0]))
+    assert n["value"].strip() in answers
+    assert n["value_held_share"] == round(float(held[:, j - a:k - a].mean()), 4)
+
+
+def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path, tmp_path):
+    """--method locret-q-auto on a real-text task: the question the auto rule finds is pinned (as the tools'
+    defaults), and the number's own tokens are followed inside its needle sentence; the shares equal what the cache
+    retains, read through locret.Llama over the same prompt; the layer map says which layers lost it."""
+    from locret import retention
+    from locret.evaluation import items as items_module
+
+    assert retention.layer_map([0.0, 1.0, 0.55, 0.05, 0.999]) == ".#509"
+    out = tmp_path / "real.json"
+    heads = str(models.shipped_heads("smollm2-135m", query=True))
+    proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--task", "real_number",
+                "--haystacks", "pysource", "--length", 1500, "--depth", "0.25,0.75", "--method", "locret-q-auto",
+                "--budget", 256,
+                "--ubatch", 64, "--stabilizers", 16, "--local", 8, "--pool", 5, "--threads", 2, "--json", out],
+               timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    # the evaluation's items for those depths, in its order: the prompt at 0.75 is its second (index 1)
+    assert [r["item"] for r in report["items"]] == ["real_number@pysource/1500/d0.25/0",
+                                                    "real_number@pysource/1500/d0.75/1"]
+    row = report["items"][1]
+    (n,) = row["needles"]
+    assert "by layer " in proc.stdout and f"value {n['value'].strip()!r} held" in proc.stdout
+
+    vocab = items_module.vocab_model(str(model_path))
+    item = items_module.task_items(vocab, ["real_number"], [1500], [0.25, 0.75], 1, 0, haystacks=("pysource",))[1]
+    vocab.close()
+    assert item.auto_query and item.auto_query_tokens
+    tokens = list(item.auto_query_tokens)
+    llm = Llama(model_path=str(model_path), n_ctx=2048, n_batch=64, n_ubatch=64, locret_heads=heads,
+                locret_budget=256, locret_stabilizers=16, locret_local=8, locret_pool=5, locret_query="off",
+                flash_attn=True, n_threads=2, n_threads_batch=2, verbose=False)
+    n_pin = eviction.query_tokens(llama_cpp.llama_model_get_vocab(llm._model.model), tokens, item.auto_query, 256)
+    llm.locret_pin_next_prompt(n_pin)
+    for i in range(0, len(tokens), 64):  # one ubatch a call, as the evaluation feeds an evicting prompt
+        llm.eval(tokens[i:i + 64], prompt_continues=i + 64 < len(tokens))
+    assert row["prompt_tokens"] == len(tokens) and row["pinned"] == n_pin > 0
+    assert row["evictions"] == llm.locret_stats()["n_evictions"] >= 3
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    assert report["layers"] == list(range(n_layer)) and len(n["layer_shares"]) == n_layer
+    kept = [llm.locret_retained(il, ih) for il in range(n_layer) for ih in range(n_head_kv)]
+    assert n["label"] == "answer" and any(v in n["text"] for v in item.answers)
+    check_token_layer_and_value_shares(llm, tokens, n, kept, n_layer, n_head_kv, item.answers)
+    assert n["value"] is not None and 0 < len(n["token_shares"])
     llm.close()
 
 
@@ -140,6 +208,8 @@ def test_inspect_refuses_mixed_or_missing_modes(model_path):
         (["--prompt-file", "doc.txt", "--needle", "x", "--method", "locret-q"], "--method applies to --task"),
         (["--task", "haystack", "--length", "600"], "unknown task 'haystack'"),
         (["--task", "common_words", "--length", "8000"], "places no needles"),
+        (["--task", "niah", "--length", "600", "--depth", "0.5,1.5"], "--depth takes numbers in [0, 1]"),
+        (["--task", "niah", "--length", "600", "--depth", "half"], "--depth takes numbers in [0, 1]"),
     )
     for args, message in cases:
         proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, *args], timeout=300)
