@@ -169,11 +169,11 @@ def layer_map(layer_shares: list[float]) -> str:
     return "".join("." if s == 0 else "#" if s == 1 else str(min(int(s * 10), 9)) for s in layer_shares)
 
 
-def value_within(pieces: list[bytes], first: int, end: int, answers) -> tuple[int, int] | None:
-    """The token span of the first answer string written inside the needle's span [first, end) of a prompt whose
-    tokens detokenize to `pieces` (None when no answer is written there: a look-alike, or a needle of another
+def value_within(pieces: list[bytes], first: int, answers) -> tuple[int, int] | None:
+    """The prompt's token span of the first answer string written inside a needle whose tokens, from prompt position
+    `first` on, detokenize to `pieces` (None when no answer is written there: a look-alike, or a needle of another
     form)."""
-    for label, a, b in answer_spans(pieces[first:end], answers, limit=1):
+    for _, a, b in answer_spans(pieces, answers, limit=1):
         return first + a, first + b
     return None
 
@@ -255,8 +255,7 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
             tokens = prompt_of(spec, it)
             shift = len(tokens) - len(it.tokens)  # Locret-Q's head grew by the question; the rest is unchanged
             spans = [(label, a + shift, b + shift) for label, a, b in it.extra["needles"]]
-            pieces = [llm.detokenize([t]) for t in tokens]
-            values = [value_within(pieces, a, b, it.answers) for _, a, b in spans]
+            values = [value_within([llm.detokenize([t]) for t in tokens[a:b]], a, it.answers) for _, a, b in spans]
             stats = llm.locret_stats()
             needles = needle_shares(llm, spans, layers, n_head_kv, values)
             means = _mean_by_label(needles)
@@ -366,11 +365,12 @@ def run_cli(args: argparse.Namespace) -> int:
                              "and --chat apply to --prompt-file")
         if args.samples < 1:
             raise ValueError(f"--samples must be at least 1, got {args.samples}")
+        # numbers here; their range is the task items' rule (items.task_samples), as for locret eval --depths
         try:
             depths = [float(d) for d in args.depth.split(",") if d.strip()]
         except ValueError:
-            raise ValueError(f"--depth takes numbers in [0, 1], comma-separated, got {args.depth!r}") from None
-        if not depths or any(not 0 <= d <= 1 for d in depths):
+            depths = []
+        if not depths:
             raise ValueError(f"--depth takes numbers in [0, 1], comma-separated, got {args.depth!r}")
     elif not args.needle:
         raise ValueError("--prompt-file needs --needle (the text to follow)")

@@ -208,7 +208,8 @@ def test_inspect_refuses_mixed_or_missing_modes(model_path):
         (["--prompt-file", "doc.txt", "--needle", "x", "--method", "locret-q"], "--method applies to --task"),
         (["--task", "haystack", "--length", "600"], "unknown task 'haystack'"),
         (["--task", "common_words", "--length", "8000"], "places no needles"),
-        (["--task", "niah", "--length", "600", "--depth", "0.5,1.5"], "--depth takes numbers in [0, 1]"),
+        (["--task", "niah", "--length", "600", "--depth", "0.5,1.5"], "depth 1.5 is outside [0, 1]"),
+        (["--task", "niah", "--length", "600", "--depth", ","], "--depth takes numbers in [0, 1]"),
         (["--task", "niah", "--length", "600", "--depth", "half"], "--depth takes numbers in [0, 1]"),
     )
     for args, message in cases:
