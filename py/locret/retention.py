@@ -17,7 +17,8 @@ they place by its token span, labelled as the task labels it (niah: the asked "a
 "distractor" needles): for each needle, the share of its tokens held over the evicting (layer, KV head) pairs and
 the pairs that hold it whole, each layer's share (which layers lost it) and the share of the answer's own tokens
 inside it (a number's digits); then the same per label, averaged over the prompts. `--method locret-q-auto` finds
-the question as the tools' defaults do. That is how Locret-Q heads are
+the question as the tools' defaults do; `--budget-schedule pyramid|FILE` spreads the budget over the layers as
+`locret eval`'s METHOD@schedule does (the report lists each layer's budget). That is how Locret-Q heads are
 told from plain ones: they should hold the asked needle more than its look-alikes (heads/README.md).
 
 Why: eviction failures on long inputs are about which spans survive. The diagnostic that found score pooling
@@ -67,9 +68,10 @@ def needle_positions(pieces: list[bytes], needle: str, n_prompt: int) -> list[in
 def inspect_prompt(*, model: str, prompt: str, needle: str, budget: int, ubatch: int, heads: str | None = None,
                    pool: int | None = None, query: str | None = None, layers: list[int] | None = None,
                    n_runs: int = 5, threads: int = 2, stabilizers: int | None = None,
-                   local: int | None = None, chat: bool = False) -> dict:
+                   local: int | None = None, chat: bool = False, schedule: str | None = None) -> dict:
     """The report as a dict (see the module's docstring). `chat`: the prompt is the user turn of the model's chat
-    template; `query`: placed at the start of the prompt (of the user turn) and pinned."""
+    template; `query`: placed at the start of the prompt (of the user turn) and pinned; `schedule`: the budget
+    schedule ("pyramid" or a file of per-layer budgets; None: uniform)."""
     import llama_cpp
 
     from . import eviction, heads as heads_api
@@ -83,7 +85,7 @@ def inspect_prompt(*, model: str, prompt: str, needle: str, budget: int, ubatch:
     n_ctx = -(-n_est // 256) * 256
     llm = Llama(model, n_ctx=max(n_ctx, 512), n_batch=max(n_ctx, 512), n_ubatch=ubatch, locret_heads=heads,
                 locret_budget=budget, locret_pool=pool, locret_stabilizers=stabilizers, locret_local=local,
-                n_threads=threads, n_threads_batch=threads, verbose=False)
+                locret_budget_schedule=schedule, n_threads=threads, n_threads_batch=threads, verbose=False)
     try:
         text = place_query(query, prompt) if query else prompt
         template = decoding.chat_format(llm) if chat else None
@@ -129,7 +131,8 @@ def inspect_prompt(*, model: str, prompt: str, needle: str, budget: int, ubatch:
         return {
             "prompt_tokens": n_prompt, "needle": needle, "needle_tokens": len(needle_pos),
             "needle_positions": needle_pos, "pinned": int(stats["n_pinned"]), "budget": int(stats["budget"]),
-            "pool": int(stats["pool"]), "evictions": int(stats["n_evictions"]),
+            "schedule": schedule_name(schedule), "layer_budgets": layer_budgets(llm), "pool": int(stats["pool"]),
+            "evictions": int(stats["n_evictions"]),
             "needle_held_share": round(float(held.mean() / len(needle_pos)), 4),
             "pairs_holding_all": int((held == len(needle_pos)).sum()), "pairs": len(pairs),
             "by_pair": [asdict(p) for p in pairs], "layers_shown": chosen,
@@ -211,7 +214,7 @@ def answer_spans(pieces: list[bytes], answers, limit: int = 8) -> list[tuple[str
 def inspect_task(*, model: str, task: str, length: int, method: str, budget: int, ubatch: int, heads: str | None,
                  haystacks: list[str], depths: list[float], samples: int, seed: int, pool: int | None = None,
                  stabilizers: int | None = None, local: int | None = None, threads: int = 2,
-                 suite: str | None = None) -> dict:
+                 suite: str | None = None, schedule: str | None = None) -> dict:
     """The task-mode report (see the module's docstring): the evaluation's prompts of `task`, prefilled with the
     method's eviction (Locret-Q: the question in front and pinned, as `locret eval` does), then every needle's
     retention read from the cache."""
@@ -243,12 +246,13 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
         raise ValueError(f"task {task} places no needles to follow")
     spec = RunSpec(model_path=model, method=method, budget=budget, heads=heads, stabilizers=stabilizers, local=local,
                    n_ctx=-(-(max(len(it.query_tokens or it.tokens) for it in items) + 256) // 256) * 256,
-                   ubatch=ubatch, threads=threads, pool=pool)
+                   ubatch=ubatch, threads=threads, pool=pool, schedule=schedule)
     llm = make_llm(spec)
     rows, prompt_means = [], []
     try:
         layers = evicting_layers(llm)
         _, n_head_kv = kv_heads(llm)
+        budgets = [llm.locret_layer_budget(il) for il in layers]
         for it in tqdm(items, desc="prompts", unit="prompt"):
             llm.reset()  # the next eval empties the sequence and its eviction count
             _prefill(llm, spec, it, True, None)
@@ -270,12 +274,25 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
     # each prompt weighs the same in the overall means, whatever its count of needles
     mean = _rounded(_mean_by_label([dict(v, label=lab) for m in prompt_means for lab, v in m.items()]))
     return {"task": task, "length": length, "method": method, "heads": Path(heads).name if heads else None,
-            "budget": budget, "pool": pool or 0, "pairs": len(layers) * n_head_kv, "layers": layers, "items": rows,
-            "by_label": mean}
+            "budget": budget, "schedule": schedule_name(schedule), "layer_budgets": budgets, "pool": pool or 0,
+            "pairs": len(layers) * n_head_kv, "layers": layers, "items": rows, "by_label": mean}
+
+
+def schedule_name(schedule: str | None) -> str:
+    """How a report names a budget schedule: uniform, pyramid, or the file's name."""
+    return "uniform" if schedule is None else schedule if schedule == "pyramid" else Path(schedule).name
+
+
+def layer_budgets(llm) -> list[int]:
+    """What each evicting layer keeps in `llm`'s context (its schedule's budget, or b), in layer order."""
+    from .evaluation.worker import kv_heads
+
+    return [b for b in (llm.locret_layer_budget(il) for il in range(kv_heads(llm)[0])) if b >= 0]
 
 
 def print_task_report(report: dict) -> None:
-    print(f"{report['task']} at {report['length']} tokens, {report['method']} b = {report['budget']}, pooling "
+    print(f"{report['task']} at {report['length']} tokens, {report['method']} b = {report['budget']}"
+          f"{'' if report['schedule'] == 'uniform' else ' (schedule ' + report['schedule'] + ')'}, pooling "
           f"{report['pool'] or 'none'}, heads {report['heads'] or '(embedded)'}: share of each needle's tokens held "
           f"over {report['pairs']} (layer, KV head) pairs, and the pairs holding it whole; by layer, one character "
           f"a layer ({report['layers'][0]}-{report['layers'][-1]}): '.' none of it held, '#' all of it in every "
@@ -341,6 +358,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=models.DEFAULT_MODEL, help=f"model name or .gguf path (default {models.DEFAULT_MODEL})")
     p.add_argument("--heads", help="retaining heads (default: embedded in the model, or shipped in heads/)")
     p.add_argument("--budget", type=int, default=2048)
+    p.add_argument("--budget-schedule", help="uniform (default), pyramid (PyramidKV) or a file of per-layer budgets "
+                   "(as locret eval's METHOD@schedule --schedule FILE): the budget each layer keeps")
     p.add_argument("--ubatch", type=int, default=512)
     p.add_argument("--stabilizers", type=int)
     p.add_argument("--local", type=int)
@@ -376,6 +395,9 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError("--prompt-file needs --needle (the text to follow)")
     elif args.method != "locret":
         raise ValueError("--method applies to --task; with --prompt-file, --query QUESTION is Locret-Q")
+    schedule = None if args.budget_schedule in (None, "uniform") else args.budget_schedule
+    if schedule not in (None, "pyramid") and not Path(schedule).is_file():
+        raise ValueError(f"--budget-schedule: {schedule} is neither uniform, pyramid nor a file")
     model = models.resolve(args.model)
     heads = args.heads
     if heads is None:
@@ -387,7 +409,7 @@ def run_cli(args: argparse.Namespace) -> int:
                               budget=args.budget, ubatch=args.ubatch, heads=heads,
                               haystacks=[h for h in args.haystacks.split(",") if h], depths=depths,
                               samples=args.samples, seed=args.seed, pool=args.pool, stabilizers=args.stabilizers,
-                              local=args.local, threads=args.threads, suite=args.suite)
+                              local=args.local, threads=args.threads, suite=args.suite, schedule=schedule)
         print_task_report(report)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
@@ -401,7 +423,7 @@ def run_cli(args: argparse.Namespace) -> int:
     report = inspect_prompt(model=str(model), prompt=prompt, needle=args.needle, budget=args.budget,
                             ubatch=args.ubatch, heads=heads, pool=args.pool, query=args.query, layers=layers,
                             n_runs=args.runs, threads=args.threads, stabilizers=args.stabilizers, local=args.local,
-                            chat=args.chat)
+                            chat=args.chat, schedule=schedule)
     print_report(report)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))

@@ -54,6 +54,7 @@ def test_inspect_reports_what_the_cache_holds(model_path, heads_file, tmp_path):
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
     assert len(held) == n_layer * n_head_kv
+    assert report["schedule"] == "uniform" and report["layer_budgets"] == [B] * n_layer
     for (il, ih), n in held.items():
         assert n == int(np.isin(want, llm.locret_retained(il, ih)).sum()), (il, ih)
     assert report["pairs_holding_all"] == sum(n == len(want) for n in held.values())
@@ -151,18 +152,22 @@ def check_token_layer_and_value_shares(llm, tokens, n, kept, n_layer, n_head_kv,
 
 
 def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path, tmp_path):
-    """--method locret-q-auto on a real-text task: the question the auto rule finds is pinned (as the tools'
-    defaults), and the number's own tokens are followed inside its needle sentence; the shares equal what the cache
-    retains, read through locret.Llama over the same prompt; the layer map says which layers lost it."""
+    """--method locret-q-auto on a real-text task under a budget schedule file: the question the auto rule finds is
+    pinned (as the tools' defaults), each layer keeps its schedule's budget, and the number's own tokens are followed
+    inside its needle sentence; the shares equal what the cache retains, read through locret.Llama over the same
+    prompt with the same schedule; the layer map says which layers lost it."""
     from locret import retention
     from locret.evaluation import items as items_module
 
     assert retention.layer_map([0.0, 1.0, 0.55, 0.05, 0.999]) == ".#509"
     out = tmp_path / "real.json"
     heads = str(models.shipped_heads("smollm2-135m", query=True))
+    # layers 0-3 keep half the budget, the others share what that frees (30 layers x 256 units in all)
+    budgets = [128] * 4 + [276] * 18 + [275] * 8
+    (tmp_path / "upper.txt").write_text(" ".join(map(str, budgets)) + "\n")
     proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--task", "real_number",
                 "--haystacks", "pysource", "--length", 1500, "--depth", "0.25,0.75", "--method", "locret-q-auto",
-                "--budget", 256,
+                "--budget", 256, "--budget-schedule", tmp_path / "upper.txt",
                 "--ubatch", 64, "--stabilizers", 16, "--local", 8, "--pool", 5, "--threads", 2, "--json", out],
                timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -173,6 +178,8 @@ def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path
     row = report["items"][1]
     (n,) = row["needles"]
     assert "by layer " in proc.stdout and f"value {n['value'].strip()!r} held" in proc.stdout
+    assert report["schedule"] == "upper.txt" and report["layer_budgets"] == budgets
+    assert "b = 256 (schedule upper.txt)" in proc.stdout
 
     vocab = items_module.vocab_model(str(model_path))
     item = items_module.task_items(vocab, ["real_number"], [1500], [0.25, 0.75], 1, 0, haystacks=("pysource",))[1]
@@ -181,7 +188,8 @@ def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path
     tokens = list(item.auto_query_tokens)
     llm = Llama(model_path=str(model_path), n_ctx=2048, n_batch=64, n_ubatch=64, locret_heads=heads,
                 locret_budget=256, locret_stabilizers=16, locret_local=8, locret_pool=5, locret_query="off",
-                flash_attn=True, n_threads=2, n_threads_batch=2, verbose=False)
+                locret_budget_schedule=str(tmp_path / "upper.txt"), flash_attn=True, n_threads=2, n_threads_batch=2,
+                verbose=False)
     n_pin = eviction.query_tokens(llama_cpp.llama_model_get_vocab(llm._model.model), tokens, item.auto_query, 256)
     llm.locret_pin_next_prompt(n_pin)
     for i in range(0, len(tokens), 64):  # one ubatch a call, as the evaluation feeds an evicting prompt
@@ -192,6 +200,8 @@ def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path
     n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
     assert report["layers"] == list(range(n_layer)) and len(n["layer_shares"]) == n_layer
     kept = [llm.locret_retained(il, ih) for il in range(n_layer) for ih in range(n_head_kv)]
+    # each layer holds its schedule's budget after the prompt, and the local tail (8) beyond it
+    assert [len(k) for k in kept[::n_head_kv]] == [b + 8 for b in budgets]
     assert n["label"] == "answer" and any(v in n["text"] for v in item.answers)
     check_token_layer_and_value_shares(llm, tokens, n, kept, n_layer, n_head_kv, item.answers)
     assert n["value"] is not None and 0 < len(n["token_shares"])
@@ -211,6 +221,8 @@ def test_inspect_refuses_mixed_or_missing_modes(model_path):
         (["--task", "niah", "--length", "600", "--depth", "0.5,1.5"], "depth 1.5 is outside [0, 1]"),
         (["--task", "niah", "--length", "600", "--depth", ","], "--depth takes numbers in [0, 1]"),
         (["--task", "niah", "--length", "600", "--depth", "half"], "--depth takes numbers in [0, 1]"),
+        (["--task", "niah", "--length", "600", "--budget-schedule", "steep"],
+         "--budget-schedule: steep is neither uniform, pyramid nor a file"),
     )
     for args, message in cases:
         proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, *args], timeout=300)

@@ -139,6 +139,17 @@ def test_pyramid_is_pyramidkv_and_sums_to_the_uniform_total(model_path):
     assert llm.locret_layer_budget(n_layer) == -1
 
 
+def test_the_experiments_schedule_file_is_the_default_models_at_b_2048(model_path, repo):
+    # experiments/schedules/smollm2-upper.txt (docs/results.md's 32K real-text rows): the library reads it for the
+    # default model as written, a mean of 2048 units a layer (the memory of b 2048), layers 0-3 at 512
+    path = repo / "experiments" / "schedules" / "smollm2-upper.txt"
+    llm = make(model_path, str(path), locret_budget=2048, n_ctx=4096)
+    n_layer, _ = shape(llm)
+    got = [llm.locret_layer_budget(il) for il in range(n_layer)]
+    assert got == [int(v) for line in path.read_text().splitlines() if not line.startswith("#") for v in line.split()]
+    assert sum(got) == n_layer * 2048 and got[:4] == [512] * 4 and min(got[4:]) == 2284
+
+
 @pytest.mark.parametrize("kind,n_prompt", [("file", 520), ("pyramid", 520), ("file", 110)])
 def test_kept_sets_and_counts_follow_the_schedule(model_path, prompt_tokens, tmp_path, kind, n_prompt):
     # a long prompt takes every layer to its budget; a short one (110: between the smallest budget, 73, and the

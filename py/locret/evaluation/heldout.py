@@ -8,7 +8,9 @@ file when none of that names it. When the log cannot tell (no log, data files of
 
 The real-text families (info, man, pysource: tasks/realtext) are no context of the trainer (it refuses them:
 holdout.HELD_OUT_FAMILIES), so no log names them and they are held out from every heads file; a log that named one
-would refuse it like any other family. The trainer's own real text (pypackages) is a family of its own.
+would refuse it like any other family. The trainer's own real text (pypackages) is a family of its own, and the
+real-text tasks' tuning family (settings are tried on it before the held-out three): a figure on it is never reported
+as held out, whatever the heads' logs say.
 """
 from __future__ import annotations
 
@@ -66,6 +68,12 @@ def training(heads_file: str | Path | None, *, _seen: frozenset[str] = frozenset
 def check_held_out(families: list[str], heads_by_method: dict[str, str | None]) -> dict[str, list[str]]:
     """For an evaluation that reports `families` as held out: every heads method's training families (sorted), or
     ValueError naming the first family a method's heads were trained on, or that cannot be told."""
+    from ..tasks import realtext
+
+    tuning = [f for f in families if f in realtext.TRAINING_FAMILIES]
+    if tuning:
+        raise ValueError(f"{', '.join(tuning)} is the tuning family of the real-text tasks (settings are tried on it), "
+                         f"never held out: the held-out real text is {', '.join(realtext.FAMILIES)}")
     out = {}
     for method, heads_file in sorted(heads_by_method.items()):
         t = training(heads_file)

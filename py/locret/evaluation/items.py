@@ -102,7 +102,7 @@ def task_samples(llm, names: Sequence[str], lengths: Sequence[int], depths: Sequ
     for d in depths:
         if not 0.0 <= d <= 1.0:
             raise ItemError(f"depth {d} is outside [0, 1] (a share of the filler before the needle)")
-    known = haystack_families.FAMILIES + realtext.FAMILIES
+    known = haystack_families.FAMILIES + realtext.NEEDLE_FAMILIES
     unknown = [h for h in haystacks if h not in known]
     if unknown or not haystacks:
         raise ItemError(f"unknown haystack family {', '.join(unknown) or '(none given)'}; valid: {', '.join(known)}")
@@ -128,10 +128,10 @@ def families_of(task) -> tuple[str, ...]:
 
 
 def _takes_what(name: str, takes: Sequence[str]) -> str:
-    if set(takes) <= set(realtext.FAMILIES):
+    if set(takes) <= set(realtext.NEEDLE_FAMILIES):
         return f"it hides its needles in real text, give --haystacks {','.join(takes)}"
     return (f"its needles rely on generated text without digits ({', '.join(takes)}); the real-text families take "
-            f"{', '.join(n for n in tasks.TASKS if set(families_of(tasks.get(n))) <= set(realtext.FAMILIES))}")
+            f"{', '.join(n for n in tasks.TASKS if set(families_of(tasks.get(n))) <= set(realtext.NEEDLE_FAMILIES))}")
 
 
 def _generate(llm, modules, lengths, depths, samples, seed, haystacks) -> Iterator[TaskSample]:

@@ -1,4 +1,6 @@
-"""An access code of capitals and digits ("KX7R-42M9") in real text (real-text families: info, man, pysource).
+"""An access code of capitals and digits ("KX7R-42M9") in real text.
+
+Real-text families: info, man, pysource (held out), and pypackages to tune settings on.
 
 niah_code's needle form in a sentence of the document's register (a paragraph of the manual, a comment of the
 source; realneedle.py): a code no document holds, among numbers that are the document's own. An answer that gives
@@ -17,7 +19,7 @@ from .realneedle import classify, judge, score  # noqa: F401  (the real-text nee
 NAME = "real_code"
 USES_DEPTH = True
 MAX_NEW_TOKENS = realneedle.MAX_NEW_TOKENS
-HAYSTACKS = realtext.FAMILIES
+HAYSTACKS = realtext.NEEDLE_FAMILIES
 
 FACTS = (realneedle.Fact("The registration key for the {subject} package is {value}.",
                          "What is the registration key for the {subject} package?", "key"),

@@ -1,4 +1,6 @@
-"""Four look-alike needles in real text, one asked (real-text families: info, man, pysource).
+"""Four look-alike needles in real text, one asked.
+
+Real-text families: info, man, pysource (held out), and pypackages to tune settings on.
 
 The four needles state the same fact (one sentence of realneedle.FACTS) about four made-up subjects, with values
 of one shape (the shape of the document's numbers near the asked needle): "Support for the quenmoor option first
@@ -19,7 +21,7 @@ from .realneedle import classify, judge, score  # noqa: F401  (the real-text nee
 NAME = "real_lookalike"
 USES_DEPTH = True
 MAX_NEW_TOKENS = realneedle.MAX_NEW_TOKENS
-HAYSTACKS = realtext.FAMILIES
+HAYSTACKS = realtext.NEEDLE_FAMILIES
 N_NEEDLES = 4
 
 

@@ -1,4 +1,6 @@
-"""One number in real text, shaped like the document's own numbers (real-text families: info, man, pysource).
+"""One number in real text, shaped like the document's own numbers.
+
+Real-text families: info, man, pysource (held out), and pypackages to tune settings on.
 
 The needle states one fact about a made-up subject ("Support for the quenmoor option first appeared in version
 2.6.31."), its value of the shape the haystack's numbers have near the insertion point: a version among versions,
@@ -18,7 +20,7 @@ from .realneedle import classify, judge, score  # noqa: F401  (the real-text nee
 NAME = "real_number"
 USES_DEPTH = True
 MAX_NEW_TOKENS = realneedle.MAX_NEW_TOKENS
-HAYSTACKS = realtext.FAMILIES        # the families it takes (only real text)
+HAYSTACKS = realtext.NEEDLE_FAMILIES        # the families it takes (only real text)
 
 
 def _fact(shape, rng) -> realneedle.Fact:

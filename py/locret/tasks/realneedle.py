@@ -31,7 +31,10 @@ from .numbers import Shape
 
 MAX_NEW_TOKENS = 64     # room for an answer that restates the question first
 
-WHAT = {"info": "GNU manuals", "man": "Linux manual pages", "pysource": "the source code of Python's standard library"}
+WHAT = {"info": "GNU manuals", "man": "Linux manual pages", "pysource": "the source code of Python's standard library",
+        "pypackages": "the source code of Python libraries"}
+# families whose text is Python source: the needle is a comment line there
+PYTHON_SOURCE = ("pysource", "pypackages")
 
 # syllables of the made-up subjects: two of them make a name that reads like a program or a library
 _ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "k", "l", "m", "n", "p", "qu", "r", "s", "st", "t", "tr", "v", "z")
@@ -97,13 +100,13 @@ def make_subjects(rng: random.Random, corpus: realtext.Corpus, n: int) -> list[s
 def needle_text(family: str, sentence: str) -> str:
     """The needle as the family writes: a comment line in Python source, a paragraph of its own in the manuals
     (a unit of the stretch ends in a blank line, so does the needle)."""
-    return ("# " + sentence if family == "pysource" else sentence) + "\n\n"
+    return ("# " + sentence if family in PYTHON_SOURCE else sentence) + "\n\n"
 
 
 def check_family(task: str, family: str) -> None:
-    if family not in realtext.FAMILIES:
+    if family not in realtext.NEEDLE_FAMILIES:
         raise ValueError(f"{task} hides its needles in real text: give a real-text family "
-                         f"({', '.join(realtext.FAMILIES)}), not {family!r}")
+                         f"({', '.join(realtext.NEEDLE_FAMILIES)}), not {family!r}")
 
 
 def intro(family: str) -> str:
