@@ -110,8 +110,7 @@ def _add_eval(sub) -> None:
                       help="the long text the tasks hide their needles in, comma-separated: generated (prose, code, "
                            "legal, logs, recipes, weather, manual, minutes; default prose) or real text for the real_* "
                            "tasks (info, man, pysource, held out; pypackages to tune on: docs/evaluation.md); each "
-                           "family other than prose gets its "
-                           "own rows, as TASK@FAMILY")
+                           "family other than prose gets its own rows, as TASK@FAMILY")
     what.add_argument("--held-out", action="store_true",
                       help="report only families the evaluated heads never saw: refuse any --haystacks family their "
                            "training logs (heads/NAME.run/train-log.json, and the heads they started from) name")

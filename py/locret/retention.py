@@ -395,9 +395,8 @@ def run_cli(args: argparse.Namespace) -> int:
         raise ValueError("--prompt-file needs --needle (the text to follow)")
     elif args.method != "locret":
         raise ValueError("--method applies to --task; with --prompt-file, --query QUESTION is Locret-Q")
+    # the library reads the schedule and refuses a bad one (eviction.set_budget_schedule), with its reason
     schedule = None if args.budget_schedule in (None, "uniform") else args.budget_schedule
-    if schedule not in (None, "pyramid") and not Path(schedule).is_file():
-        raise ValueError(f"--budget-schedule: {schedule} is neither uniform, pyramid nor a file")
     model = models.resolve(args.model)
     heads = args.heads
     if heads is None:
