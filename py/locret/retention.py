@@ -252,7 +252,7 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
     try:
         layers = evicting_layers(llm)
         _, n_head_kv = kv_heads(llm)
-        budgets = [llm.locret_layer_budget(il) for il in layers]
+        budgets = layer_budgets(llm)
         for it in tqdm(items, desc="prompts", unit="prompt"):
             llm.reset()  # the next eval empties the sequence and its eviction count
             _prefill(llm, spec, it, True, None)
