@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .threads import default_threads
+
 DEFAULT_MASS = 0.9
 DEFAULT_TEXTS = ("prose", "code", "legal", "logs")
 DEFAULT_TOKENS = 2048
@@ -189,7 +191,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "question + 1)")
     p.add_argument("--cap", type=int, help="the largest layer budget (default 2 x --budget)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, help="CPU threads (default: LLAMA_ARG_THREADS, else 2)")
     p.add_argument("-o", "--output", required=True, help="the schedule file to write")
 
 
@@ -208,7 +210,7 @@ def run_cli(args: argparse.Namespace) -> int:
         with tqdm(total=len(texts), unit="text", desc="calibrating") as bar:
             cal = calibrate(str(model_path), heads=str(heads) if heads else None, budget=args.budget, texts=texts,
                             n_tokens=args.tokens, mass=args.mass, floor=args.floor, cap=args.cap, seed=args.seed,
-                            threads=args.threads, progress=bar)
+                            threads=args.threads or default_threads(2), progress=bar)
     except (CalibrationError, HeadsError, LibraryError, planner.PlanError, models.ModelError) as e:
         print(f"locret calibrate: {e}", file=sys.stderr)
         return 1

@@ -173,7 +173,7 @@ def _add_eval(sub) -> None:
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
     how.add_argument("--kv-type", help="KV cache type for K and V (default f16, or the profile's)")
     how.add_argument("--gpu-layers", help="layers on the GPU: a number or 'all' (default 0, or the profile's)")
-    how.add_argument("--threads", type=int, default=2)
+    how.add_argument("--threads", type=int, help="CPU threads of each run (default: LLAMA_ARG_THREADS, else 2)")
     how.add_argument("--device", help="device profile (devices/): its settings, and its memory as a limit")
     out = p.add_argument_group("output")
     out.add_argument("-o", "--output", default="results/eval", help="output directory (default results/eval)")

@@ -56,6 +56,7 @@ import llama_cpp._internals as _internals
 
 from . import eviction, rpc
 from .heads import Heads, HeadsError, _last_error
+from .threads import threads_from_env
 from .query import AUTO, chat_query_message, find_question, place_query
 
 _context_lock = threading.Lock()
@@ -134,6 +135,12 @@ class Llama(llama_cpp.Llama):
                 err = _last_error()
                 if self.ctx is None and err:
                     raise HeadsError(err)
+
+        env_threads = threads_from_env()
+        if env_threads is not None:
+            # a run that names no thread count takes LLAMA_ARG_THREADS, as llama.cpp's tools do (locret/threads.py)
+            kwargs.setdefault("n_threads", env_threads)
+            kwargs.setdefault("n_threads_batch", env_threads)
 
         with _context_lock:
             original = _internals.LlamaContext

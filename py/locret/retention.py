@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .threads import default_threads
 
 
 @dataclass
@@ -367,7 +368,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "for a text; none for --task, as in locret eval)")
     p.add_argument("--layers", help="layers to show runs for, comma-separated (default: all)")
     p.add_argument("--runs", type=int, default=5, help="longest retained runs shown per (layer, KV head)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--threads", type=int, help="CPU threads (default: LLAMA_ARG_THREADS, else every core)")
     p.add_argument("--json", type=Path, help="also write the whole report as JSON")
 
 
@@ -403,12 +404,13 @@ def run_cli(args: argparse.Namespace) -> int:
         query = bool(args.query) or args.method in ("locret-q", "locret-q-auto")
         found, _ = planner.resolve_heads(args.model, model, planner.read_model(model), None, query=query)
         heads = str(found) if found is not None else None
+    threads = args.threads or default_threads()
     if args.task is not None:
         report = inspect_task(model=str(model), task=args.task, length=args.length, method=args.method,
                               budget=args.budget, ubatch=args.ubatch, heads=heads,
                               haystacks=[h for h in args.haystacks.split(",") if h], depths=depths,
                               samples=args.samples, seed=args.seed, pool=args.pool, stabilizers=args.stabilizers,
-                              local=args.local, threads=args.threads, suite=args.suite, schedule=schedule)
+                              local=args.local, threads=threads, suite=args.suite, schedule=schedule)
         print_task_report(report)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))
@@ -421,7 +423,7 @@ def run_cli(args: argparse.Namespace) -> int:
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     report = inspect_prompt(model=str(model), prompt=prompt, needle=args.needle, budget=args.budget,
                             ubatch=args.ubatch, heads=heads, pool=args.pool, query=args.query, layers=layers,
-                            n_runs=args.runs, threads=args.threads, stabilizers=args.stabilizers, local=args.local,
+                            n_runs=args.runs, threads=threads, stabilizers=args.stabilizers, local=args.local,
                             chat=args.chat, schedule=schedule)
     print_report(report)
     if args.json:

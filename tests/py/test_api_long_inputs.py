@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, free_port, http_server, post_json, run
+from conftest import REPO, THREADS, free_port, http_server, post_json, run
 
 from locret import Llama, models, tasks  # before llama_cpp: it points llama-cpp-python at our libllama
 import llama_cpp  # noqa: E402
@@ -35,7 +35,7 @@ def heads():
 
 @pytest.fixture(scope="module")
 def llm(model_path, heads):
-    llm = Llama(str(model_path), n_ctx=8192, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=2, n_threads_batch=2,
+    llm = Llama(str(model_path), n_ctx=8192, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=THREADS, n_threads_batch=THREADS,
                 flash_attn=True, locret_heads=str(heads), locret_budget=BUDGET, verbose=False)
     yield llm
     llm.close()
@@ -127,7 +127,7 @@ def test_locret_serve_answers_a_long_request_and_reuses_only_what_it_holds(model
     port = free_port()
     log_path = tmp_path / "server.log"
     cmd = [sys.executable, "-m", "locret", "serve", "--model", model_path, "--budget", BUDGET, "--ubatch", UBATCH,
-           "--context", "32k", "--slots", 2, "--threads", "2", "--port", port, "--", "-lv", "4"]
+           "--context", "32k", "--slots", 2, "--threads", str(THREADS), "--port", port, "--", "-lv", "4"]
     with http_server(cmd, log_path, port, startup_s=240) as url:
         # every request on slot 0: the one that holds the first prompt (the other slot is idle and empty)
         replies = [_chat(url, samples[0], id_slot=0)]

@@ -15,7 +15,7 @@ import io
 
 import numpy as np
 import pytest
-from conftest import natural_text
+from conftest import THREADS, natural_text
 from reference_cis import load_hf_model, reference_scores, spearman
 
 MIN_RANK_CORRELATION = 0.99
@@ -52,7 +52,7 @@ def parity(tmp_path_factory, model_path):
     weights = {k: v.float().numpy() for k, v in load_file(str(ckpt)).items()}
 
     llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_batch=1024, n_ubatch=UBATCH,
-                          n_threads=2, verbose=False)
+                          n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     tokens = llm.tokenize(natural_text().encode())[:N_TOKENS]
     assert len(tokens) == N_TOKENS
 
@@ -75,7 +75,7 @@ def parity(tmp_path_factory, model_path):
     # reference's), the prompt in ubatches, then token by token
     from locret.llama import Llama
 
-    evicting = Llama(model_path=str(model_path), n_ctx=1024, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=2,
+    evicting = Llama(model_path=str(model_path), n_ctx=1024, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=THREADS, n_threads_batch=THREADS,
                      locret_heads=str(good), locret_budget=1024, locret_pool=0, verbose=False)
     heads.record_scores(evicting)
     evicting.eval(tokens[:-N_SINGLE])

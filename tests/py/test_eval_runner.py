@@ -21,11 +21,11 @@ import pytest
 
 from locret.files import sha256_file
 from locret.query import pin_room
-from conftest import REPO, run
+from conftest import REPO, THREADS, run
 
 BUDGET, UBATCH = 128, 64
 LENGTH = 600
-COMMON = ["--budgets", str(BUDGET), "--ubatch", str(UBATCH), "--threads", "2"]
+COMMON = ["--budgets", str(BUDGET), "--ubatch", str(UBATCH), "--threads", str(THREADS)]
 
 
 def locret_cmd(*args) -> list:
@@ -358,7 +358,7 @@ def test_the_auto_rule_finds_every_generated_tasks_question(model_path):
     for item in found:
         assert item.auto_query == item.query and item.auto_query_tokens == item.query_tokens, item.id
     spec = worker.RunSpec(model_path=str(model_path), method="locret-q-auto", budget=256, heads=None,
-                          stabilizers=None, local=None, n_ctx=2048, ubatch=128, threads=2)
+                          stabilizers=None, local=None, n_ctx=2048, ubatch=128, threads=THREADS)
     none_found = dataclasses.replace(found[0], auto_query="", auto_query_tokens=())
     assert worker.query_of(spec, none_found) == "" and worker.prompt_of(spec, none_found) == list(found[0].tokens)
     assert worker.prompt_of(spec, found[0]) == list(found[0].query_tokens)

@@ -16,7 +16,7 @@ import llama_cpp
 from locret import eviction, heads as heads_api
 from locret.llama import Llama
 
-from conftest import REPO, free_port, http_server, natural_text, post_json, run, tool
+from conftest import REPO, THREADS, free_port, http_server, natural_text, post_json, run, tool
 
 CONVERTER = REPO / "convert" / "heads_to_gguf.py"
 B, UB, NS, NLOC = 96, 32, 16, 8
@@ -157,7 +157,7 @@ def test_budget_above_input_gives_the_logits_of_plain_llama_cpp(model_path, head
     tokens = prompt_tokens[:700]
     # flash attention as the evicting context has it by default (llama.cpp's auto: on for the CPU)
     plain = llama_cpp.Llama(model_path=str(model_path), n_ctx=2048, n_batch=256, n_ubatch=64, verbose=False,
-                            flash_attn=True)
+                            flash_attn=True, n_threads=THREADS, n_threads_batch=THREADS)
     plain.eval(tokens)
     want = last_logits(plain)
     llm = make(model_path, heads_file, n_ctx=2048, n_batch=256, n_ubatch=64, locret_budget=1024,
@@ -608,7 +608,7 @@ def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(document + "\n\nQuestion: Which ship arrived on day 1?\n")
     proc = run([tool("llama-cli"), "-m", model_path, "-f", prompt, "-st", "--simple-io", "--no-display-prompt",
-                "--temp", "0", "--seed", "42", "-n", "16", "-c", "32768", "-b", "512", "-ub", "128", "-t", "2",
+                "--temp", "0", "--seed", "42", "-n", "16", "-c", "32768", "-b", "512", "-ub", "128", "-t", str(THREADS),
                 "--locret-heads", heads_file, "--locret-budget", "256", "-lv", "4"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"llama_kv_cache: size = +[\d.]+ MiB \( +512 cells", proc.stderr), proc.stderr[-3000:]
@@ -621,7 +621,7 @@ def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file
 def test_llama_server_answers_a_long_request_in_bounded_memory(model_path, heads_file, tmp_path):
     port = free_port()
     cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "256", "-c", "32768",
-           "-b", "512", "-ub", "128", "-t", "2", "--host", "127.0.0.1", "--port", port, "-lv", "4"]
+           "-b", "512", "-ub", "128", "-t", str(THREADS), "--host", "127.0.0.1", "--port", port, "-lv", "4"]
     with http_server(cmd, tmp_path / "server.log", port) as url:
         # ~1.6K tokens, 3x the cache's 512 cells (a 9K-token request, past SmolLM2's 8K training window, took 46 s and
         # runs no other code in the server: a position is only a RoPE angle; docs/results.md has the 32K evaluations)

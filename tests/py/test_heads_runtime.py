@@ -11,7 +11,7 @@ import io
 
 import numpy as np
 import pytest
-from conftest import natural_text, run, tool
+from conftest import THREADS, natural_text, run, tool
 from gguf import GGUFWriter
 
 SMOLLM = dict(arch="llama", n_layer=30, n_head=9, n_head_kv=3, head_dim=64)
@@ -61,7 +61,7 @@ def convert(*args) -> None:
 
 def completion(model, *extra, n_predict=24):
     return run([tool("llama-completion"), "-m", model, "-p", PROMPT, "-no-cnv", "--no-display-prompt",
-                "--temp", "0", "--seed", "42", "-n", str(n_predict), "-c", "512", "-t", "2", *extra])
+                "--temp", "0", "--seed", "42", "-n", str(n_predict), "-c", "512", "-t", str(THREADS), *extra])
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_logits_are_identical_with_heads_and_scores_match_embedded_heads(model_p
     results = {}
     for name, model, attach in [("plain", model_path, None), ("heads", model_path, heads_file),
                                 ("embedded", merged, "model")]:
-        llm = llama_cpp.Llama(model_path=str(model), n_ctx=512, n_ubatch=128, n_threads=2,
+        llm = llama_cpp.Llama(model_path=str(model), n_ctx=512, n_ubatch=128, n_threads=THREADS, n_threads_batch=THREADS,
                               logits_all=True, verbose=False)
         tokens = tokens or llm.tokenize(b"Locret keeps the KV cache bounded by evicting units. " * 12)
         if attach is not None:
@@ -165,7 +165,7 @@ def test_python_api_refuses_with_the_reason(model_path, tmp_path):
 
     from locret import heads as H
 
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=256, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=256, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     try:
         with pytest.raises(H.HeadsError, match="n_head_kv is 4 in the heads file but 3 in the model"):
             H.attach(llm, write_heads(tmp_path / "bad.gguf", **{**SMOLLM, "n_head_kv": 4}))
@@ -191,7 +191,7 @@ def test_every_weight_type_loads_and_scores_like_f32(model_path, tmp_path):
     for weight_type in ("f32", "f16", "bf16", "q8_0"):
         files[weight_type] = tmp_path / f"heads-{weight_type}.gguf"
         convert("--base", model_path, "--heads", ckpt, "-o", files[weight_type], "--type", weight_type)
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_ubatch=256, n_threads=2, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_ubatch=256, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     tokens = llm.tokenize(natural_text().encode())[:400]  # distinct tokens: rank correlation is meaningful
     scores = {}
     for weight_type, path in files.items():

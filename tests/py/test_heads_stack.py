@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import natural_text, run, tool
+from conftest import THREADS, natural_text, run, tool
 from test_heads_runtime import SMOLLM, write_heads
 
 import locret  # noqa: F401  (points llama_cpp at our library)
@@ -29,7 +29,7 @@ def reserve_log(model_path, heads, env):
     """llama-completion's log of the context's graph reservation: (prompt graph nodes, generation graph nodes, the
     heads' load line)."""
     out = run([tool("llama-completion"), "-m", model_path, "--locret-heads", heads, "--locret-budget", "256", "-p",
-               "Hello there", "-n", "2", "-no-cnv", "-t", "2", "-v"],
+               "Hello there", "-n", "2", "-no-cnv", "-t", str(THREADS), "-v"],
               env={**{k: v for k, v in os.environ.items() if k != "LOCRET_DEBUG_HEADS"}, **env})
     assert out.returncode == 0, out.stderr[-3000:]
     log = out.stderr
@@ -62,7 +62,7 @@ def run_scored(model_path, heads, mode, monkeypatch, pool):
     else:
         monkeypatch.setenv("LOCRET_DEBUG_HEADS", mode)
     llm = Llama(model_path=str(model_path), n_ctx=2048, n_batch=64, n_ubatch=64, locret_budget=128,
-                locret_heads=str(heads), locret_pool=pool, verbose=False, n_threads=2, n_threads_batch=2)
+                locret_heads=str(heads), locret_pool=pool, verbose=False, n_threads=THREADS, n_threads_batch=THREADS)
     heads_api.record_scores(llm)
     tokens = llm.tokenize(natural_text().encode())[:460]
     llm.eval(tokens[:400])

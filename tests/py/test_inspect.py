@@ -13,7 +13,7 @@ from locret import eviction, models
 from locret.llama import Llama
 from locret.query import place_query
 
-from conftest import natural_text, run
+from conftest import THREADS, natural_text, run
 from test_eviction import B, UB
 
 NEEDLE = "4-0-6-2"
@@ -104,8 +104,8 @@ def test_inspect_follows_every_needle_of_an_evaluation_prompt(model_path, heads_
     tokens = list(item.query_tokens)
     # the evaluation's context settings (flash attention, 2 threads): the scores, and so the ties, are the same
     llm = Llama(model_path=str(model_path), n_ctx=2048, n_batch=2048, n_ubatch=UB, locret_heads=heads_file,
-                locret_budget=B, locret_stabilizers=16, locret_local=8, flash_attn=True, n_threads=2,
-                n_threads_batch=2, verbose=False)
+                locret_budget=B, locret_stabilizers=16, locret_local=8, flash_attn=True, n_threads=THREADS,
+                n_threads_batch=THREADS, verbose=False)
     n_pin = eviction.query_tokens(llama_cpp.llama_model_get_vocab(llm._model.model), tokens, item.query, B)
     llm.locret_pin_next_prompt(n_pin)
     llm.eval(tokens)
@@ -188,7 +188,7 @@ def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path
     tokens = list(item.auto_query_tokens)
     llm = Llama(model_path=str(model_path), n_ctx=2048, n_batch=64, n_ubatch=64, locret_heads=heads,
                 locret_budget=256, locret_stabilizers=16, locret_local=8, locret_pool=5, locret_query="off",
-                locret_budget_schedule=str(tmp_path / "upper.txt"), flash_attn=True, n_threads=2, n_threads_batch=2,
+                locret_budget_schedule=str(tmp_path / "upper.txt"), flash_attn=True, n_threads=THREADS, n_threads_batch=THREADS,
                 verbose=False)
     n_pin = eviction.query_tokens(llama_cpp.llama_model_get_vocab(llm._model.model), tokens, item.auto_query, 256)
     llm.locret_pin_next_prompt(n_pin)

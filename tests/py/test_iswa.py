@@ -24,7 +24,7 @@ from locret import eviction, heads as heads_api, models, tasks
 from locret.evaluation import decoding
 from locret.llama import Llama
 
-from conftest import natural_text
+from conftest import THREADS, natural_text
 from test_eviction import Algorithm1, compact_unless_asked, decode, last_logits
 
 B, UB, NS, NLOC, WINDOW = 512, 64, 16, 8, 512
@@ -55,7 +55,7 @@ def tokens(gemma):
 
 def make(gemma, heads, **kw):
     args = dict(n_ctx=16384, n_batch=UB, n_ubatch=UB, locret_heads=str(heads), locret_budget=B, locret_stabilizers=NS,
-                locret_local=NLOC, n_threads=2, verbose=False)
+                locret_local=NLOC, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     args.update(kw)
     return Llama(model_path=str(gemma), **compact_unless_asked(args))
 
@@ -98,7 +98,7 @@ def run_and_compare(llm, ref, calls, layers, n_head_kv):
 def test_gemma_budget_above_the_input_gives_plain_logits(gemma, gemma_heads, tokens):
     toks = tokens[:600]
     # flash attention as the evicting context has it by default (llama.cpp's auto)
-    plain = llama_cpp.Llama(model_path=str(gemma), n_ctx=2048, n_batch=256, n_ubatch=64, n_threads=2, verbose=False,
+    plain = llama_cpp.Llama(model_path=str(gemma), n_ctx=2048, n_batch=256, n_ubatch=64, n_threads=THREADS, n_threads_batch=THREADS, verbose=False,
                             flash_attn=True)
     plain.eval(toks)
     want = last_logits(plain)
@@ -216,7 +216,7 @@ def test_gemma_state_round_trip(gemma, gemma_heads, tokens, flash):
 def test_gemma_reloaded_context_continues_like_the_saver(gemma, gemma_heads, tokens, budget):
     def new():
         if budget is None:
-            return Llama(model_path=str(gemma), n_ctx=16384, n_batch=UB, n_ubatch=UB, n_threads=2, verbose=False)
+            return Llama(model_path=str(gemma), n_ctx=16384, n_batch=UB, n_ubatch=UB, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
         return make(gemma, gemma_heads)
     saver = new()
     n_past = 0
@@ -245,7 +245,7 @@ def test_gemma_shipped_heads_answer_a_passkey_through_many_evictions(gemma, gemm
     ~150 s per prompt here."""
     budget, ubatch, n_tokens = 512, 256, 2600
     llm = Llama(model_path=str(gemma), n_ctx=8192, n_batch=ubatch, n_ubatch=ubatch, locret_heads=str(gemma_heads),
-                locret_budget=budget, flash_attn=True, n_threads=2, n_threads_batch=2, verbose=False)
+                locret_budget=budget, flash_attn=True, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     try:
         sample = tasks.get("passkey").generate(3, 0, tokenize=decoding.tokenizer(llm), n_tokens=n_tokens, depth=0.0,
                                                chat_format=decoding.chat_format(llm))
@@ -271,7 +271,7 @@ def test_sage_chooses_the_global_layers_of_an_iswa_model(gemma, tokens):
     from locret import eviction
 
     llm = Llama(model_path=str(gemma), n_ctx=4096, n_batch=256, n_ubatch=256, locret_budget=B, locret_policy="sage",
-                n_threads=2, verbose=False)
+                n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     n_past = 0
     body = tokens[:1200]
     for i in range(0, len(body) - 1, 256):

@@ -19,7 +19,7 @@ from locret import eviction, heads as heads_api
 from locret.llama import Llama
 from locret.heads import HeadsError
 
-from conftest import REPO, run, tool
+from conftest import REPO, THREADS, run, tool
 from test_eviction import B, NLOC, NS, UB, GGML_TYPE_F16, GGML_TYPE_Q8_0, Algorithm1, decode, hadamard, last_logits, \
     make, prompt_tokens, rope_norm  # noqa: F401  (prompt_tokens: the fixture)
 
@@ -441,7 +441,8 @@ def mirror_run(model_path, prompt_tokens, positions, n_tokens, mirrors):
     """A Locret cache (streaming, b = B, ubatch UB, F32, no flash attention) full after B + UB tokens, then n_tokens
     tokens one at a time (as generation runs, so that every context runs the same kernels), each also decoded by the
     mirrors (LlamaCppMirror settings); per token the logits of the Locret cache and of each mirror, and the stats."""
-    common = dict(n_ctx=1024, n_batch=UB, n_ubatch=UB, type_k=0, type_v=0, flash_attn=False, verbose=False, seed=1)
+    common = dict(n_ctx=1024, n_batch=UB, n_ubatch=UB, type_k=0, type_v=0, flash_attn=False, verbose=False, seed=1,
+                  n_threads=THREADS, n_threads_batch=THREADS)
     llm = Llama(model_path=str(model_path), locret_budget=B, locret_policy="streaming", locret_positions=positions,
                 **common)
     plain = llama_cpp.Llama(model_path=str(model_path), **common)  # a model without Locret's settings
@@ -517,7 +518,7 @@ def test_the_layout_probe_reports_one_prompt():
     # experiments/layout_probe.py: one evaluation prompt under one layout, as a table row (what
     # docs/experiments/results-history.md quotes)
     probe = [REPO / ".venv" / "bin" / "python", REPO / "experiments" / "layout_probe.py", "--length", "1024",
-             "--budget", "256", "--ubatch", "128", "--threads", "2"]
+             "--budget", "256", "--ubatch", "128", "--threads", str(THREADS)]
     out = run(probe + ["--positions", "keep:512", "--which", "1"], timeout=300)
     assert out.returncode == 0, out.stderr
     cols = [c.strip() for c in out.stdout.strip().splitlines()[-1].strip("|").split("|")]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, natural_text, run
+from conftest import REPO, THREADS, natural_text, run
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -89,7 +89,7 @@ def test_the_side_by_side_feeds_kvpress_the_ids_the_server_reads(tmp_path, model
     item = Item(id=s["item"], source=s["source"], length=4096, depth=None, tokens=(), max_new_tokens=8,
                 answers=tuple(s["answers"]), extra=s["extra"])
     spec = RunSpec(model_path=str(model_path), method="full", budget=None, heads=None, stabilizers=None, local=None,
-                   n_ctx=8192, ubatch=512, threads=2, labels={"run": "check"})
+                   n_ctx=8192, ubatch=512, threads=THREADS, labels={"run": "check"})
     port = server_backend.serve.free_port()
     server = server_backend.Server(server_backend.command(spec, port), tmp_path / "server.log", port)
     try:

@@ -1,10 +1,10 @@
 """The patched llama.cpp tools run the default model."""
 from __future__ import annotations
 
-from conftest import run, tool
+from conftest import THREADS, run, tool
 
 # greedy sampling with a fixed seed: the output must not depend on anything but the model and prompt
-GREEDY = ["--temp", "0", "--seed", "42", "-n", "24", "-c", "512", "-t", "2"]
+GREEDY = ["--temp", "0", "--seed", "42", "-n", "24", "-c", "512", "-t", str(THREADS)]
 CHAT_PROMPT = "What is the capital of France? Answer in one word."
 
 

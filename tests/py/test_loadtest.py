@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from conftest import REPO, free_port, run
+from conftest import REPO, THREADS, free_port, run
 
 from locret.loadtest import drive, figures, users as users_module
 
@@ -248,7 +248,7 @@ def test_a_short_load_test_against_locret_serve(tmp_path, model_path):
     port = free_port()
     log = tmp_path / "server.log"
     cmd = [sys.executable, "-m", "locret", "serve", "--model", model_path, "--slots", "2", "--budget", "256",
-           "--ubatch", "64", "--context", "4096", "--threads", "2", "--port", str(port), "--", "--metrics"]
+           "--ubatch", "64", "--context", "4096", "--threads", str(THREADS), "--port", str(port), "--", "--metrics"]
     with open(log, "w") as f:
         server = subprocess.Popen([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, cwd=REPO)
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, run
+from conftest import REPO, THREADS, run
 
 TOOL = REPO / "convert" / "needle_ranks.py"
 
@@ -66,7 +66,7 @@ def test_the_report_matches_a_recomputation(model_path, tmp_path, monkeypatch):
     from locret.train.heads_model import RetainingHeads
     from safetensors.torch import save_file
 
-    backbone = load_backbone(model_path, threads=2)
+    backbone = load_backbone(model_path, threads=THREADS)
     heads = RetainingHeads(backbone.n_layer, backbone.d_in, 32, backbone.n_head_kv, backbone.activation, seed=4)
     ckpt = tmp_path / "heads.safetensors"
     save_file({k: v.contiguous() for k, v in heads.checkpoint_tensors().items()}, str(ckpt))
@@ -77,14 +77,14 @@ def test_the_report_matches_a_recomputation(model_path, tmp_path, monkeypatch):
     calls = []
 
     def shared_backbone(source, threads=None, device="cpu"):
-        assert Path(source) == Path(model_path) and threads == 2 and device == "cpu", (source, threads, device)
+        assert Path(source) == Path(model_path) and threads == THREADS and device == "cpu", (source, threads, device)
         calls.append(source)
         return backbone
 
     monkeypatch.setattr(needle_ranks_cli, "load_backbone", shared_backbone)
     out = tmp_path / "ranks.json"
     code, stdout, stderr = _in_process(["--model", model_path, "--heads", ckpt, "--length", "600", "--depths", "0.5",
-                                        "--keep", "0.3,0.1", "--threads", "2", "--json", out])
+                                        "--keep", "0.3,0.1", "--threads", str(THREADS), "--json", out])
     assert code == 0, stderr[-3000:]
     assert len(calls) == 1
     assert "passkey-600-d0.50" in stdout and "labels" in stdout

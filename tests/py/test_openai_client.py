@@ -19,7 +19,7 @@ import time
 import openai  # the official client (scripts/requirements.txt pins it; setup.sh installs it)
 import pytest
 
-from conftest import REPO, free_port, http_server
+from conftest import REPO, THREADS, free_port, http_server
 
 from locret import Llama, tasks  # before llama_cpp: it points llama-cpp-python at our libllama
 import llama_cpp  # noqa: E402
@@ -211,7 +211,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(server, vocab):
 
 
 def test_llama_cpp_python_chat_completion_in_process(model_path):
-    llm = Llama(str(model_path), n_ctx=4096, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=2, n_threads_batch=2,
+    llm = Llama(str(model_path), n_ctx=4096, n_batch=UBATCH, n_ubatch=UBATCH, n_threads=THREADS, n_threads_batch=THREADS,
                 locret_heads=str(HEADS), locret_budget=BUDGET, locret_query="auto", verbose=False)
     try:
         s = sample(llm, SEED_IN_PROCESS)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import llama_tree
-from conftest import BIN, REPO, run
+from conftest import BIN, REPO, THREADS, run
 
 PROBE = r"""
 import json, locret, llama_cpp
@@ -76,7 +76,7 @@ def test_llama_cpp_python_completes_with_our_library(model_path):
     import locret  # noqa: F401  (must come first)
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_threads=2, seed=42, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=512, n_threads=THREADS, n_threads_batch=THREADS, seed=42, verbose=False)
     try:
         out = llm.create_completion("The capital of France is", max_tokens=12, temperature=0.0)
     finally:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter, GGUFValueType
 
-from conftest import run, tool
+from conftest import THREADS, run, tool
 
 N_EMBD, N_HEAD, N_HEAD_KV, D, N_LAYER, N_FF, D_R = 128, 4, 2, 32, 2, 256, 32
 
@@ -102,7 +102,7 @@ def openelm(tmp_path_factory, model_path):
 def _complete(model, *flags):
     return run([tool("llama-completion"), "-m", model, *flags, "-c", "4096", "-b", "32", "-ub", "32",
                 "--locret-stabilizers", "4", "--locret-local", "4", "-p", "one two three four five six seven " * 12,
-                "-n", "8", "-no-cnv", "--temp", "0", "-t", "2", "-lv", "4"], timeout=120)
+                "-n", "8", "-no-cnv", "--temp", "0", "-t", str(THREADS), "-lv", "4"], timeout=120)
 
 
 def test_heads_on_a_model_whose_builder_bypasses_build_qkv_are_refused_at_creation(openelm):

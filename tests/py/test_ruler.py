@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, THREADS, run
 
 VENV_BIN = Path(sys.executable).parent
 LENGTH = 4096
@@ -242,7 +242,7 @@ def test_pool_auto_leaves_each_heads_file_its_recommended_window(model_path):
 
     def pool_flags(pool):
         spec = RunSpec(model_path=str(model_path), method="locret-q-auto", budget=512, heads="h.gguf",
-                       stabilizers=None, local=None, n_ctx=8192, ubatch=512, threads=2, pool=pool)
+                       stabilizers=None, local=None, n_ctx=8192, ubatch=512, threads=THREADS, pool=pool)
         cmd = server_backend.command(spec, 1)
         return cmd[cmd.index("--locret-pool") + 1] if "--locret-pool" in cmd else None
 

@@ -284,7 +284,7 @@ def _load(model_path, **kw):
     import locret  # noqa: F401  (points llama_cpp at our library)
     import llama_cpp
 
-    return llama_cpp.Llama(model_path=str(model_path), n_threads=1, verbose=False, **kw)
+    return llama_cpp.Llama(model_path=str(model_path), n_threads=1, n_threads_batch=1, verbose=False, **kw)
 
 
 def _check_loaded(llm, s: shapes.Shape, heads_path):

@@ -23,7 +23,7 @@ from locret import eviction, heads as heads_api, standins
 from locret.llama import Llama
 
 import standin_reference as ref
-from conftest import natural_text
+from conftest import THREADS, natural_text
 from reference_cis import spearman
 from test_eviction import decode, last_logits
 
@@ -84,7 +84,7 @@ def test_scores_match_the_pytorch_reference(standin, hf_model, tokens):
     toks = tokens[:300]
     want = ref.heads_scores(ref.pre_rope_qkv(hf_model, toks), weights)
 
-    llm = llama_cpp.Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=512, n_ubatch=128, n_threads=2,
+    llm = llama_cpp.Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=512, n_ubatch=128, n_threads=THREADS, n_threads_batch=THREADS,
                           verbose=False)
     heads_api.attach(llm, standin.heads)
     heads_api.record_scores(llm)
@@ -104,7 +104,7 @@ def _run_evicting(standin, tokens, type_k, flash, track_first=False):
     layer's key rows as first stored: {layer: {logical position: (row [n_embd_k_gqa], cell)}}."""
     llm = Llama(model_path=str(standin.gguf), n_ctx=8192, n_batch=UB, n_ubatch=UB, locret_heads=str(standin.heads),
                 locret_budget=B, locret_stabilizers=NS, locret_local=NLOC, type_k=type_k, type_v=GGML_TYPE_F16,
-                flash_attn=flash, n_threads=2, verbose=False, seed=1)
+                flash_attn=flash, n_threads=THREADS, n_threads_batch=THREADS, verbose=False, seed=1)
     n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
     width = llama_cpp.llama_model_n_head_kv(llm._model.model) * (
         llama_cpp.llama_model_n_embd(llm._model.model) // llama_cpp.llama_model_n_head(llm._model.model))
@@ -224,13 +224,13 @@ def test_the_naive_rerotation_fails_where_the_model_has_an_attention_factor(stan
 def test_a_budget_above_the_input_gives_plain_logits(standin, tokens):
     toks = tokens[:200]
     # flash attention as the evicting context has it by default (llama.cpp's auto)
-    plain = llama_cpp.Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=256, n_ubatch=64, n_threads=2,
+    plain = llama_cpp.Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=256, n_ubatch=64, n_threads=THREADS, n_threads_batch=THREADS,
                             verbose=False, flash_attn=True)
     plain.eval(toks)
     want = last_logits(plain)
     plain.close()
     llm = Llama(model_path=str(standin.gguf), n_ctx=1024, n_batch=256, n_ubatch=64, locret_heads=str(standin.heads),
-                locret_budget=512, locret_stabilizers=16, locret_local=8, n_threads=2, verbose=False)
+                locret_budget=512, locret_stabilizers=16, locret_local=8, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     llm.eval(toks)
     got = last_logits(llm)
     assert llm.locret_stats()["n_evictions"] == 0

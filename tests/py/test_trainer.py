@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, natural_text, run
+from conftest import REPO, THREADS, natural_text, run
 from trainer_fixtures import TINY_LLAMA, sentence, write_jsonl, write_tiny_llama, write_tiny_llama_gguf
 
 TRAINER = REPO / "convert" / "train_heads.py"
@@ -380,7 +380,7 @@ def test_trained_heads_round_trip_into_llama_cpp(model_path, tmp_path, monkeypat
             module.fc1[i].copy_(tensors[f"model.layers.{i}.self_attn.fc1.weight"])
             module.fc2[i].copy_(tensors[f"model.layers.{i}.self_attn.fc2.weight"])
 
-    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_batch=512, n_ubatch=256, n_threads=2,
+    llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=1024, n_batch=512, n_ubatch=256, n_threads=THREADS, n_threads_batch=THREADS,
                           verbose=False)
     tokens = llm.tokenize(natural_text().encode())[:400]
     features = backbone.features(tokens + tokens[:1], n_prompt=len(tokens))  # one dummy answer token
