@@ -16,13 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 # a sequence's cells are checked after each change in every engine a test starts (ggml_ext/src/locret-cells.h), also
 # when pytest is run without scripts/test.sh
 os.environ.setdefault("LOCRET_CHECK_CELLS", "1")
-# The runs of one worker share the cores with the other workers' runs: each takes cores / workers threads (one a run
-# with two workers on two cores). Two threads a run beside another worker's two slow both at every graph barrier (a
-# locret eval fixture: 42 s against 35 s with one). Set through LLAMA_ARG_THREADS, which llama.cpp's tools and the
-# library read where a run names no count (py/locret/threads.py); tests that name one use THREADS.
-_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-os.environ.setdefault("LLAMA_ARG_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
-THREADS = default_threads()
+# The CPU threads of a run a test starts: LLAMA_ARG_THREADS when set (llama.cpp's tools and the library read it where a
+# run names no count: py/locret/threads.py), else 2. One thread a run (cores / workers) measured slower, not faster: on
+# three files, two workers, back to back, 247 s against 228 s with two (docs/testing.md).
+THREADS = default_threads(2)
 BIN = library_dir()  # build/bin, or $LOCRET_BUILD_DIR/bin (scripts/coverage.sh runs the tests on an instrumented build)
 sys.path.insert(0, str(REPO / "scripts"))  # llama_tree is a script, imported by its tests
 sys.path.insert(0, str(REPO / "experiments"))  # the probes, imported by their tests
