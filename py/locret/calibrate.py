@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .threads import default_threads
+from .threads import threads_or_default
 
 DEFAULT_MASS = 0.9
 DEFAULT_TEXTS = ("prose", "code", "legal", "logs")
@@ -210,7 +210,7 @@ def run_cli(args: argparse.Namespace) -> int:
         with tqdm(total=len(texts), unit="text", desc="calibrating") as bar:
             cal = calibrate(str(model_path), heads=str(heads) if heads else None, budget=args.budget, texts=texts,
                             n_tokens=args.tokens, mass=args.mass, floor=args.floor, cap=args.cap, seed=args.seed,
-                            threads=args.threads or default_threads(2), progress=bar)
+                            threads=threads_or_default(args.threads, 2), progress=bar)
     except (CalibrationError, HeadsError, LibraryError, planner.PlanError, models.ModelError) as e:
         print(f"locret calibrate: {e}", file=sys.stderr)
         return 1

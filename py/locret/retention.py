@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .threads import default_threads
+from .threads import threads_or_default
 
 
 @dataclass
@@ -404,7 +404,7 @@ def run_cli(args: argparse.Namespace) -> int:
         query = bool(args.query) or args.method in ("locret-q", "locret-q-auto")
         found, _ = planner.resolve_heads(args.model, model, planner.read_model(model), None, query=query)
         heads = str(found) if found is not None else None
-    threads = args.threads or default_threads()
+    threads = threads_or_default(args.threads)
     if args.task is not None:
         report = inspect_task(model=str(model), task=args.task, length=args.length, method=args.method,
                               budget=args.budget, ubatch=args.ubatch, heads=heads,

@@ -2,8 +2,7 @@
 
 llama.cpp's tools read LLAMA_ARG_THREADS for `-t` (and `-tb` follows `-t`); the library's runs (`locret.Llama`,
 `locret eval`, `locret inspect`, `locret calibrate`) read the same variable, so one setting reaches every process of a
-job. That matters where several runs share the cores: two test workers on two cores each want one thread, not two
-threads each fighting over both cores at every graph barrier."""
+job (a test run, a batch of evaluations) without a flag on each command."""
 from __future__ import annotations
 
 import os
@@ -22,6 +21,12 @@ def threads_from_env() -> int | None:
     except ValueError:
         raise ValueError(f"{THREADS_ENV}={value!r} is not a number of threads") from None
     return n if n > 0 else (os.cpu_count() or 1)
+
+
+def threads_or_default(given: int | None, fallback: int | None = None) -> int:
+    """`given` as it is when the caller named a count (0 or less stays, for the caller's own refusal), else
+    default_threads(fallback)."""
+    return given if given is not None else default_threads(fallback)
 
 
 def default_threads(fallback: int | None = None) -> int:

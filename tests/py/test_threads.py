@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from locret.llama import Llama
-from locret.threads import THREADS_ENV, default_threads, threads_from_env
+from locret.threads import THREADS_ENV, default_threads, threads_from_env, threads_or_default
 
 from conftest import REPO
 
@@ -44,6 +44,11 @@ def test_the_library_takes_the_variable_where_a_run_names_no_count(monkeypatch, 
     llm = Llama(str(model_path), n_ctx=256, n_threads=2, verbose=False)
     assert (llm.context_params.n_threads, llm.context_params.n_threads_batch) == (2, 1)
     llm.close()
+
+
+def test_a_count_named_wins_even_when_it_is_refused_later(monkeypatch):
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert threads_or_default(None, 2) == 3 and threads_or_default(1, 2) == 1 and threads_or_default(0, 2) == 0
 
 
 def test_a_bad_value_stops_locret_eval_before_it_runs(tmp_path):

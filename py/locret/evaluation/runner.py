@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from .. import devices, models, planner
 from ..files import sha256_file
-from ..threads import default_threads
+from ..threads import threads_or_default
 from . import (HEADS_METHODS, METHODS, QUERY_METHODS, SCHEDULABLE_METHODS, TRAINED_HEADS_METHODS, items as items_module,
                report, split_method, uses_schedule_file)
 from .items import Item, ItemError
@@ -652,7 +652,7 @@ def run_cli(args) -> int:
                      stabilizers=args.stabilizers, local=args.local, pool=_pool(args.pool),
                      policy_settings=parse_policy_settings(args.policy_settings),
                      positions=args.positions, schedule=args.schedule, ubatch=args.ubatch,
-                     threads=args.threads or default_threads(2),
+                     threads=threads_or_default(args.threads, 2),
                      kv_type=args.kv_type, gpu_layers=planner.parse_gpu_layers(args.gpu_layers),
                      max_new_tokens=args.max_new_tokens, device=args.device, heatmaps=args.heatmaps,
                      max_minutes=args.max_minutes, plots=not args.no_plots, held_out=args.held_out,
