@@ -20,13 +20,22 @@ DEFAULT_UBATCH = 512
 DEFAULT_CONTEXT = "128k"
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port free now, for a server a script or test starts next."""
+    """A loopback port free now, for a server a script or test starts next. Never the same port twice in one
+    process: the kernel may hand a port it just released to the next bind(0), and a caller that takes two ports
+    before starting either server (an HTTP server and its RPC servers) would then give both the same one."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def wait_healthy(url: str, server, log_path, startup_s: float) -> None:
