@@ -59,7 +59,10 @@ parallel=()
 read -r -a runner <<< "${LOCRET_PYTEST_RUNNER:-$VPY}"
 # --durations: the 15 slowest tests are listed at the end, to keep CI's time in view; a test
 # above 60 s carries a comment saying why it must be that long
-"${runner[@]}" -m pytest tests/py -ra "${parallel[@]}" ${select[@]+"${select[@]}"} --durations=15 "$@" || status=1
+# every run leaves its junit report in the build folder (each test's seconds; a --junitxml given here wins), so the
+# time of any run, CI's included, can be read per file afterwards: python tests/py/lanes.py BUILD/pytest-LANE.xml
+"${runner[@]}" -m pytest tests/py -ra "${parallel[@]}" ${select[@]+"${select[@]}"} --durations=15 \
+    --junitxml="$BUILD/pytest-$lane.xml" "$@" || status=1
 if [[ "$lane" == ci ]]; then
     # said at the end, so a green run is not read as the long lane passing
     echo "test.sh: the long lane did not run (bash scripts/test.sh --long; tests/py/lanes.py)"

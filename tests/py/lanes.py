@@ -8,7 +8,7 @@
   ci    `test.sh` (the README's test command, .ci/run): every test but the long lane.
 
 `python tests/py/lanes.py JUNIT.xml` prints each lane's test count and seconds from a run's junit report
-(`bash scripts/test.sh --all --junitxml=JUNIT.xml`), and each file's seconds: the figures below come from it.
+(every `scripts/test.sh` run leaves one: `build/pytest-LANE.xml`), and each file's seconds: the figures below come from it.
 """
 from __future__ import annotations
 
