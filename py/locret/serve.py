@@ -29,13 +29,15 @@ def free_port() -> int:
     before starting either server (an HTTP server and its RPC servers) would then give both the same one."""
     import socket
 
-    while True:
+    for _ in range(1000):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         if port not in _PORTS_GIVEN:
             _PORTS_GIVEN.add(port)
             return port
+    # a bound, not a loop that could spin once a process has taken most of the kernel's ephemeral range
+    raise RuntimeError(f"no loopback port this process has not handed out already ({len(_PORTS_GIVEN)} given)")
 
 
 def wait_healthy(url: str, server, log_path, startup_s: float) -> None:

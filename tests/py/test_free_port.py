@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from locret import serve
 
 
@@ -35,6 +37,14 @@ def test_a_port_given_once_is_not_given_again(monkeypatch):
     _Socket.ports = [41000, 41000, 41000, 41001, 41000, 41002]
     assert [serve.free_port(), serve.free_port(), serve.free_port()] == [41000, 41001, 41002]
     assert _Socket.ports == []
+
+
+def test_a_kernel_that_only_repeats_a_port_given_is_refused_not_a_hang(monkeypatch):
+    monkeypatch.setattr(serve, "_PORTS_GIVEN", {41000})
+    monkeypatch.setattr(socket, "socket", _Socket)
+    _Socket.ports = [41000] * 1000
+    with pytest.raises(RuntimeError, match="no loopback port this process has not handed out already"):
+        serve.free_port()
 
 
 def test_real_ports_are_distinct_and_bindable():
