@@ -87,16 +87,17 @@ class ReferenceAttention:
 
 def load_torch_model(gguf: Path, threads: int):
     """SmolLM2 (or any llama-architecture GGUF) in float32 PyTorch through transformers' GGUF loader, its attention
-    routed through a fresh ReferenceAttention. Returns (model, attention). Slow (~25 s: transformers parses the
-    GGUF's vocabulary twice); load once per process."""
+    routed through a fresh ReferenceAttention. Returns (model, attention). The first load of a file converts it
+    (~25 s: transformers parses the GGUF's vocabulary twice), later ones read locret.hf_gguf's saved copy."""
     import torch
-    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers import AttentionInterface
+
+    from locret import hf_gguf
 
     torch.set_num_threads(threads)
     attention = ReferenceAttention()
     AttentionInterface.register(ATTENTION_NAME, attention)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                 attn_implementation=ATTENTION_NAME)
+    model = hf_gguf.load_model(gguf, dtype=torch.float32, attn_implementation=ATTENTION_NAME)
     model.eval()
     return model, attention
 
@@ -540,10 +541,10 @@ def main(argv: list[str]) -> int:
 def check_tokenizer(gguf: Path, vocab) -> None:
     """transformers' tokenizer from the same GGUF gives llama.cpp's ids on the check prompt (the prompts themselves
     are tokenized by llama.cpp, as `locret eval` does, and fed to PyTorch as ids)."""
-    from transformers import AutoTokenizer
+    from locret import hf_gguf
 
     tokenize, _, _ = vocab_tools(vocab)
-    hf = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    hf = hf_gguf.load_tokenizer(gguf)
     same = hf(CHECK_PROMPT, add_special_tokens=False)["input_ids"] == tokenize(CHECK_PROMPT, False)
     print(f"tokenizer: transformers and llama.cpp give {'the same' if same else 'DIFFERENT'} ids on the check prompt")
 

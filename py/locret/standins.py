@@ -183,10 +183,10 @@ def _save_hf_model(spec: StandinSpec, out: Path) -> None:
 
 
 def _save_tokenizer(out: Path) -> None:
-    from transformers import AutoTokenizer
+    from . import hf_gguf
 
     default = models.resolve(models.DEFAULT_MODEL)
-    tok = AutoTokenizer.from_pretrained(str(default.parent), gguf_file=default.name)
+    tok = hf_gguf.load_tokenizer(default)
     tok.save_pretrained(out)
     tokenizer = json.loads((out / "tokenizer.json").read_text())
     tokenizer["pre_tokenizer"] = SMOLLM_PRE_TOKENIZER

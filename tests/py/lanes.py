@@ -38,7 +38,7 @@ SECONDS_PER_FILE: dict[str, float] = {
     "test_needle_ranks.py": 2, "test_ruler_pool.py": 2, "test_python_library.py": 1, "test_eval_tasks.py": 1,
     "test_build_config.py": 1, "test_fuzz_checkpoints.py": 1, "test_server_faults.py": 0, "test_code_shape.py": 0,
     "test_main_job.py": 0, "test_policy_traits.py": 0, "test_tool_output.py": 0, "test_lanes.py": 0,
-    "test_fuzz_regressions.py": 0, "test_threads.py": 0, "test_free_port.py": 0,
+    "test_fuzz_regressions.py": 0, "test_threads.py": 0, "test_free_port.py": 0, "test_hf_gguf.py": 30,
 }
 
 # 216 s of worker time in the run above: with ctest, about 3 minutes on the two cores

@@ -26,8 +26,9 @@ import torch  # noqa: E402
 from kvpress import AdaKVPress, KVPressTextGenerationPipeline  # noqa: E402
 from kvpress.utils import compute_n_kept  # noqa: E402
 from reference_cis import load_hf_model, reference_scores  # noqa: E402  (this script's folder is on sys.path)
-from transformers import AutoTokenizer, DynamicCache  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
+from locret import hf_gguf  # noqa: E402
 from locret.peers import LocretPress  # noqa: E402
 
 
@@ -120,7 +121,7 @@ def main(config_path: str, out_dir: str) -> None:
     model_path, heads = Path(cfg["model"]), cfg["heads"]
     ratio, n_tokens = cfg["ratio"], cfg["n_tokens"]
     model = load_hf_model(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_path.parent), gguf_file=model_path.name)
+    tokenizer = hf_gguf.load_tokenizer(model_path)
     text = Path(cfg["text"]).read_text()
     tokens = tokenizer.encode(text, add_special_tokens=False)[:n_tokens]
     arrays, facts = {}, {"n_tokens": len(tokens), "n_kept": compute_n_kept(len(tokens), ratio)}

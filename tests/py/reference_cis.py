@@ -1,7 +1,7 @@
 """Independent reference for causal importance scores: PyTorch + Hugging Face transformers.
 
 transformers loads the GGUF model itself (dequantizing every tensor and undoing llama.cpp's Q/K row
-permutation, so Q and K come out in Hugging Face order), and forward hooks on each layer's
+permutation, so Q and K come out in Hugging Face order; locret.hf_gguf keeps its result, saved as transformers made it), and forward hooks on each layer's
 q_proj / k_proj / v_proj capture the pre-RoPE projections. The heads are applied in the published
 checkpoint format, in Hugging Face order: nothing here shares code with llama.cpp or with our
 converter, which is what makes a match meaningful.
@@ -17,10 +17,9 @@ import numpy as np
 def load_hf_model(gguf_path: Path):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from transformers import AutoModelForCausalLM
+    from locret import hf_gguf
 
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=torch.float32)
+    model = hf_gguf.load_model(gguf_path, dtype=torch.float32)  # transformers' own reading, kept once converted
     model.eval()
     return model
 

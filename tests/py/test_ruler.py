@@ -33,17 +33,13 @@ def locret_cmd(*args):
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer_dir(tmp_path_factory, model_path) -> Path:
-    """The model's tokenizer as transformers converts it from the GGUF, saved where the package's HFTokenizer loads
-    it offline."""
-    out = tmp_path_factory.mktemp("hf-tokenizer")
-    code = ("import os, sys; os.environ['HF_HUB_OFFLINE'] = '1'\n"
-            "from transformers import AutoTokenizer\n"
-            "p = sys.argv[1]; AutoTokenizer.from_pretrained(os.path.dirname(p), gguf_file=os.path.basename(p))"
-            ".save_pretrained(sys.argv[2])\n")
-    proc = run([sys.executable, "-c", code, model_path, out], timeout=300)
+def hf_tokenizer_dir(model_path) -> Path:
+    """The model's tokenizer as transformers converts it from the GGUF (kept by locret.hf_gguf), in a folder the
+    package's HFTokenizer loads offline."""
+    code = "import sys; from locret import hf_gguf; print(hf_gguf.folder(sys.argv[1]))"
+    proc = run([sys.executable, "-c", code, model_path], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def package_run(task: str, tokenizer_dir: Path, out: Path) -> list[dict]:

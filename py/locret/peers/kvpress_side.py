@@ -113,20 +113,21 @@ def _register_attention() -> None:
 
 
 def load(model_path: str, threads: int):
-    """transformers' model and tokenizer from the GGUF (dequantized to float32), and kvpress's pipeline on them."""
+    """transformers' model and tokenizer from the GGUF (dequantized to float32, once per file: hf_gguf), and kvpress's
+    pipeline on them."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from kvpress import KVPressTextGenerationPipeline
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
+
+    from .. import hf_gguf
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(threads)
     _register_attention()
-    folder, name = os.path.dirname(model_path), os.path.basename(model_path)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32, attn_implementation=ATTENTION)
+    model = hf_gguf.load_model(model_path, dtype=torch.float32, attn_implementation=ATTENTION)
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    tokenizer = hf_gguf.load_tokenizer(model_path)
     return model, tokenizer, KVPressTextGenerationPipeline(model=model, tokenizer=tokenizer)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .. import hf_gguf
 from ..convert.architectures import architecture
 from ..convert.errors import ConversionError, first_line
 from .labels import attention_labels
@@ -168,17 +169,19 @@ def load_backbone(source: Path, threads: int | None = None, device: str = "cpu")
     if threads:
         torch.set_num_threads(threads)
     source = Path(source)
-    if source.is_dir():
-        where, kwargs = str(source), {}
-    elif source.is_file():
-        if source.suffix != ".gguf":
-            raise ConversionError(f"base model {source}: expected a .gguf file or a Hugging Face model directory")
-        where, kwargs = str(source.parent), {"gguf_file": source.name}
-    else:
+    if not source.exists():
         raise ConversionError(f"base model {source}: no such file or directory")
+    if not source.is_dir() and source.suffix != ".gguf":
+        raise ConversionError(f"base model {source}: expected a .gguf file or a Hugging Face model directory")
 
+    where = str(source)
+    if not source.is_dir():
+        try:  # a GGUF is read through transformers once per file and kept as a Hugging Face folder
+            where = str(hf_gguf.folder(source))
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            raise ConversionError(f"base model {source}: cannot load it with transformers ({first_line(e)})") from None
     try:
-        config = AutoConfig.from_pretrained(where, **kwargs)
+        config = AutoConfig.from_pretrained(where)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise ConversionError(f"base model {source}: cannot read its configuration ({first_line(e)})") from None
     model_type = getattr(config, "model_type", None)
@@ -190,9 +193,8 @@ def load_backbone(source: Path, threads: int | None = None, device: str = "cpu")
 
     AttentionInterface.register(ATTENTION_NAME, _labels_then_sdpa)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
-        # the configuration read above: from a GGUF, every read parses the whole file (vocabulary included)
-        model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch.float32, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(where)
+        model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch.float32)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise ConversionError(f"base model {source}: cannot load it with transformers ({first_line(e)})") from None
     try:

@@ -1,0 +1,98 @@
+"""transformers' reading of a GGUF, done once per file and kept.
+
+transformers reads a GGUF by dequantizing every tensor and rebuilding the tokenizer from the file's vocabulary, and
+it does so on every load: 20-30 s for the default model's weights and 4-10 s for its tokenizer on this project's
+2-core machine, paid by every trainer run, every kvpress comparison and every PyTorch reference in the tests. Its
+result is a plain Hugging Face model, so it is saved once, as transformers wrote it (config, float32 weights,
+tokenizer, generation config), in ``$LOCRET_CACHE_DIR/transformers/<stem>-<key>``, and loaded from there in well
+under a second.
+
+The key is the GGUF's sha256 with transformers' version and this module's BUILDER_VERSION: a changed file or another
+transformers (the kvpress environment has its own) converts anew. The saved weights are the dequantized tensors
+themselves, so a model loaded from the folder computes what one loaded from the GGUF does, bit for bit
+(tests/py/test_hf_gguf.py checks weights, logits and token ids). transformers refuses ``save_pretrained`` on a model
+it read from a GGUF, so the weights go through safetensors directly; tied tensors (the embedding and the output
+projection) are saved once and tied again on load.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from . import cachelock, models
+from .files import sha256_file
+
+# bump when what the folder holds changes (cached folders are then converted again)
+BUILDER_VERSION = 1
+
+
+def cache_folder() -> Path:
+    return models.cache_dir() / "transformers"
+
+
+@functools.lru_cache(maxsize=16)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    # keyed by the file's size and time as well, so a file rewritten in place is hashed again
+    return sha256_file(path)
+
+
+def folder(gguf: str | os.PathLike) -> Path:
+    """The Hugging Face folder that holds transformers' reading of `gguf`, converted into the cache the first time.
+
+    Raises what transformers raises for a file it cannot read (OSError, ValueError, ...), as loading the GGUF
+    directly would."""
+    import transformers
+
+    gguf = Path(gguf)
+    st = gguf.stat()  # FileNotFoundError for a missing file, before anything is hashed
+    sha = _sha256(str(gguf.resolve()), st.st_size, st.st_mtime_ns)
+    key = f"{sha[:16]}-t{transformers.__version__}-b{BUILDER_VERSION}"
+    target = cache_folder() / f"{gguf.stem}-{key}"
+    cachelock.build_once(target, (target / "done").is_file, lambda: _convert(gguf, target))
+    return target
+
+
+def load_model(gguf: str | os.PathLike, **kwargs):
+    """AutoModelForCausalLM from `gguf`'s cached folder, float32 unless `dtype` says otherwise; other keyword
+    arguments (attn_implementation, config, ...) go to from_pretrained as they are."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs.setdefault("dtype", torch.float32)
+    return AutoModelForCausalLM.from_pretrained(str(folder(gguf)), **kwargs)
+
+
+def load_tokenizer(gguf: str | os.PathLike):
+    """AutoTokenizer from `gguf`'s cached folder."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder(gguf)))
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import safetensors.torch
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"locret.hf_gguf: transformers reads {gguf.name} once (dequantizing it); kept in {target.parent}",
+          file=sys.stderr, flush=True)
+    where, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.config.save_pretrained(tmp)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(tmp)
+    safetensors.torch.save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(tmp)
+    (tmp / "done").write_text(f"{gguf.name}\n")
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
