@@ -12,7 +12,8 @@ transformers (the kvpress environment has its own) converts anew. The saved weig
 themselves, so a model loaded from the folder computes what one loaded from the GGUF does, bit for bit
 (tests/py/test_hf_gguf.py checks weights, logits and token ids). transformers refuses ``save_pretrained`` on a model
 it read from a GGUF, so the weights go through safetensors directly; tied tensors (the embedding and the output
-projection) are saved once and tied again on load.
+projection) are saved once and tied again on load. A model whose float32 copy would pass KEEP_LIMIT_BYTES is not
+kept: it is read from the GGUF each time, as before.
 """
 from __future__ import annotations
 
@@ -24,9 +25,14 @@ from pathlib import Path
 
 from . import cachelock, models
 from .files import sha256_file
+from .gguf_header import read_header
 
 # bump when what the folder holds changes (cached folders are then converted again)
 BUILDER_VERSION = 1
+
+# Models whose float32 weights would pass this are read from the GGUF on every load, as transformers does, and not
+# kept: a copy of an 8B model would be 32 GB of disk for a 30 s gain on a load that takes minutes anyway.
+KEEP_LIMIT_BYTES = 4 << 30
 
 
 def cache_folder() -> Path:
@@ -37,6 +43,20 @@ def cache_folder() -> Path:
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     # keyed by the file's size and time as well, so a file rewritten in place is hashed again
     return sha256_file(path)
+
+
+def source(gguf: str | os.PathLike) -> tuple[str, dict]:
+    """Where transformers reads `gguf` from: (the kept folder, {}), or (the file's folder, {"gguf_file": name}) for a
+    model too large to keep (KEEP_LIMIT_BYTES). Raises ModelFileError (a ValueError) for a file that is not GGUF."""
+    gguf = Path(gguf)
+    if float32_bytes(gguf) > KEEP_LIMIT_BYTES:
+        return str(gguf.parent), {"gguf_file": gguf.name}
+    return str(folder(gguf)), {}
+
+
+def float32_bytes(gguf: str | os.PathLike) -> int:
+    """The size of `gguf`'s tensors dequantized to float32, from its header."""
+    return 4 * sum(t.n_elements for t in read_header(gguf).tensors)
 
 
 def folder(gguf: str | os.PathLike) -> Path:
@@ -63,7 +83,8 @@ def load_model(gguf: str | os.PathLike, **kwargs):
     from transformers import AutoModelForCausalLM
 
     kwargs.setdefault("dtype", torch.float32)
-    return AutoModelForCausalLM.from_pretrained(str(folder(gguf)), **kwargs)
+    where, gguf_file = source(gguf)
+    return AutoModelForCausalLM.from_pretrained(where, **gguf_file, **kwargs)
 
 
 def load_tokenizer(gguf: str | os.PathLike):
@@ -71,7 +92,8 @@ def load_tokenizer(gguf: str | os.PathLike):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder(gguf)))
+    where, gguf_file = source(gguf)
+    return AutoTokenizer.from_pretrained(where, **gguf_file)
 
 
 def _convert(gguf: Path, target: Path) -> None:

@@ -174,14 +174,14 @@ def load_backbone(source: Path, threads: int | None = None, device: str = "cpu")
     if not source.is_dir() and source.suffix != ".gguf":
         raise ConversionError(f"base model {source}: expected a .gguf file or a Hugging Face model directory")
 
-    where = str(source)
+    where, kwargs = str(source), {}
     if not source.is_dir():
-        try:  # a GGUF is read through transformers once per file and kept as a Hugging Face folder
-            where = str(hf_gguf.folder(source))
+        try:  # a GGUF is read through transformers once per file and kept as a Hugging Face folder (hf_gguf)
+            where, kwargs = hf_gguf.source(source)
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             raise ConversionError(f"base model {source}: cannot load it with transformers ({first_line(e)})") from None
     try:
-        config = AutoConfig.from_pretrained(where)
+        config = AutoConfig.from_pretrained(where, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise ConversionError(f"base model {source}: cannot read its configuration ({first_line(e)})") from None
     model_type = getattr(config, "model_type", None)
@@ -193,8 +193,8 @@ def load_backbone(source: Path, threads: int | None = None, device: str = "cpu")
 
     AttentionInterface.register(ATTENTION_NAME, _labels_then_sdpa)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(where)
-        model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(where, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(where, config=config, dtype=torch.float32, **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         raise ConversionError(f"base model {source}: cannot load it with transformers ({first_line(e)})") from None
     try:
