@@ -39,10 +39,21 @@ def cache_folder() -> Path:
     return models.cache_dir() / "transformers"
 
 
+def _file_key(gguf: Path) -> tuple[str, int, int]:
+    """The file's path, size and time: what the memos below are keyed by, so a file rewritten in place is read again.
+    FileNotFoundError for a missing file."""
+    st = gguf.stat()
+    return str(gguf.resolve()), st.st_size, st.st_mtime_ns
+
+
 @functools.lru_cache(maxsize=16)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    # keyed by the file's size and time as well, so a file rewritten in place is hashed again
     return sha256_file(path)
+
+
+@functools.lru_cache(maxsize=16)
+def _float32_bytes(path: str, size: int, mtime_ns: int) -> int:
+    return 4 * sum(t.n_elements for t in read_header(path).tensors)
 
 
 def source(gguf: str | os.PathLike) -> tuple[str, dict]:
@@ -55,8 +66,12 @@ def source(gguf: str | os.PathLike) -> tuple[str, dict]:
 
 
 def float32_bytes(gguf: str | os.PathLike) -> int:
-    """The size of `gguf`'s tensors dequantized to float32, from its header."""
-    return 4 * sum(t.n_elements for t in read_header(gguf).tensors)
+    """The size of `gguf`'s tensors dequantized to float32, from its header (read once a process: a model and its
+    tokenizer ask for it in turn). ModelFileError for a missing file or one that is not GGUF."""
+    gguf = Path(gguf)
+    if not gguf.is_file():
+        read_header(gguf)  # its error says what the path is instead (missing, a folder)
+    return _float32_bytes(*_file_key(gguf))
 
 
 def folder(gguf: str | os.PathLike) -> Path:
@@ -67,8 +82,7 @@ def folder(gguf: str | os.PathLike) -> Path:
     import transformers
 
     gguf = Path(gguf)
-    st = gguf.stat()  # FileNotFoundError for a missing file, before anything is hashed
-    sha = _sha256(str(gguf.resolve()), st.st_size, st.st_mtime_ns)
+    sha = _sha256(*_file_key(gguf))  # FileNotFoundError for a missing file, before anything is hashed
     key = f"{sha[:16]}-t{transformers.__version__}-b{BUILDER_VERSION}"
     target = cache_folder() / f"{gguf.stem}-{key}"
     cachelock.build_once(target, (target / "done").is_file, lambda: _convert(gguf, target))

@@ -1,10 +1,10 @@
 """Independent reference for causal importance scores: PyTorch + Hugging Face transformers.
 
 transformers loads the GGUF model itself (dequantizing every tensor and undoing llama.cpp's Q/K row
-permutation, so Q and K come out in Hugging Face order; locret.hf_gguf keeps its result, saved as transformers made it), and forward hooks on each layer's
-q_proj / k_proj / v_proj capture the pre-RoPE projections. The heads are applied in the published
-checkpoint format, in Hugging Face order: nothing here shares code with llama.cpp or with our
-converter, which is what makes a match meaningful.
+permutation, so Q and K come out in Hugging Face order; locret.hf_gguf keeps its result as transformers made
+it), and forward hooks on each layer's q_proj / k_proj / v_proj capture the pre-RoPE projections. The heads are
+applied in the published checkpoint format, in Hugging Face order: nothing here shares code with llama.cpp or with
+our converter, which is what makes a match meaningful.
 """
 from __future__ import annotations
 
