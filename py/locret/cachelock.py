@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -38,3 +39,25 @@ def build_once(target: str | os.PathLike, is_built: Callable[[], bool], build: C
     with held(target):
         if not is_built():
             build()
+
+
+def build_folder_once(folder: str | os.PathLike, is_built: Callable[[], bool], fill: Callable[[Path], None]) -> None:
+    """Make `folder` with `fill` unless `is_built()` (see build_once).
+
+    `fill(staging)` writes every file into an empty sibling folder (`<folder>.tmp`), which takes the folder's name
+    only once `fill` returns: a reader never sees a half-written folder, and a build that fails or is killed
+    leaves no folder (its staging is removed on failure, or by the next build)."""
+    folder = Path(folder)
+
+    def build() -> None:
+        staging = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)  # a build killed before it could clean up
+        staging.mkdir(parents=True)
+        try:
+            fill(staging)
+            shutil.rmtree(folder, ignore_errors=True)  # an old or partial folder that is_built() refused
+            staging.rename(folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    build_once(folder, is_built, build)

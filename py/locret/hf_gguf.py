@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -85,7 +84,7 @@ def folder(gguf: str | os.PathLike) -> Path:
     sha = _sha256(*_file_key(gguf))  # FileNotFoundError for a missing file, before anything is hashed
     key = f"{sha[:16]}-t{transformers.__version__}-b{BUILDER_VERSION}"
     target = cache_folder() / f"{gguf.stem}-{key}"
-    cachelock.build_once(target, (target / "done").is_file, lambda: _convert(gguf, target))
+    cachelock.build_folder_once(target, (target / "done").is_file, lambda staging: _convert(gguf, staging))
     return target
 
 
@@ -110,25 +109,20 @@ def load_tokenizer(gguf: str | os.PathLike):
     return AutoTokenizer.from_pretrained(where, **gguf_file)
 
 
-def _convert(gguf: Path, target: Path) -> None:
+def _convert(gguf: Path, staging: Path) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import safetensors.torch
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"locret.hf_gguf: transformers reads {gguf.name} once (dequantizing it); kept in {target.parent}",
+    print(f"locret.hf_gguf: transformers reads {gguf.name} once (dequantizing it); kept in {staging.parent}",
           file=sys.stderr, flush=True)
     where, name = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.config.save_pretrained(tmp)
+    model.config.save_pretrained(staging)
     if getattr(model, "generation_config", None) is not None:
-        model.generation_config.save_pretrained(tmp)
-    safetensors.torch.save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    tokenizer.save_pretrained(tmp)
-    (tmp / "done").write_text(f"{gguf.name}\n")
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+        model.generation_config.save_pretrained(staging)
+    safetensors.torch.save_model(model, str(staging / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(staging)
+    (staging / "done").write_text(f"{gguf.name}\n")

@@ -67,7 +67,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -550,32 +549,25 @@ def make_shape_models(shape_name: str | Shape, out_dir: str | os.PathLike | None
     def built() -> bool:
         return (paths.folder / "done.json").is_file() and paths.model.is_file() and paths.heads.is_file()
 
-    cachelock.build_once(paths.folder, built, lambda: _write_into(s, paths, weight_type=weight_type, seed=seed,
-                                                                    d_r=d_r, progress=progress, log=log))
+    cachelock.build_folder_once(paths.folder, built, lambda staging: _write_into(
+        s, paths, staging, weight_type=weight_type, seed=seed, d_r=d_r, progress=progress, log=log))
     return paths.model, paths.heads
 
 
-def _write_into(s: Shape, paths: ShapeBuild, *, weight_type: str, seed: int, d_r: int, progress: bool, log) -> None:
+def _write_into(s: Shape, paths: ShapeBuild, staging: Path, *, weight_type: str, seed: int, d_r: int, progress: bool,
+                log) -> None:
     log = log or (lambda msg: print(f"locret.shapes: {msg}", file=sys.stderr, flush=True))
-    tmp = paths.folder.with_name(paths.folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        log(f"writing {s.name} ({s.stands_for}), {weight_type}, into {paths.folder}")
-        started = time.perf_counter()
-        write_shape_model(s, tmp / paths.model.name, weight_type=weight_type, seed=seed, progress=progress)
-        model_s = time.perf_counter() - started
-        log(f"model written in {model_s:.1f} s; random heads d_R {d_r}")
-        started = time.perf_counter()
-        write_random_heads(tmp / paths.model.name, tmp / paths.heads.name, d_r=d_r, seed=seed)
-        heads_s = time.perf_counter() - started
-        (tmp / "done.json").write_text(json.dumps(
-            {"shape": asdict(s), "weight_type": weight_type, "seed": seed, "d_r": d_r, "builder": BUILDER_VERSION,
-             "seconds": {"model": round(model_s, 2), "heads": round(heads_s, 2)}}, indent=1))
-        shutil.rmtree(paths.folder, ignore_errors=True)
-        tmp.rename(paths.folder)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"writing {s.name} ({s.stands_for}), {weight_type}, into {paths.folder}")
+    started = time.perf_counter()
+    write_shape_model(s, staging / paths.model.name, weight_type=weight_type, seed=seed, progress=progress)
+    model_s = time.perf_counter() - started
+    log(f"model written in {model_s:.1f} s; random heads d_R {d_r}")
+    started = time.perf_counter()
+    write_random_heads(staging / paths.model.name, staging / paths.heads.name, d_r=d_r, seed=seed)
+    heads_s = time.perf_counter() - started
+    (staging / "done.json").write_text(json.dumps(
+        {"shape": asdict(s), "weight_type": weight_type, "seed": seed, "d_r": d_r, "builder": BUILDER_VERSION,
+         "seconds": {"model": round(model_s, 2), "heads": round(heads_s, 2)}}, indent=1))
 
 
 __all__ = ["SHAPES", "Shape", "ShapeError", "PlannedTensor", "plan_tensors", "n_parameters", "llama3_rope_factors",

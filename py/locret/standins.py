@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
@@ -145,26 +144,21 @@ def build(name: str, *, log=None) -> Standin:
     spec = SPECS[name]
     folder = cache_folder() / f"{name}-{_key(spec)}"
     standin = Standin(name, spec, folder)
-    cachelock.build_once(folder, (folder / "done").is_file, lambda: _build_into(standin, log))
+    cachelock.build_folder_once(folder, (folder / "done").is_file, lambda staging: _build_into(standin, staging, log))
     return standin
 
 
-def _build_into(standin: Standin, log) -> None:
-    name, spec, folder = standin.name, standin.spec, standin.folder
+def _build_into(standin: Standin, staging: Path, log) -> None:
+    name, spec = standin.name, standin.spec
     log = log or (lambda msg: print(f"locret.standins: {msg}", file=sys.stderr, flush=True))
     if not (TREE / "convert_hf_to_gguf.py").is_file():
         raise StandinError(f"the llama.cpp tree is not prepared at {TREE}: run `bash scripts/setup.sh`")
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    staged = Standin(name, spec, tmp)
+    staged = Standin(name, spec, staging)
     log(f"building {name} ({spec.stands_for})")
     _save_hf_model(spec, staged.hf_dir)
     _convert_model(staged.hf_dir, staged.gguf)
     _make_heads(staged)
-    (tmp / "done").write_text(json.dumps(asdict(spec), indent=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    (staging / "done").write_text(json.dumps(asdict(spec), indent=1))
 
 
 def _save_hf_model(spec: StandinSpec, out: Path) -> None:

@@ -16,32 +16,33 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-# Seconds per file in the ci lane (setup + call + teardown of its tests but the long ones, summed: one worker's time),
-# from `bash scripts/test.sh --junitxml=...` on the 2-core CI machine, two workers, 2026-12-03 at c2ef706 beside a
-# one-thread training run (so about 1.4x the idle machine's: 4,152 s of worker time, 2,091 s of pytest; 1,442 s idle
-# the day before), less the cases since moved to the long lane (LONG_CASES). The workers take the files in this order,
-# the longest first, so that the run does not end with one worker on a long file while the other waits.
+# Seconds per file in the ci lane (setup + call + teardown of its tests, summed: one worker's time), from the junit
+# report of a fresh-clone `.ci/run` on the 2-core CI machine, two workers, alone, 2026-12-05 at fad13c1 (2,134 s of
+# worker time, 1,075 s of pytest: a fast hour, the files at about 0.56x the 12-03 run's seconds; test_cachelock.py
+# came after it). The workers take the files in this order, the longest first, so that the run does not end with one
+# worker on a long file while the other waits.
 SECONDS_PER_FILE: dict[str, float] = {
-    "test_docs.py": 429, "test_schedule.py": 299, "test_eviction.py": 263, "test_eval_runner.py": 230,
-    "test_sequences.py": 182, "test_kept_positions.py": 159, "test_iswa.py": 144, "test_sage.py": 142,
-    "test_locret_q.py": 142, "test_transactions.py": 131, "test_lagkv.py": 100, "test_snapkv.py": 89,
-    "test_ruler.py": 86, "test_in_place_positions.py": 86, "test_auto_query.py": 83, "test_rpc.py": 83,
-    "test_inspect.py": 81, "test_trainer.py": 81, "test_devices_planner.py": 78, "test_api_long_inputs.py": 72,
-    "test_speculative.py": 69, "test_openai_client.py": 69, "test_policies.py": 57, "test_sage_reference.py": 56,
-    "test_models.py": 52, "test_compaction_stack.py": 50, "test_passkey.py": 49, "test_cis_parity.py": 46,
-    "test_heads_stack.py": 45, "test_heads_runtime.py": 38, "test_state_files.py": 35, "test_loadtest.py": 34,
-    "test_shapes.py": 31, "test_openai_chats.py": 30, "test_convert.py": 28, "test_gpu_scripts.py": 24,
-    "test_soak.py": 23, "test_standins.py": 22, "test_haystacks.py": 21, "test_cli.py": 20, "test_web_ui.py": 19,
-    "test_calibrate.py": 17, "test_budget_mib.py": 16, "test_wheel.py": 10, "test_realtext.py": 8,
-    "test_llama_tree.py": 7, "test_rule_book.py": 4, "test_refusals_at_creation.py": 4, "test_llama_cli.py": 4,
-    "test_real_needles.py": 4, "test_plan_documents.py": 3, "test_policy_settings.py": 3, "test_slots_memory.py": 2,
-    "test_needle_ranks.py": 2, "test_ruler_pool.py": 2, "test_python_library.py": 1, "test_eval_tasks.py": 1,
-    "test_build_config.py": 1, "test_fuzz_checkpoints.py": 1, "test_server_faults.py": 0, "test_code_shape.py": 0,
-    "test_main_job.py": 0, "test_policy_traits.py": 0, "test_tool_output.py": 0, "test_lanes.py": 0,
-    "test_fuzz_regressions.py": 0, "test_threads.py": 0, "test_free_port.py": 0, "test_hf_gguf.py": 30,
+    "test_docs.py": 246, "test_eval_runner.py": 159, "test_schedule.py": 136, "test_eviction.py": 135,
+    "test_kept_positions.py": 94, "test_sequences.py": 86, "test_inspect.py": 79, "test_iswa.py": 73,
+    "test_transactions.py": 69, "test_locret_q.py": 69, "test_sage.py": 67, "test_auto_query.py": 58,
+    "test_lagkv.py": 53, "test_api_long_inputs.py": 50, "test_in_place_positions.py": 45, "test_snapkv.py": 44,
+    "test_openai_client.py": 41, "test_devices_planner.py": 39, "test_ruler.py": 38, "test_speculative.py": 37,
+    "test_rpc.py": 33, "test_trainer.py": 29, "test_compaction_stack.py": 29, "test_models.py": 28,
+    "test_passkey.py": 27, "test_heads_stack.py": 27, "test_policies.py": 22, "test_heads_runtime.py": 22,
+    "test_loadtest.py": 21, "test_hf_gguf.py": 18, "test_openai_chats.py": 17, "test_state_files.py": 17,
+    "test_sage_reference.py": 16, "test_web_ui.py": 16, "test_convert.py": 16, "test_shapes.py": 16,
+    "test_cis_parity.py": 16, "test_budget_mib.py": 15, "test_soak.py": 14, "test_cli.py": 14,
+    "test_haystacks.py": 13, "test_gpu_scripts.py": 12, "test_standins.py": 12, "test_wheel.py": 11,
+    "test_calibrate.py": 11, "test_llama_tree.py": 7, "test_realtext.py": 6, "test_real_needles.py": 4,
+    "test_refusals_at_creation.py": 4, "test_rule_book.py": 4, "test_llama_cli.py": 3, "test_plan_documents.py": 3,
+    "test_policy_settings.py": 3, "test_needle_ranks.py": 2, "test_slots_memory.py": 2, "test_ruler_pool.py": 2,
+    "test_lanes.py": 1, "test_python_library.py": 1, "test_build_config.py": 1, "test_cachelock.py": 1,
+    "test_fuzz_checkpoints.py": 1, "test_eval_tasks.py": 1, "test_threads.py": 0, "test_server_faults.py": 0,
+    "test_code_shape.py": 0, "test_policy_traits.py": 0, "test_main_job.py": 0, "test_tool_output.py": 0,
+    "test_fuzz_regressions.py": 0, "test_free_port.py": 0,
 }
 
-# 216 s of worker time in the run above: with ctest, about 3 minutes on the two cores
+# 106 s of worker time in the run above: with ctest, about 2 minutes on the two cores
 FAST_FILES: set[str] = {
     "test_rule_book.py", "test_refusals_at_creation.py", "test_build_config.py", "test_llama_tree.py",
     "test_convert.py", "test_eval_tasks.py", "test_haystacks.py", "test_fuzz_checkpoints.py",
@@ -49,6 +50,7 @@ FAST_FILES: set[str] = {
     "test_llama_cli.py", "test_slots_memory.py", "test_cli.py", "test_budget_mib.py", "test_calibrate.py",
     "test_real_needles.py", "test_lanes.py", "test_plan_documents.py", "test_code_shape.py",
     "test_policy_settings.py", "test_policy_traits.py", "test_ruler_pool.py", "test_threads.py", "test_free_port.py",
+    "test_cachelock.py",
 }
 
 _KVPRESS = ("kvpress's side runs in its own environment (.venv-kvpress) and is tested only in this lane; the ci lane "

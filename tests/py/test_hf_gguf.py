@@ -48,10 +48,9 @@ def counted_conversions(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCRET_CACHE_DIR", str(tmp_path / "cache"))
     made = []
 
-    def convert(gguf: Path, target: Path) -> None:
+    def convert(gguf: Path, staging: Path) -> None:  # staging: the empty folder cachelock renames when this returns
         made.append(gguf)
-        target.mkdir(parents=True)
-        (target / "done").write_text(gguf.name)
+        (staging / "done").write_text(gguf.name)
 
     monkeypatch.setattr(hf_gguf, "_convert", convert)
     return made
