@@ -14,10 +14,10 @@ from conftest import REPO, run
 HEADS = {"locret": "h.gguf sha256:aa", "locret-q-auto": "q.gguf sha256:bb"}
 
 
-def _sample(method, task, index, seed, score, *, budget=None, mode="chat", wall=10.0):
+def _sample(method, task, index, seed, score, *, budget=None, mode="chat", wall=10.0, ratio=0.75):
     return {"method": method, "budget": budget, "run": f"{method}/4096", "item": f"ruler/{task}/4096/{index}",
             "source": f"ruler/{task}", "length": 4096, "depth": None, "prompt_tokens": 3900, "score": score,
-            "compression_ratio": None if budget is None else 0.75, "wall_s": wall, "prefill_tok_s": 200.0,
+            "compression_ratio": None if budget is None else ratio, "wall_s": wall, "prefill_tok_s": 200.0,
             "decode_tok_s": 20.0, "cells_used_max": None, "n_cells": None,
             "extra": {"mode": mode, "seed": seed, "index": index}}
 
@@ -84,3 +84,29 @@ def test_the_script_prints_the_pooled_table_and_refuses_what_must_not_mix(tmp_pa
     for args, message in cases:
         proc = run([sys.executable, script, *args])
         assert proc.returncode == 1 and message in proc.stderr, (message, proc.stderr)
+
+
+def test_folders_of_several_ratios_give_the_side_by_side_and_its_plot(tmp_path):
+    """kvpress's grid run a ratio a folder: the pooled output has the average against the ratio, a row a method, and
+    --plot writes one PNG a length."""
+    r75 = _folder(tmp_path, "r0.75", [
+        _sample("full", "niah_single_1", 0, 0, 1.0), _sample("full", "qa_1", 0, 0, 0.5),
+        _sample("locret", "niah_single_1", 0, 0, 1.0, budget=1024), _sample("locret", "qa_1", 0, 0, 0.0, budget=1024),
+        _sample("kvpress:snapkv+q", "niah_single_1", 0, 0, 0.0, budget=1024),
+        _sample("kvpress:snapkv+q", "qa_1", 0, 0, 1.0, budget=1024)])
+    r875 = _folder(tmp_path, "r0.875", [
+        _sample("locret", "niah_single_1", 0, 0, 1.0, budget=512, ratio=0.875),
+        _sample("locret", "qa_1", 0, 0, 1.0, budget=512, ratio=0.875),
+        _sample("kvpress:snapkv+q", "niah_single_1", 0, 0, 0.0, budget=512, ratio=0.875),
+        _sample("kvpress:snapkv+q", "qa_1", 0, 0, 0.0, budget=512, ratio=0.875)])
+    png = tmp_path / "plots" / "ruler.png"
+    proc = run([sys.executable, REPO / "scripts" / "ruler_table.py", r75, r875, "--plot", png])
+    assert proc.returncode == 0, proc.stderr
+    side = proc.stdout.split("Average against compression ratio", 1)[1]
+    assert "**4096 tokens** (full attention: 75.0)" in side
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in side.splitlines() if line.startswith("| ") and "method" not in line}
+    assert rows == {"locret": ["50.0", "100.0"], "kvpress:snapkv+q": ["50.0", "0.0"]}, rows
+    written = tmp_path / "plots" / "ruler-4096.png"
+    assert f"Plots: {written}" in proc.stdout
+    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and written.stat().st_size > 10_000

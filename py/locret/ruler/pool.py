@@ -97,8 +97,16 @@ def _merge_runs(rows: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
-def markdown(folders: list[Path]) -> str:
-    """The pooled table as `locret eval` writes RULER's, with the folders it read."""
+def markdown(folders: list[Path], *, plot: Path | None = None) -> str:
+    """The pooled table as `locret eval` writes RULER's, the average against compression ratio where the folders hold
+    several ratios (a ratio a folder: the kvpress grid run in parts), with the folders it read; `plot`: also draw the
+    side by side, one PNG a length (`plot`'s name with `-LENGTH` added), and name them."""
     entries, tasks, n = pool(folders)
-    return (ruler_report.markdown(entries, tasks) + f"\n\nPooled from {len(folders)} folders ({n} samples): "
-            + ", ".join(str(f) for f in folders))
+    text = ruler_report.markdown(entries, tasks)
+    side = ruler_report.side_by_side(entries)
+    if side:
+        text += "\n\nAverage against compression ratio (budget = (1 - ratio) x length):\n" + side
+    if plot is not None:
+        written = ruler_report.plot(entries, plot)
+        text += "\n\nPlots: " + (", ".join(str(w) for w in written) if written else "none (no row has a ratio)")
+    return text + f"\n\nPooled from {len(folders)} folders ({n} samples): " + ", ".join(str(f) for f in folders)
