@@ -95,16 +95,25 @@ export LOCRET_FUZZ_SCRATCH="$SCRATCH"
 # libFuzzer keeps an input that took over SLOW_S seconds as a slow unit (a finding), and one over 20 s as a hang
 SLOW_S=10
 
+fuzzer() {  # target args...: the target's fuzzer (a campaign with libFuzzer's flags, or one input given as a file)
+    local t="$1"; shift
+    case "$t" in
+        heads) "$BUILD/tests/cpp/lf-locret-heads" "$@" ;;
+        state) "$BUILD/tests/cpp/lf-locret-state" "$@" ;;
+        gguf-header) "$VPY" scripts/fuzz_gguf_header.py "$@" ;;
+    esac
+}
+
 run_target() {  # name -> OUT/log/NAME.log; the corpus in OUT/corpus/NAME, findings in OUT/findings/NAME
     local t="$1" corpus="$OUT/corpus/$1" seeds="$OUT/seeds/$1" findings="$OUT/findings/$1" log="$OUT/log/$1.log"
     mkdir -p "$corpus" "$seeds" "$findings" "$OUT/log"
-    local flags=(-max_total_time="$SECONDS_PER_TARGET" -timeout=20 -report_slow_units="$SLOW_S" -rss_limit_mb=4096 -print_final_stats=1
-                 -artifact_prefix="$findings/" "$corpus" "$seeds" "$ROOT/tests/fuzz-corpus/$t")
+    local flags=(-max_total_time="$SECONDS_PER_TARGET" -timeout=20 -report_slow_units="$SLOW_S" -rss_limit_mb=4096
+                 -print_final_stats=1 -artifact_prefix="$findings/" "$corpus" "$seeds" "$ROOT/tests/fuzz-corpus/$t")
     case "$t" in
-        heads) LOCRET_FUZZ_SEED_DIR="$seeds" "$BUILD/tests/cpp/lf-locret-heads" -max_len=65536 "${flags[@]}" ;;
-        state) LOCRET_FUZZ_SEED_DIR="$seeds" "$BUILD/tests/cpp/lf-locret-state" -max_len=4194304 "${flags[@]}" ;;
-        gguf-header) "$VPY" scripts/fuzz_gguf_header.py --write-seeds "$seeds" >/dev/null &&
-                     "$VPY" scripts/fuzz_gguf_header.py -max_len=65536 "${flags[@]}" ;;
+        heads) LOCRET_FUZZ_SEED_DIR="$seeds" fuzzer heads -max_len=65536 "${flags[@]}" ;;
+        state) LOCRET_FUZZ_SEED_DIR="$seeds" fuzzer state -max_len=4194304 "${flags[@]}" ;;
+        gguf-header) fuzzer gguf-header --write-seeds "$seeds" >/dev/null &&
+                     fuzzer gguf-header -max_len=65536 "${flags[@]}" ;;
     esac > "$log" 2>&1
 }
 
@@ -117,14 +126,6 @@ for t in "${TARGET_LIST[@]}"; do
 done
 wait
 
-run_one() {  # target file: that one input, as ctest's replay runs it
-    case "$1" in
-        heads) "$BUILD/tests/cpp/lf-locret-heads" "$2" ;;
-        state) "$BUILD/tests/cpp/lf-locret-state" "$2" ;;
-        gguf-header) "$VPY" scripts/fuzz_gguf_header.py "$2" ;;
-    esac
-}
-
 # On a busy machine one input can stall past SLOW_S (14 s once, fuzzing beside two evaluations, for a heads file that
 # runs in 0.8 s alone, the model's load included): each slow unit is run again after the campaign, alone, and stays a
 # finding only if it is slow again or fails; otherwise it moves to OUT/slow-not-reproduced/TARGET, and the run says so.
@@ -132,7 +133,7 @@ for t in "${TARGET_LIST[@]}"; do
     for f in "$OUT/findings/$t"/slow-unit-*; do
         [[ -e "$f" ]] || continue
         t0=$(date +%s%N)
-        run_one "$t" "$f" > "$OUT/log/$t.slow-recheck.log" 2>&1
+        fuzzer "$t" "$f" > "$OUT/log/$t.slow-recheck.log" 2>&1
         rc=$?
         ms=$(( ($(date +%s%N) - t0) / 1000000 ))
         if [[ $rc -eq 0 && $ms -lt $((SLOW_S * 1000)) ]]; then

@@ -625,10 +625,7 @@ def _ruler_report(cfg: EvalConfig, summary: list[dict], out: Path, samples: list
 
     entries = ruler_report.table(summary, cfg.tasks)
     mismatched = sum(1 for s in samples if s.get("tokens_match") is False)
-    text = ruler_report.markdown(entries, cfg.tasks)
-    side = ruler_report.side_by_side(entries)
-    if side:
-        text += "\n\nAverage against compression ratio (budget = (1 - ratio) x length):\n" + side
+    text = ruler_report.tables(entries, cfg.tasks)
     text += (f"\n\ntoken ids: the server read {'the same ids as kvpress is fed for every' if not mismatched else f'other ids than kvpress is fed for {mismatched} of the'} "
              f"{sum(1 for s in samples if 'tokens_match' in s)} server requests")
     (out / "ruler.json").write_text(json.dumps({"tasks": cfg.tasks, "entries": entries,

@@ -102,10 +102,7 @@ def markdown(folders: list[Path], *, plot: Path | None = None) -> str:
     several ratios (a ratio a folder: the kvpress grid run in parts), with the folders it read; `plot`: also draw the
     side by side, one PNG a length (`plot`'s name with `-LENGTH` added), and name them."""
     entries, tasks, n = pool(folders)
-    text = ruler_report.markdown(entries, tasks)
-    side = ruler_report.side_by_side(entries)
-    if side:
-        text += "\n\nAverage against compression ratio (budget = (1 - ratio) x length):\n" + side
+    text = ruler_report.tables(entries, tasks)
     if plot is not None:
         written = ruler_report.plot(entries, plot)
         text += "\n\nPlots: " + (", ".join(str(w) for w in written) if written else "none (no row has a ratio)")

@@ -77,6 +77,16 @@ def side_by_side(entries: list[dict]) -> str:
     return "\n".join(out)
 
 
+def tables(entries: list[dict], tasks: list[str]) -> str:
+    """The per-task table, followed by the average against compression ratio where the entries have ratios: what
+    `locret eval` prints for a RULER run and `scripts/ruler_table.py` for pooled folders."""
+    text = markdown(entries, tasks)
+    side = side_by_side(entries)
+    if side:
+        text += "\n\nAverage against compression ratio (budget = (1 - ratio) x length):\n" + side
+    return text
+
+
 def plot(entries: list[dict], path: Path) -> list[Path]:
     """score against compression ratio, one line a method, a figure per length, two panels: the question outside
     what is compressed (kvpress's default; ours without a pinned question) and query-aware (the question compressed
