@@ -57,6 +57,10 @@ struct llama_locret_settings {
                           // --locret-pool with these heads ("locret.recommended.pool")
     uint32_t query_auto;  // 1: Locret-Q heads: the question found at the end of a prompt is pinned by default
                           // (--locret-query auto; "locret.recommended.query" = "auto")
+    uint32_t positions;   // where kept units sit by default with these heads: 0 none (the model's and policy's
+                          // default), else 1 + enum llama_locret_positions ("locret.recommended.positions":
+                          // "compact", "inplace", "keep" or "keep:N"); skipped where the policy or model refuses it
+    uint32_t position_limit; // keep:N's N; 0: the model's trained context
 };
 LLAMA_API struct llama_locret_settings llama_locret_heads_recommended(const struct llama_locret_heads * heads);
 
@@ -211,8 +215,8 @@ struct llama_locret_params {
     struct llama_locret_settings defaults; // the recommended values that settings left at -1 take when `heads` is NULL
                                            // (a tool that has not loaded the heads yet fills them with
                                            // llama_locret_file_recommended); zeros: the paper's
-    int32_t positions;      // enum llama_locret_positions; -1 = default (INPLACE where the policy and the model take
-                            // it, else COMPACT)
+    int32_t positions;      // enum llama_locret_positions; -1 = default (the heads' recommendation where the policy
+                            // and the model take it, else INPLACE where they take it, else COMPACT)
     int32_t position_limit; // KEEP: positions stay below this (>= b + n_ubatch); 0 or -1 = the model's trained
                             // context (n_ctx_train)
 };

@@ -146,6 +146,17 @@ llama_locret_settings read_recommended(const heads_meta_reader & kv) {
                 kv.path.c_str(), query.c_str()));
     }
     rec.query_auto  = query == "auto";
+    const std::string positions = kv.str("locret.recommended.positions", false);
+    if (!positions.empty()) {
+        int32_t mode  = 0;
+        int32_t limit = 0;
+        if (llama_locret_positions_parse(positions.c_str(), &mode, &limit) != 0) {
+            throw std::runtime_error(format("%s: locret.recommended.positions: %s", kv.path.c_str(),
+                    llama_locret_last_error()));
+        }
+        rec.positions      = 1 + (uint32_t) mode;
+        rec.position_limit = limit > 0 ? (uint32_t) limit : 0;
+    }
     return rec;
 }
 

@@ -593,21 +593,27 @@ static locret_config locret_config_sizes(const llama_locret_params & p, const ll
     return cfg;
 }
 
-// the positions mode (keep, inplace or compact), refused where the model's RoPE or windows cannot take filled holes
-static void locret_config_positions(const llama_hparams & hp, const llama_locret_params & p,
-        const locret_policy & scorer, locret_config & cfg) {
+// the positions mode (keep, inplace or compact), refused where the model's RoPE or windows cannot take filled holes.
+// Returns true when the mode is the heads file's recommendation (nobody asked for it: skipped, not refused, where it
+// cannot apply)
+static bool locret_config_positions(const llama_hparams & hp, const llama_locret_params & p,
+        const llama_locret_settings & rec, const locret_policy & scorer, locret_config & cfg) {
     // where kept units sit: their own positions until the next part would pass the limit, or compacted at every
-    // eviction (in their cells, or moved to cells in position order). Not asked for: in place where the policy and the
-    // model take it (the model reads what compact positions give it, and an eviction moves the chunk's survivors
-    // instead of nearly every unit), else compact
+    // eviction (in their cells, or moved to cells in position order). Not asked for: the heads' recommendation where
+    // the policy and the model take it (measured per model: a long-window model reads its own positions better), else
+    // in place where they take it (the model reads what compact positions give it, and an eviction moves the chunk's
+    // survivors instead of nearly every unit), else compact
     bool all_swa = hp.swa_type != LLAMA_SWA_TYPE_NONE;
     for (uint32_t il = 0; il < hp.n_layer() && all_swa; ++il) {
         all_swa = hp.is_swa(il);
     }
     const bool holes_ok = hp.rope_type != LLAMA_ROPE_TYPE_NONE && !all_swa &&
                           !scorer.reads_cells_in_order();
-    const int32_t positions = p.positions >= 0 ? p.positions :
-                              holes_ok ? LLAMA_LOCRET_POSITIONS_INPLACE : LLAMA_LOCRET_POSITIONS_COMPACT;
+    const int32_t fallback = holes_ok ? LLAMA_LOCRET_POSITIONS_INPLACE : LLAMA_LOCRET_POSITIONS_COMPACT;
+    const int32_t advised  = rec.positions > 0 ? (int32_t) rec.positions - 1 : -1;
+    const bool    take_advice = p.positions < 0 && advised >= 0 &&
+                                (advised == LLAMA_LOCRET_POSITIONS_COMPACT || holes_ok);
+    const int32_t positions = p.positions >= 0 ? p.positions : take_advice ? advised : fallback;
     cfg.keep_positions  = positions == LLAMA_LOCRET_POSITIONS_KEEP;
     cfg.rotate_in_place = positions == LLAMA_LOCRET_POSITIONS_INPLACE;
     if (cfg.holes_filled()) {
@@ -623,8 +629,11 @@ static void locret_config_positions(const llama_hparams & hp, const llama_locret
         }
     }
     if (cfg.keep_positions) {
-        cfg.position_limit = p.position_limit > 0 ? (uint32_t) p.position_limit : hp.n_ctx_train;
+        const uint32_t limit = p.position_limit > 0 ? (uint32_t) p.position_limit :
+                               take_advice && rec.position_limit > 0 ? rec.position_limit : 0;
+        cfg.position_limit = limit > 0 ? limit : hp.n_ctx_train;
     }
+    return take_advice;
 }
 
 // a budget schedule's per-layer budgets, for this model only: the largest sizes the cache and sets when evictions run
@@ -678,9 +687,14 @@ locret_config locret_config_make(const llama_model & model, const llama_locret_p
     }
     cfg.n_cells = GGML_PAD(cfg.capacity, 256);
 
-    locret_config_positions(hp, p, *scorer, cfg);
+    const bool advised_positions = locret_config_positions(hp, p, rec, *scorer, cfg);
     locret_config_schedule(model, schedule, rec, cfg);
 
+    if (advised_positions && cfg.keep_positions && cfg.position_limit < cfg.capacity) {
+        // the heads' kept positions cannot hold this budget below the limit: the default layout instead
+        cfg.keep_positions  = false;
+        cfg.rotate_in_place = true;
+    }
     if (cfg.keep_positions && cfg.position_limit < cfg.capacity) {
         // after compacting positions a full cache is read at positions up to b + B
         throw std::runtime_error(format("the Locret position limit (%u) must be at least the budget plus the ubatch "

@@ -127,7 +127,8 @@ static std::vector<locret_option> locret_make_options() {
           "compact: the same positions with the units moved to cells 0..n-1 (the paper's layout; moves nearly every\n"
           "row); keep: each unit keeps the position it was read at and the survivors fill the holes (none\n"
           "re-rotated), positions compacted only when they would reach N (default: the model's trained context).\n"
-          "inplace and keep: heads, random and streaming policies (default: inplace for those, else compact)",
+          "inplace and keep: heads, random and streaming policies (default: the heads file's recommendation where it\n"
+          "applies, else inplace for those, else compact)",
           [](locret_options & o, const std::string & v) {
               if (llama_locret_positions_parse(v.c_str(), &o.positions, &o.position_limit) != 0) {
                   throw std::invalid_argument(llama_locret_last_error());

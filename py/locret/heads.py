@@ -35,7 +35,8 @@ class HeadsError(RuntimeError):
 class _Settings(ctypes.Structure):
     """struct llama_locret_settings: the settings a heads file recommends."""
     _fields_ = [("budget", ctypes.c_uint32), ("chunk", ctypes.c_uint32), ("stabilizers", ctypes.c_uint32),
-                ("local", ctypes.c_uint32), ("pool", ctypes.c_uint32), ("query_auto", ctypes.c_uint32)]
+                ("local", ctypes.c_uint32), ("pool", ctypes.c_uint32), ("query_auto", ctypes.c_uint32),
+                ("positions", ctypes.c_uint32), ("position_limit", ctypes.c_uint32)]
 
 
 _SIGNATURES = {
@@ -45,6 +46,7 @@ _SIGNATURES = {
     "llama_locret_heads_free": ([ctypes.c_void_p], None),
     "llama_locret_heads_hidden_size": ([ctypes.c_void_p], ctypes.c_int32),
     "llama_locret_heads_recommended": ([ctypes.c_void_p], _Settings),
+    "llama_locret_positions_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_set_heads": ([ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int32),
     "llama_locret_get_heads": ([ctypes.c_void_p], ctypes.c_void_p),
     "llama_locret_record_scores": ([ctypes.c_void_p, ctypes.c_bool], None),
@@ -113,10 +115,20 @@ class Heads:
         return _lib().llama_locret_heads_hidden_size(self._ptr)
 
     @property
-    def recommended(self) -> dict[str, int]:
+    def recommended(self) -> dict[str, int | bool | str | None]:
+        """The settings the file recommends (0 where it has none). positions: where kept units sit by default with
+        these heads ("compact", "inplace", "keep" or "keep:N"; None: the model's and policy's default)."""
         s = _lib().llama_locret_heads_recommended(self._ptr)
         return {"budget": s.budget, "chunk": s.chunk, "stabilizers": s.stabilizers, "local": s.local, "pool": s.pool,
-                "query_auto": bool(s.query_auto)}
+                "query_auto": bool(s.query_auto), "positions": positions_text(s)}
+
+
+def positions_text(s: _Settings) -> str | None:
+    """A recommendation's positions as --locret-positions spells them (None where the file has none)."""
+    if s.positions == 0:
+        return None
+    name = _lib().llama_locret_positions_name(s.positions - 1).decode()
+    return f"{name}:{s.position_limit}" if s.position_limit else name
 
 
 def attach(llm, path: str | os.PathLike | None = None) -> Heads:

@@ -24,7 +24,8 @@ budgets summing to `locret_budget` times the evicting layers; the cache is sized
 `locret_budget_mib=N` instead of `locret_budget`: the largest budget whose KV cache (budget and chunk cells, the
 window layers' cache, the score store) fits N MiB per sequence for this model and its K/V types
 (`eviction.budget_for_mib`, the library's rule); `locret_stats()["budget"]` says what it resolved to.
-`locret_positions`: where kept units sit. The default ("inplace" for the heads, random and streaming policies) gives
+`locret_positions`: where kept units sit. The default (the heads file's `locret.recommended.positions` where the
+policy takes it, else "inplace" for the heads, random and streaming policies) gives
 them positions 0..n-1 after every eviction, as the paper does, re-rotating each key in the cell it stays in and
 copying the chunk's survivors into the holes; "compact" moves them to cells 0..n-1 as well (the same positions,
 nearly every row moved); "keep" (or "keep:N") keeps the positions they were read at, so an eviction re-rotates none

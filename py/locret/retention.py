@@ -215,7 +215,7 @@ def answer_spans(pieces: list[bytes], answers, limit: int = 8) -> list[tuple[str
 def inspect_task(*, model: str, task: str, length: int, method: str, budget: int, ubatch: int, heads: str | None,
                  haystacks: list[str], depths: list[float], samples: int, seed: int, pool: int | None = None,
                  stabilizers: int | None = None, local: int | None = None, threads: int = 2,
-                 suite: str | None = None, schedule: str | None = None) -> dict:
+                 suite: str | None = None, schedule: str | None = None, ruler_mode: str = "chat") -> dict:
     """The task-mode report (see the module's docstring): the evaluation's prompts of `task`, prefilled with the
     method's eviction (Locret-Q: the question in front and pinned, as `locret eval` does), then every needle's
     retention read from the cache."""
@@ -232,7 +232,7 @@ def inspect_task(*, model: str, task: str, length: int, method: str, budget: int
         if suite:
             from . import models
 
-            items = items_module.ruler_items(vocab, [task], [length], samples, seed, mode="chat", random_start=True,
+            items = items_module.ruler_items(vocab, [task], [length], samples, seed, mode=ruler_mode, random_start=True,
                                              cache=models.cache_dir() / "ruler-samples")
             for it in items:  # RULER names its answers, not its needles: follow every place an answer is written
                 pieces = [vocab.detokenize([t]) for t in it.tokens]
@@ -341,8 +341,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     task = p.add_argument_group("the evaluation's prompts (instead of --prompt-file)")
     task.add_argument("--task", help="a `locret eval` task whose needles to follow (e.g. niah, niah_single); with "
                       "--suite ruler a RULER task, whose answers are followed wherever the prompt writes them")
-    task.add_argument("--suite", choices=("ruler",), help="ruler: --task is one of RULER's (its samples, chat mode, "
-                      "as `locret eval --suite ruler` sends them); --method locret or locret-q-auto")
+    task.add_argument("--suite", choices=("ruler",), help="ruler: --task is one of RULER's (its samples, as `locret "
+                      "eval --suite ruler` sends them); --method locret or locret-q-auto")
+    task.add_argument("--ruler-mode", choices=("chat", "completion"), default="chat",
+                      help="with --suite ruler, how the samples are sent, as locret eval's --ruler-mode: chat (default) "
+                      "or completion (a model without a chat template, Gemma-3-270M)")
     task.add_argument("--length", type=int, help="prompt length in tokens")
     task.add_argument("--haystacks", default="prose", help="haystack families, comma-separated (default prose)")
     task.add_argument("--depth", default="0.5", help="needle depths in [0, 1], comma-separated (default 0.5); "
@@ -385,6 +388,8 @@ def run_cli(args: argparse.Namespace) -> int:
                              "and --chat apply to --prompt-file")
         if args.samples < 1:
             raise ValueError(f"--samples must be at least 1, got {args.samples}")
+        if args.ruler_mode != "chat" and args.suite != "ruler":
+            raise ValueError("--ruler-mode applies to --suite ruler")
         # numbers here; their range is the task items' rule (items.task_samples), as for locret eval --depths
         try:
             depths = [float(d) for d in args.depth.split(",") if d.strip()]
@@ -410,7 +415,8 @@ def run_cli(args: argparse.Namespace) -> int:
                               budget=args.budget, ubatch=args.ubatch, heads=heads,
                               haystacks=[h for h in args.haystacks.split(",") if h], depths=depths,
                               samples=args.samples, seed=args.seed, pool=args.pool, stabilizers=args.stabilizers,
-                              local=args.local, threads=threads, suite=args.suite, schedule=schedule)
+                              local=args.local, threads=threads, suite=args.suite, schedule=schedule,
+                              ruler_mode=args.ruler_mode)
         print_task_report(report)
         if args.json:
             args.json.write_text(json.dumps(report, indent=1))

@@ -241,10 +241,49 @@ def test_settings_loaded_from_the_heads_are_the_files_recommended_ones(model_pat
     llm = Llama(model_path=str(model_path), locret_heads=str(QUERY_HEADS), **(kw | dict(n_batch=8, n_ubatch=8)))
     assert llm.locret_stats()["pool"] == 0
     llm.close()
-    for args, message in ((["--pool", "4"], "--pool must be odd"), ([], "give --pool and/or --query")):
+    for args, message in ((["--pool", "4"], "--pool must be odd"), ([], "give --pool, --query and/or --positions"),
+                          (["--positions", "sideways"], "Locret positions must be compact, inplace, keep or keep:N")):
         proc = run([sys.executable, REPO / "convert" / "heads_to_gguf.py", "recommend", heads_file, *args,
                     "-o", tmp_path / "x.gguf"], timeout=120)
         assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "x.gguf").exists()
+
+
+def test_the_heads_recommended_positions_are_the_default_where_they_apply(model_path, heads_file, tmp_path):
+    from locret.heads import Heads
+
+    def positions(heads, **kw) -> tuple[str, int]:
+        llm = Llama(model_path=str(model_path), locret_heads=str(heads), n_ctx=4096, n_batch=64, n_ubatch=64,
+                    locret_budget=256, verbose=False, **kw)
+        try:
+            stats = llm.locret_stats()
+            return stats["positions"], stats["position_limit"]
+        finally:
+            llm.close()
+
+    assert positions(heads_file) == ("inplace", 0)  # no recommendation: the model's and policy's default
+    keep = tmp_path / "heads-keep.gguf"
+    proc = run([sys.executable, REPO / "convert" / "heads_to_gguf.py", "recommend", heads_file, "--positions",
+                "keep:3000", "-o", keep], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rec = recommended(keep)
+    assert (rec["positions"], rec["position_limit"], rec["pool"]) == (1 + 1, 3000, 0)  # 1 + LLAMA_LOCRET_POSITIONS_KEEP
+    llm = Llama(model_path=str(model_path), locret_heads=str(keep), n_ctx=4096, verbose=False)
+    assert llm._locret_heads.recommended["positions"] == "keep:3000"
+    llm.close()
+    assert positions(keep) == ("keep", 3000)
+    assert positions(keep, locret_positions="inplace") == ("inplace", 0)  # asked for: the request wins
+    # a recommendation that cannot apply is skipped, where the same setting asked for is refused: a policy that
+    # reads its units in position order, and a limit below the budget plus the chunk (256 + 64)
+    assert positions(keep, locret_policy="snapkv")[0] == "compact"
+    with pytest.raises(HeadsError, match="policy snapkv reads the units in position order"):
+        positions(heads_file, locret_policy="snapkv", locret_positions="keep")
+    small = tmp_path / "heads-keep-small.gguf"
+    assert run([sys.executable, REPO / "convert" / "heads_to_gguf.py", "recommend", heads_file, "--positions",
+                "keep:300", "-o", small], timeout=120).returncode == 0
+    assert positions(small) == ("inplace", 0)
+    with pytest.raises(HeadsError, match="position limit"):
+        positions(heads_file, locret_positions="keep:300")
 
 
 def test_the_tools_apply_the_heads_recommendations_unless_told_otherwise(model_path):

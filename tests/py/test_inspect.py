@@ -221,6 +221,7 @@ def test_inspect_refuses_mixed_or_missing_modes(model_path):
         (["--task", "niah", "--length", "600", "--depth", "0.5,1.5"], "depth 1.5 is outside [0, 1]"),
         (["--task", "niah", "--length", "600", "--depth", ","], "--depth takes numbers in [0, 1]"),
         (["--task", "niah", "--length", "600", "--depth", "half"], "--depth takes numbers in [0, 1]"),
+        (["--task", "niah", "--length", "600", "--ruler-mode", "completion"], "--ruler-mode applies to --suite ruler"),
         (["--task", "niah", "--length", "600", "--budget-schedule", "steep"],
          "budget schedule 'steep' is neither uniform, pyramid nor a readable file"),   # the library's reason
     )
@@ -228,3 +229,27 @@ def test_inspect_refuses_mixed_or_missing_modes(model_path):
         proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, *args], timeout=300)
         assert proc.returncode == 1 and message in proc.stderr, (args, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr
+
+
+def test_inspect_follows_rulers_answer_in_either_mode(model_path, heads_file, tmp_path):
+    """RULER's prompts as `locret eval --ruler-mode` sends them: chat (one user message) or completion (the model's
+    template around the package's prompt, what a model without a chat template is evaluated with); the package draws
+    each mode's sample for its own wrapping, and the answer is followed in both."""
+    from locret import models
+    from locret.evaluation import items as items_module
+
+    for mode in ("chat", "completion"):
+        out = tmp_path / f"{mode}.json"
+        proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--heads", heads_file,
+                    "--suite", "ruler", "--task", "niah_single_1", "--length", "1024", "--ruler-mode", mode,
+                    "--budget", "256", "--ubatch", "128", "--threads", "2", "--json", out], timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        item = json.loads(out.read_text())["items"][0]
+        vocab = items_module.vocab_model(str(model_path))
+        try:
+            expected = items_module.ruler_items(vocab, ["niah_single_1"], [1024], 1, 0, mode=mode, random_start=True,
+                                                cache=models.cache_dir() / "ruler-samples")[0]
+        finally:
+            vocab.close()
+        assert item["prompt_tokens"] == len(expected.tokens)
+        assert item["needles"] and all(n["value"] in expected.answers for n in item["needles"])

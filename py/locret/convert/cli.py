@@ -91,15 +91,30 @@ def make_random_parser() -> RefusingParser:
     return parser
 
 
+def check_positions(text: str) -> None:
+    """The library's rule for a positions mode (llama_locret_positions_parse), so that a file never carries one the
+    runtime refuses."""
+    from locret.eviction import parse_positions
+    from locret.heads import HeadsError
+
+    try:
+        parse_positions(text)
+    except HeadsError as e:
+        raise ConversionError(f"--positions: {e}") from None
+
+
 def recommend_parser() -> RefusingParser:
     parser = RefusingParser(prog="heads_to_gguf.py recommend",
-                    description="Set the inference settings a heads file recommends (locret.recommended.pool and "
-                                ".query), keeping every other key and tensor; the file is rewritten in place unless "
-                                "-o is given.")
+                    description="Set the inference settings a heads file recommends (locret.recommended.pool, "
+                                ".query and .positions), keeping every other key and tensor; the file is rewritten in "
+                                "place unless -o is given.")
     parser.add_argument("heads", type=Path, metavar="HEADS.gguf", help="a heads file or a model with embedded heads")
     parser.add_argument("--pool", type=uint32, help="score pooling window the heads were measured with (odd; 0: none)")
     parser.add_argument("--query", choices=["auto", "none"],
                         help="auto: Locret-Q heads, whose tools pin the question found at the end of a prompt")
+    parser.add_argument("--positions", metavar="MODE",
+                        help="where kept units sit by default with these heads, as --locret-positions: compact, "
+                             "inplace, keep or keep:N (measured per model: docs/memory.md)")
     parser.add_argument("-o", "--output", type=Path, help="write here instead of rewriting HEADS.gguf")
     return parser
 
@@ -110,11 +125,13 @@ def main(argv: list[str]) -> int:
             args = recommend_parser().parse_args(argv[1:])
             if args.pool is not None and args.pool > 1 and args.pool % 2 == 0:
                 raise ConversionError(f"--pool must be odd (a window centred on each token), got {args.pool}")
-            if args.pool is None and args.query is None:
-                raise ConversionError("recommend: give --pool and/or --query")
+            if args.pool is None and args.query is None and args.positions is None:
+                raise ConversionError("recommend: give --pool, --query and/or --positions")
+            if args.positions is not None:
+                check_positions(args.positions)
             if not args.heads.is_file():
                 raise ConversionError(f"{args.heads}: no such file")
-            rewrite_recommended(args.heads, args.output or args.heads, args.pool, args.query)
+            rewrite_recommended(args.heads, args.output or args.heads, args.pool, args.query, args.positions)
         elif argv[:1] == ["make-random"]:
             args = make_random_parser().parse_args(argv[1:])
             make_random(args.base, args.output, args.d_r, args.seed, args.dtype)

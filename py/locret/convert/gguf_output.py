@@ -50,6 +50,7 @@ class Recommended:
     local: int
     pool: int = 0       # the score pooling window the heads were measured with (odd; 0: none, not written)
     query: str = ""     # "auto": Locret-Q heads, the question found at the end of a prompt is pinned ("": not written)
+    positions: str = "" # where kept units sit by default with these heads, as --locret-positions ("": not written)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def heads_key_values(base: BaseModel, arch: Architecture, layout: HeadsLayout, q
         kvs.append(KeyValue("locret.recommended.pool", recommended.pool, u32))
     if recommended.query:
         kvs.append(KeyValue("locret.recommended.query", recommended.query, string))
+    if recommended.positions:
+        kvs.append(KeyValue("locret.recommended.positions", recommended.positions, string))
     for key, value in sorted(provenance.items()):
         kvs.append(KeyValue(key, value, u32 if isinstance(value, int) else string))
     return kvs
@@ -164,13 +167,15 @@ def write_merged(out: Path, model: GGUFReader, model_path: Path, kvs: list[KeyVa
         _write(writer, data, progress="merging tensors")
 
 
-def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | None) -> None:
-    """A copy of a heads file (or a model with embedded heads) with locret.recommended.pool / .query set to the
-    given values (None: kept as they are); every other key and tensor unchanged and in order."""
+def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | None,
+                        positions: str | None = None) -> None:
+    """A copy of a heads file (or a model with embedded heads) with locret.recommended.pool / .query / .positions
+    set to the given values (None: kept as they are); every other key and tensor unchanged and in order."""
     reader = GGUFReader(path)
     if reader.get_field("locret.format_version") is None:
         raise ConversionError(f"{path} holds no Locret heads (no locret.format_version)")
-    replaced = {"locret.recommended.pool": pool, "locret.recommended.query": query}
+    replaced = {"locret.recommended.pool": pool, "locret.recommended.query": query,
+                "locret.recommended.positions": positions}
     architecture = reader.get_field("general.architecture").contents()
     with _partial_file(out) as partial:
         writer = GGUFWriter(partial, arch=architecture)
@@ -183,6 +188,8 @@ def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | No
             writer.add_key_value("locret.recommended.pool", pool, GGUFValueType.UINT32)
         if query is not None:
             writer.add_key_value("locret.recommended.query", query, GGUFValueType.STRING)
+        if positions is not None:
+            writer.add_key_value("locret.recommended.positions", positions, GGUFValueType.STRING)
         for tensor in reader.tensors:
             _add_tensor_info(writer, tensor.name, tensor.data, tensor.tensor_type)
         _write(writer, [t.data for t in reader.tensors], progress=None)
