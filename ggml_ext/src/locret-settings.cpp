@@ -600,8 +600,8 @@ static bool locret_config_positions(const llama_hparams & hp, const llama_locret
         const llama_locret_settings & rec, const locret_policy & scorer, locret_config & cfg) {
     // where kept units sit: their own positions until the next part would pass the limit, or compacted at every
     // eviction (in their cells, or moved to cells in position order). Not asked for: the heads' recommendation where
-    // the policy and the model take it (measured per model: a long-window model reads its own positions better), else
-    // in place where they take it (the model reads what compact positions give it, and an eviction moves the chunk's
+    // the policy and the model take it (which layout a model reads best is measured per model), else in place where
+    // they take it (the model reads what compact positions give it, and an eviction moves the chunk's
     // survivors instead of nearly every unit), else compact
     bool all_swa = hp.swa_type != LLAMA_SWA_TYPE_NONE;
     for (uint32_t il = 0; il < hp.n_layer() && all_swa; ++il) {
