@@ -86,7 +86,6 @@ _SIGNATURES = {
     "llama_locret_resolve_file_layers": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
                                           ctypes.POINTER(_Resolved), ctypes.POINTER(ctypes.c_uint64),
                                           ctypes.POINTER(ctypes.c_uint32), ctypes.c_int32], ctypes.c_int32),
-    "llama_locret_positions_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_budget_for_mib": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(_Params), ctypes.c_void_p,
                                      ctypes.c_double, ctypes.POINTER(_Resolved)], ctypes.c_int32),
     "llama_locret_check_params": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_void_p], ctypes.c_int32),

@@ -50,7 +50,6 @@ class Recommended:
     local: int
     pool: int = 0       # the score pooling window the heads were measured with (odd; 0: none, not written)
     query: str = ""     # "auto": Locret-Q heads, the question found at the end of a prompt is pinned ("": not written)
-    positions: str = "" # where kept units sit by default with these heads, as --locret-positions ("": not written)
 
 
 @dataclass(frozen=True)
@@ -97,8 +96,6 @@ def heads_key_values(base: BaseModel, arch: Architecture, layout: HeadsLayout, q
         kvs.append(KeyValue("locret.recommended.pool", recommended.pool, u32))
     if recommended.query:
         kvs.append(KeyValue("locret.recommended.query", recommended.query, string))
-    if recommended.positions:
-        kvs.append(KeyValue("locret.recommended.positions", recommended.positions, string))
     for key, value in sorted(provenance.items()):
         kvs.append(KeyValue(key, value, u32 if isinstance(value, int) else string))
     return kvs
@@ -174,22 +171,20 @@ def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | No
     reader = GGUFReader(path)
     if reader.get_field("locret.format_version") is None:
         raise ConversionError(f"{path} holds no Locret heads (no locret.format_version)")
-    replaced = {"locret.recommended.pool": pool, "locret.recommended.query": query,
-                "locret.recommended.positions": positions}
+    replaced = {"locret.recommended.pool": (pool, GGUFValueType.UINT32),
+                "locret.recommended.query": (query, GGUFValueType.STRING),
+                "locret.recommended.positions": (positions, GGUFValueType.STRING)}
     architecture = reader.get_field("general.architecture").contents()
     with _partial_file(out) as partial:
         writer = GGUFWriter(partial, arch=architecture)
         for field in reader.fields.values():
             if field.name.startswith("GGUF.") or field.name == "general.architecture" or \
-                    (field.name in replaced and replaced[field.name] is not None):
+                    (field.name in replaced and replaced[field.name][0] is not None):
                 continue
             _copy_field(writer, field, path)
-        if pool is not None:
-            writer.add_key_value("locret.recommended.pool", pool, GGUFValueType.UINT32)
-        if query is not None:
-            writer.add_key_value("locret.recommended.query", query, GGUFValueType.STRING)
-        if positions is not None:
-            writer.add_key_value("locret.recommended.positions", positions, GGUFValueType.STRING)
+        for key, (value, value_type) in replaced.items():
+            if value is not None:
+                writer.add_key_value(key, value, value_type)
         for tensor in reader.tensors:
             _add_tensor_info(writer, tensor.name, tensor.data, tensor.tensor_type)
         _write(writer, [t.data for t in reader.tensors], progress=None)
