@@ -157,7 +157,9 @@ def test_figures_against_a_stub_with_known_delays(stub):
         d = delays[r["user"]]
         assert d <= r["ttft_s"] < d + slack_s, r
         assert d + 5 * 0.02 <= r["e2e_s"] < d + 5 * 0.02 + slack_s, r
-        assert r["e2e_s"] - r["ttft_s"] >= 5 * 0.02, r             # the five tokens after the first, each 0.02 s
+        # the gap between first and last token has no exact lower bound: a client that reads the first chunk late
+        # (a loaded machine) finds the next ones already buffered; it is only positive (failed once at 0.0995 s)
+        assert r["e2e_s"] - r["ttft_s"] > 0, r
         assert r["completion_tokens"] == 6 and r["prompt_tokens"] == 100
         assert r["decode_tok_s"] == pytest.approx(5 / (r["e2e_s"] - r["ttft_s"]), rel=1e-2)
         assert r["score"] == float(r["user"] % 2 == 0)
@@ -181,7 +183,7 @@ def test_arrivals_are_kept(stub):
     records, wall = drive.run(stub, script, think_s=0.0)
     starts = sorted(r.start_s for r in records)
     for got, want in zip(starts, (0.0, 0.4, 0.8)):
-        assert want <= got < want + 0.15
+        assert want <= got < want + 0.35                  # under the 0.4 s between arrivals: order kept on a loaded machine
     assert wall >= 0.8
 
 
