@@ -359,7 +359,7 @@ def test_a_second_build_is_found_in_the_cache(built, out_dir):
     mtimes = (model.stat().st_mtime_ns, heads.stat().st_mtime_ns)
     started = time.perf_counter()
     assert shapes.make_shape_models("llama3.1-8b-mini", out_dir, progress=False) == (model, heads)
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 5.0                  # a build takes far longer; the mtimes below are the proof
     assert (model.stat().st_mtime_ns, heads.stat().st_mtime_ns) == mtimes
     assert model.parent.name.startswith("llama3.1-8b-mini-q4_0-")
     other = shapes.build_paths("llama3.1-8b-mini", out_dir, seed=1)
