@@ -13,7 +13,7 @@ Score (`score`): 1.0 when the asked value stands in the answer as a whole token,
 from __future__ import annotations
 
 
-from . import numbers, realneedle, realtext
+from . import realneedle, realtext
 from .haystack import ChatFormat, Sample, Tokenize
 from .realneedle import classify, judge, score  # noqa: F401  (the real-text needles' common rules)
 
@@ -23,19 +23,11 @@ MAX_NEW_TOKENS = realneedle.MAX_NEW_TOKENS
 HAYSTACKS = realtext.NEEDLE_FAMILIES        # the families it takes (only real text)
 
 
-def _fact(shape, rng) -> realneedle.Fact:
-    return rng.choice(realneedle.FACTS[shape.kind])
-
-
-def _values(shape, rng, n, taken) -> list[str]:
-    return numbers.draw(shape, rng, n, taken)
-
-
 def generate(seed: int, index: int, *, tokenize: Tokenize, n_tokens: int, depth: float = 0.5,
              chat_format: ChatFormat | None = None, haystack: str = "man") -> Sample:
     """One sample of at most `n_tokens` prompt tokens: one needle at `depth` in a stretch of the real-text family
     `haystack`."""
     return realneedle.generate(task=NAME, seed=seed, index=index, tokenize=tokenize, n_tokens=n_tokens, depth=depth,
                                chat_format=chat_format, family=haystack, n_needles=1, uses_shape=True,
-                               fact_for=_fact, values_for=_values)
+                               fact_for=realneedle.number_fact, values_for=realneedle.number_values)
 

@@ -84,6 +84,16 @@ DEFAULT_SHAPE = Shape("integer", "99999")   # for a stretch without a usable num
 _PROVISIONAL = Fact("By default the {subject} driver reserves {value} bytes for its buffer.", "", "number")
 
 
+def number_fact(shape: Shape, rng: random.Random) -> Fact:
+    """A fact whose value has the number's kind (a port, a version, an amount...): the number tasks' rule."""
+    return rng.choice(FACTS[shape.kind])
+
+
+def number_values(shape: Shape, rng: random.Random, n: int, taken: Callable[[str], bool]) -> list[str]:
+    """`n` values formatted like the document's number near the needle, none already in the text."""
+    return numbers.draw(shape, rng, n, taken)
+
+
 def make_subjects(rng: random.Random, corpus: realtext.Corpus, n: int) -> list[str]:
     """`n` distinct made-up names that the corpus holds nowhere (in any case, not even inside a word; so neither
     do the instructions and questions, whose words are all common ones the corpus has)."""
