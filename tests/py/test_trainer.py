@@ -287,6 +287,12 @@ def test_training_reduces_the_loss_and_resumes_exactly(tiny, trained, tmp_path):
     print(f"\ntiny model: loss {first:.4f} -> {last:.4f}, top-10% "
           f"{log['steps'][0]['top10_accuracy']:.3f} -> {log['steps'][-1]['top10_accuracy']:.3f}")
     assert last < 0.7 * first
+    # each layer's accuracy is logged, and the step's figure is their mean
+    for s in log["steps"]:
+        assert len(s["top10_by_layer"]) == log["backbone"]["n_layer"]
+        assert all(0.0 <= a <= 1.0 for a in s["top10_by_layer"])
+        assert s["top10_accuracy"] == pytest.approx(np.mean(s["top10_by_layer"]), abs=1e-3)
+    assert len({tuple(s["top10_by_layer"]) for s in log["steps"]}) > 1
     assert (a_run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert a_gguf.stat().st_size > 0
 
@@ -295,7 +301,9 @@ def test_training_reduces_the_loss_and_resumes_exactly(tiny, trained, tmp_path):
     stopped = json.loads((tmp_path / "b.run" / "train-log.json").read_text())
     assert stopped["steps_done"] == 12 and not stopped["finished"]
     _train(*common, "-o", tmp_path / "b.gguf", "--stop-after-steps", 13)
-    _train(*common, "-o", tmp_path / "b.gguf")
+    done = _train(*common, "-o", tmp_path / "b.gguf")
+    by_layer = [line for line in done.stdout.splitlines() if line.startswith("top-10% accuracy by layer: ")]
+    assert len(by_layer) == 1 and by_layer[0].split(": ")[1].split()[0].startswith("0:")
     a, b = load_file(a_run / "heads.safetensors"), load_file(tmp_path / "b.run" / "heads.safetensors")
     assert a.keys() == b.keys()
     for name in a:
