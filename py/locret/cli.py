@@ -166,8 +166,9 @@ def _add_eval(sub) -> None:
     how.add_argument("--positions", help="where kept units sit for every evicting method: inplace (positions 0..n-1 "
                      "after every eviction, keys re-rotated in their cells; the default for heads, random and "
                      "streaming where the heads file recommends nothing else), compact (the same positions, units "
-                     "moved to cells 0..n-1; the default for the others), keep or keep:N (the positions they were read at, compacted at N, default the model's "
-                     "trained context; heads, random and streaming policies)")
+                     "moved to cells 0..n-1; the default for the others), keep or keep:N (the positions they were "
+                     "read at, compacted at N, default the model's trained context; heads, random and streaming "
+                     "policies)")
     how.add_argument("--schedule", help="the budget schedule file of locret-schedule and METHOD@schedule: one budget per "
                      "layer summing to layers x each --budgets value (locret calibrate writes one)")
     how.add_argument("--ubatch", type=int, help="chunk B (default 512, or the --device profile's)")
