@@ -304,6 +304,12 @@ def test_training_reduces_the_loss_and_resumes_exactly(tiny, trained, tmp_path):
     done = _train(*common, "-o", tmp_path / "b.gguf")
     by_layer = [line for line in done.stdout.splitlines() if line.startswith("top-10% accuracy by layer: ")]
     assert len(by_layer) == 1 and by_layer[0].split(": ")[1].split()[0].startswith("0:")
+    # the summary's figures are the means of the last 50 steps of the log it wrote
+    summary = re.search(r"last (\d+) steps: loss ([0-9.]+), top-10% accuracy ([0-9.]+)", done.stdout)
+    done_log = json.loads((tmp_path / "b.run" / "train-log.json").read_text())["steps"][-50:]
+    assert summary and int(summary[1]) == len(done_log)
+    assert float(summary[2]) == pytest.approx(np.mean([s["loss"] for s in done_log]), abs=1e-4)
+    assert float(summary[3]) == pytest.approx(np.mean([s["top10_accuracy"] for s in done_log]), abs=1e-3)
     a, b = load_file(a_run / "heads.safetensors"), load_file(tmp_path / "b.run" / "heads.safetensors")
     assert a.keys() == b.keys()
     for name in a:

@@ -17,7 +17,7 @@ from locret.train.backbone import TRAINABLE_MODEL_TYPES
 from locret.convert.errors import ConversionError, RefusingParser
 from locret.convert.gguf_output import WEIGHT_TYPES
 from locret.train.synthetic import CONTEXTS, DEFAULT_CONTEXTS, DEFAULT_TASKS, TASKS
-from locret.train.trainer import TrainConfig, accuracy_by_layer, train
+from locret.train.trainer import TrainConfig, accuracy_by_layer, mean_of, train
 
 PROGRAM = "train_heads"
 DEFAULTS = TrainConfig(base="", gguf="", output="", run_dir="")
@@ -143,8 +143,7 @@ def main(argv: list[str]) -> int:
     recent = summary["steps"][-50:]
     if recent:
         print(f"{summary['steps_done']} steps in {summary['train_seconds']:.0f} s; last {len(recent)} steps: loss "
-              f"{sum(r['loss'] for r in recent) / len(recent):.4f}, top-10% accuracy "
-              f"{sum(r['top10_accuracy'] for r in recent) / len(recent):.3f}")
+              f"{mean_of(recent, 'loss'):.4f}, top-10% accuracy {mean_of(recent, 'top10_accuracy'):.3f}")
         by_layer = accuracy_by_layer(recent)
         if by_layer:
             print("top-10% accuracy by layer: " + " ".join(f"{i}:{a:.2f}" for i, a in enumerate(by_layer)))

@@ -406,7 +406,7 @@ def export(heads: RetainingHeads, config: TrainConfig, summary: dict, run_dir: P
         "locret.training.steps": str(summary["steps_done"]),
         "locret.training.notes": (f"d_R {config.d_r}; data: {summary['data']}; lr {config.lr}, warmup "
                                   f"{config.warmup_steps}, grad clip {config.grad_clip}; final loss "
-                                  f"{_mean(recent, 'loss'):.4f}, top-10% accuracy {_mean(recent, 'top10_accuracy'):.3f} "
+                                  f"{mean_of(recent, 'loss'):.4f}, top-10% accuracy {mean_of(recent, 'top10_accuracy'):.3f} "
                                   f"(mean of last {len(recent)} steps); command: {summary['command']}"),
     }
     save_file(heads.checkpoint_tensors(), checkpoint, metadata=metadata)
@@ -426,7 +426,9 @@ def accuracy_by_layer(records: list[dict]) -> list[float]:
     return [sum(col) / len(rows) for col in zip(*rows)] if rows else []
 
 
-def _mean(records: list[dict], key: str) -> float:
+def mean_of(records: list[dict], key: str) -> float:
+    """The mean of one logged figure over step records (nan for none): the trainer's progress line and the CLI's
+    summary print the same figure."""
     return sum(r[key] for r in records) / len(records) if records else float("nan")
 
 
