@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from . import models
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] and argv[0] in PASSTHROUGH_HELP:  # their options are their own: pass them through untouched
         return _run_passthrough(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
+    previous = _exit_cleanly_on_sigterm()
     try:
         return args.func(args)
     except (models.ModelFileError, ValueError) as e:  # ModelError, PlanError, DeviceError, EvalError, DatasetError
@@ -288,6 +290,35 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:  # LibraryError and friends
         print(f"locret: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("locret: interrupted (what was finished is kept: an evaluation resumes with the same command)",
+              file=sys.stderr)
+        return 130
+    except Terminated:
+        print("locret: terminated (what was finished is kept: an evaluation resumes with the same command)",
+              file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the command is, so that its finally blocks run: the llama-server and kvpress processes
+    an evaluation started are stopped with it (the default action ends Python at once and leaves them running)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _exit_cleanly_on_sigterm():
+    """Install the SIGTERM handler; the previous one, to put back (None where signals cannot be set: not the main
+    thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:
+        return None
 
 
 if __name__ == "__main__":

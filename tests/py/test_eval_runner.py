@@ -4,6 +4,7 @@ it fast (prefill is most of the time: about 100 tokens/s on 2 cores); the evicti
 and the prompt is long enough against budget + chunk for streaming to leave its middle empty."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -553,6 +554,58 @@ def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
         for pid in found:  # a failed check leaves nothing running either
             if Path(f"/proc/{pid}").exists():
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_stops_the_servers_and_kvpress_an_evaluation_started(tmp_path, model_path):
+    # SIGTERM's default action ends Python at once, past the finally blocks that stop llama-server and kvpress's
+    # process: they went on computing for nobody (seen on a press run stopped with kill). `locret` turns it into a clean
+    # exit: 143, a message, and its children gone. First while llama-server answers, then (the same command, resumed)
+    # while kvpress replays the prompt.
+    cmd = [str(c) for c in locret_cmd(
+        "eval", "--model", model_path, "--suite", "ruler", "--tasks", "vt", "--lengths", "4096", "--samples", "1",
+        "--methods", "full", "--presses", "snapkv", "--ratios", "0.75", "--threads", "1", "--no-plots",
+        "-o", tmp_path / "out")]
+    for marker in ("llama-server", "kvpress_side"):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+
+        def children() -> list[int]:
+            pids = []
+            try:
+                listed = children_file.read_text().split()
+            except FileNotFoundError:
+                return pids
+            for pid in map(int, listed):
+                with contextlib.suppress(FileNotFoundError):
+                    if marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                        pids.append(pid)
+            return pids
+
+        found: list[int] = []
+        try:
+            deadline = time.monotonic() + 300
+            while not children() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            found = children()
+            assert found, f"the evaluation started no {marker} (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
+            time.sleep(2)
+            proc.send_signal(signal.SIGTERM)
+            err = proc.communicate(timeout=60)[1]
+            assert proc.returncode == 143, err[-2000:]
+            assert "locret: terminated" in err and "Traceback" not in err, err[-2000:]
+            deadline = time.monotonic() + 20
+            alive = found
+            while alive and time.monotonic() < deadline:
+                time.sleep(0.5)
+                alive = [p for p in found if Path(f"/proc/{p}").exists()
+                         and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]]
+            assert not alive, f"{marker} {alive} outlived the evaluation"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            for pid in found:  # a failed check leaves nothing running either
+                if Path(f"/proc/{pid}").exists():
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path, model_path):
