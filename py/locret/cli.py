@@ -291,16 +291,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"locret: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("locret: interrupted (what was finished is kept: an evaluation resumes with the same command)",
-              file=sys.stderr)
+        print(f"locret: interrupted ({KEPT})", file=sys.stderr)
         return 130
     except Terminated:
-        print("locret: terminated (what was finished is kept: an evaluation resumes with the same command)",
-              file=sys.stderr)
+        print(f"locret: terminated ({KEPT})", file=sys.stderr)
         return 128 + signal.SIGTERM
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+KEPT = "what was finished is kept: an evaluation resumes with the same command"
 
 
 class Terminated(BaseException):

@@ -509,6 +509,53 @@ def test_bench_takes_a_devices_settings_and_checks_its_memory(model_path, tmp_pa
                                                           "--gpu-layers", "10"]))
 
 
+def _children(pid: int, marker: str) -> list[int]:
+    """The child processes of `pid` whose command line holds `marker` (read from /proc)."""
+    try:
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return []
+    found = []
+    for child in map(int, listed):
+        with contextlib.suppress(FileNotFoundError):
+            if marker in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
+                found.append(child)
+    return found
+
+
+def _signal_and_check_children_end(proc: subprocess.Popen, marker: str, sig: int) -> str:
+    """Wait for a child of `proc` with `marker` in its command line, send `proc` the signal, and assert that every such
+    child is gone (or a zombie) 20 s after `proc` ended; `proc`'s stderr (when piped). A failed check leaves nothing
+    running either."""
+    if not Path(f"/proc/{proc.pid}/task/{proc.pid}/children").exists():
+        proc.kill()
+        pytest.fail("this check reads /proc (Linux)")
+    found: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not _children(proc.pid, marker) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        found = _children(proc.pid, marker)
+        assert found, f"the evaluation started no {marker} (exit {proc.poll()})"
+        time.sleep(3)  # the child is past its start and computing
+        proc.send_signal(sig)
+        err = proc.communicate(timeout=60)[1] or ""
+        deadline = time.monotonic() + 20
+        alive = found
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.5)
+            alive = [p for p in found if Path(f"/proc/{p}").exists()
+                     and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]]
+        assert not alive, f"{marker} {alive} outlived the evaluation"
+        return err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in found:
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
     # a signal ends `locret eval` without its cleanup; its worker process (a long prompt still in prefill) must not
     # go on computing for nobody
@@ -516,44 +563,7 @@ def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
         "eval", "--model", model_path, "--tasks", "passkey", "--lengths", "16384", "--depths", "0.5", "--methods",
         "locret", "--budgets", "256", "--ubatch", "128", "--threads", "1", "--no-plots", "-o", tmp_path / "out")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-    if not children_file.exists():
-        proc.kill()
-        pytest.fail("this check reads /proc (Linux)")
-
-    def workers() -> list[int]:
-        pids = []
-        for pid in (int(p) for p in children_file.read_text().split()):
-            try:
-                if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(pid)
-            except FileNotFoundError:
-                pass
-        return pids
-
-    found: list[int] = []
-    try:
-        deadline = time.monotonic() + 120
-        while not workers() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        found = workers()
-        assert found, "the evaluation started no worker process"
-        time.sleep(3)  # the worker is past its start (its watch runs) and computing
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-        deadline = time.monotonic() + 20
-        alive = found
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.5)
-            alive = [p for p in found if Path(f"/proc/{p}").exists()
-                     and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]]
-        assert not alive, f"worker {alive} outlived the evaluation"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in found:  # a failed check leaves nothing running either
-            if Path(f"/proc/{pid}").exists():
-                os.kill(pid, signal.SIGKILL)
+    _signal_and_check_children_end(proc, "spawn_main", signal.SIGTERM)
 
 
 def test_sigterm_stops_the_servers_and_kvpress_an_evaluation_started(tmp_path, model_path):
@@ -567,45 +577,9 @@ def test_sigterm_stops_the_servers_and_kvpress_an_evaluation_started(tmp_path, m
         "-o", tmp_path / "out")]
     for marker in ("llama-server", "kvpress_side"):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        children_file = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
-
-        def children() -> list[int]:
-            pids = []
-            try:
-                listed = children_file.read_text().split()
-            except FileNotFoundError:
-                return pids
-            for pid in map(int, listed):
-                with contextlib.suppress(FileNotFoundError):
-                    if marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                        pids.append(pid)
-            return pids
-
-        found: list[int] = []
-        try:
-            deadline = time.monotonic() + 300
-            while not children() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            found = children()
-            assert found, f"the evaluation started no {marker} (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
-            time.sleep(2)
-            proc.send_signal(signal.SIGTERM)
-            err = proc.communicate(timeout=60)[1]
-            assert proc.returncode == 143, err[-2000:]
-            assert "locret: terminated" in err and "Traceback" not in err, err[-2000:]
-            deadline = time.monotonic() + 20
-            alive = found
-            while alive and time.monotonic() < deadline:
-                time.sleep(0.5)
-                alive = [p for p in found if Path(f"/proc/{p}").exists()
-                         and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]]
-            assert not alive, f"{marker} {alive} outlived the evaluation"
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            for pid in found:  # a failed check leaves nothing running either
-                if Path(f"/proc/{pid}").exists():
-                    os.kill(pid, signal.SIGKILL)
+        err = _signal_and_check_children_end(proc, marker, signal.SIGTERM)
+        assert proc.returncode == 143, err[-2000:]
+        assert "locret: terminated" in err and "Traceback" not in err, err[-2000:]
 
 
 def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path, model_path):

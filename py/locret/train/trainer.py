@@ -427,8 +427,8 @@ def accuracy_by_layer(records: list[dict]) -> list[float]:
 
 
 def mean_of(records: list[dict], key: str) -> float:
-    """The mean of one logged figure over step records (nan for none): the trainer's progress line and the CLI's
-    summary print the same figure."""
+    """The mean of one logged figure over step records (nan for none): the heads file's training notes and the
+    CLI's summary give the same figure."""
     return sum(r[key] for r in records) / len(records) if records else float("nan")
 
 
