@@ -101,7 +101,7 @@ def plot(entries: list[dict], path: Path) -> list[Path]:
         at = [e for e in entries if e["length"] == length and e["average"] is not None]
         if not any(e["ratio"] is not None for e in at):
             continue
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        fig, axes = plt.subplots(1, 2, figsize=(12, 6), sharey=True)
         for ax, aware in zip(axes, (False, True)):
             for method in sorted({e["method"] for e in at if e["ratio"] is not None}):
                 if query_aware(method) != aware:
@@ -117,13 +117,14 @@ def plot(entries: list[dict], path: Path) -> list[Path]:
                          "question outside what is compressed")
             ax.set_xlabel("compression ratio")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            # below the plot: inside it, the legend hid the curves it names
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
         axes[0].set_ylabel("RULER average (0-100)")
         fig.suptitle(f"RULER at {length} tokens")
         fig.tight_layout()
         out = path.with_name(f"{path.stem}-{length}{path.suffix}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
+        fig.savefig(out, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(out)
     return written
