@@ -17,32 +17,31 @@ from collections import defaultdict
 from pathlib import Path
 
 # Seconds per file in the ci lane (setup + call + teardown of its tests, summed: one worker's time), from the junit
-# report of a fresh-clone `.ci/run` on the 2-core CI machine, two workers, alone, 2026-12-05 at fad13c1 (2,134 s of
-# worker time, 1,075 s of pytest: a fast hour, the files at about 0.56x the 12-03 run's seconds; test_cachelock.py
-# came after it). The workers take the files in this order, the longest first, so that the run does not end with one
-# worker on a long file while the other waits.
+# report of a fresh-clone `.ci/run` on the 2-core CI machine, two workers, alone, 2026-12-06 at 3626000 (2,420 s of
+# worker time, 1,224 s of pytest). The workers take the files in this order, the longest first, so that the run does
+# not end with one worker on a long file while the other waits.
 SECONDS_PER_FILE: dict[str, float] = {
-    "test_docs.py": 246, "test_eval_runner.py": 159, "test_schedule.py": 136, "test_eviction.py": 135,
-    "test_kept_positions.py": 94, "test_sequences.py": 86, "test_inspect.py": 79, "test_iswa.py": 73,
-    "test_transactions.py": 69, "test_locret_q.py": 69, "test_sage.py": 67, "test_auto_query.py": 58,
-    "test_lagkv.py": 53, "test_api_long_inputs.py": 50, "test_in_place_positions.py": 45, "test_snapkv.py": 44,
-    "test_openai_client.py": 41, "test_devices_planner.py": 39, "test_ruler.py": 38, "test_speculative.py": 37,
-    "test_rpc.py": 33, "test_trainer.py": 29, "test_compaction_stack.py": 29, "test_models.py": 28,
-    "test_passkey.py": 27, "test_heads_stack.py": 27, "test_policies.py": 22, "test_heads_runtime.py": 22,
-    "test_loadtest.py": 21, "test_hf_gguf.py": 18, "test_openai_chats.py": 17, "test_state_files.py": 17,
-    "test_sage_reference.py": 16, "test_web_ui.py": 16, "test_convert.py": 16, "test_shapes.py": 16,
-    "test_cis_parity.py": 16, "test_budget_mib.py": 15, "test_soak.py": 14, "test_cli.py": 14,
-    "test_haystacks.py": 13, "test_gpu_scripts.py": 12, "test_standins.py": 12, "test_wheel.py": 11,
-    "test_calibrate.py": 11, "test_llama_tree.py": 7, "test_realtext.py": 6, "test_real_needles.py": 4,
-    "test_refusals_at_creation.py": 4, "test_rule_book.py": 4, "test_llama_cli.py": 3, "test_plan_documents.py": 3,
-    "test_policy_settings.py": 3, "test_needle_ranks.py": 2, "test_slots_memory.py": 2, "test_ruler_pool.py": 2,
-    "test_lanes.py": 1, "test_python_library.py": 1, "test_build_config.py": 1, "test_cachelock.py": 1,
-    "test_fuzz_checkpoints.py": 1, "test_eval_tasks.py": 1, "test_threads.py": 0, "test_server_faults.py": 0,
-    "test_code_shape.py": 0, "test_policy_traits.py": 0, "test_main_job.py": 0, "test_tool_output.py": 0,
-    "test_fuzz_regressions.py": 0, "test_free_port.py": 0,
+    "test_docs.py": 266, "test_eval_runner.py": 232, "test_schedule.py": 152, "test_eviction.py": 151,
+    "test_kept_positions.py": 105, "test_inspect.py": 97, "test_sequences.py": 96, "test_iswa.py": 77,
+    "test_sage.py": 72, "test_locret_q.py": 72, "test_auto_query.py": 70, "test_transactions.py": 70,
+    "test_lagkv.py": 56, "test_ruler.py": 55, "test_api_long_inputs.py": 52, "test_in_place_positions.py": 52,
+    "test_snapkv.py": 50, "test_speculative.py": 46, "test_openai_client.py": 46, "test_devices_planner.py": 45,
+    "test_rpc.py": 39, "test_compaction_stack.py": 33, "test_models.py": 31, "test_trainer.py": 31,
+    "test_heads_stack.py": 30, "test_passkey.py": 29, "test_policies.py": 24, "test_heads_runtime.py": 24,
+    "test_loadtest.py": 23, "test_hf_gguf.py": 22, "test_shapes.py": 21, "test_openai_chats.py": 20,
+    "test_state_files.py": 20, "test_cis_parity.py": 18, "test_convert.py": 17, "test_web_ui.py": 15, "test_cli.py": 14,
+    "test_sage_reference.py": 14, "test_gpu_scripts.py": 13, "test_standins.py": 13, "test_soak.py": 13,
+    "test_haystacks.py": 12, "test_budget_mib.py": 10, "test_wheel.py": 10, "test_calibrate.py": 10,
+    "test_realtext.py": 10, "test_llama_tree.py": 8, "test_tool_output.py": 5, "test_refusals_at_creation.py": 4,
+    "test_real_needles.py": 3, "test_rule_book.py": 3, "test_llama_cli.py": 3, "test_plan_documents.py": 3,
+    "test_policy_settings.py": 3, "test_ruler_pool.py": 2, "test_needle_ranks.py": 2, "test_slots_memory.py": 2,
+    "test_lanes.py": 1, "test_python_library.py": 1, "test_fuzz_checkpoints.py": 1, "test_build_config.py": 1,
+    "test_cachelock.py": 1, "test_eval_tasks.py": 1, "test_threads.py": 1, "test_server_faults.py": 0,
+    "test_code_shape.py": 0, "test_policy_traits.py": 0, "test_main_job.py": 0, "test_fuzz_regressions.py": 0,
+    "test_free_port.py": 0,
 }
 
-# 106 s of worker time in the run above: with ctest, about 2 minutes on the two cores
+# 105 s of worker time in the run above: with ctest, about 2 minutes on the two cores
 FAST_FILES: set[str] = {
     "test_rule_book.py", "test_refusals_at_creation.py", "test_build_config.py", "test_llama_tree.py",
     "test_convert.py", "test_eval_tasks.py", "test_haystacks.py", "test_fuzz_checkpoints.py",
