@@ -61,6 +61,8 @@ struct llama_locret_settings {
                           // default), else 1 + enum llama_locret_positions ("locret.recommended.positions":
                           // "compact", "inplace", "keep" or "keep:N"); skipped where the policy or model refuses it
     uint32_t position_limit; // keep:N's N; 0: the model's trained context
+    uint32_t pool_from;   // the pooling above applies to a sequence whose prompt is at least this many budgets long
+                          // (llama_locret_seq_prompt; 0: to every sequence) ("locret.recommended.pool_from")
 };
 LLAMA_API struct llama_locret_settings llama_locret_heads_recommended(const struct llama_locret_heads * heads);
 
@@ -391,7 +393,7 @@ struct llama_locret_stats {
     uint64_t t_compact_us;     // the compaction graphs (moving and re-rotating rows) and the window cache's shifts
     uint64_t t_readback_us;    // reading each ubatch's scores back from the backend (waiting for the graph included)
     uint32_t n_pinned;         // Locret-Q: the sequence's first n_pinned positions are never evicted (0: none)
-    uint32_t pool;             // score pooling window (0: none)
+    uint32_t pool;             // score pooling window of the sequence's scores (0: none; llama_locret_seq_prompt)
     char     policy_settings[64]; // the policy's settings as resolved, "key=value,..." ("": it has none)
     uint64_t n_compactions;    // compaction graphs this context ran since it was made, for all its sequences
                                // (sequences evicting in the same ubatch share one, up to 4 per graph); not in states
@@ -435,6 +437,14 @@ LLAMA_API int32_t llama_locret_seq_room(const struct llama_context * ctx, llama_
 // Returns 0, or -1 (llama_locret_last_error) when the context does not evict, the sequence has already evicted units
 // (with another pin), or n_tokens plus the stabilizers leave no unit of the budget to choose by score.
 LLAMA_API int32_t llama_locret_pin_query(struct llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens);
+
+// The length of the prompt a sequence starts with, told before its first ubatch (the tools call it where they pin a
+// query). Score pooling recommended by the heads for long prompts only (llama_locret_settings.pool_from) is decided
+// here, once per sequence: it applies when n_tokens >= pool_from x the budget. A sequence that already holds tokens
+// keeps its decision (pooled and unpooled scores are not mixed in one cache); one never told is not pooled. Pooling
+// given by the caller (--locret-pool) or recommended for every prompt applies whatever is told. Returns 1 when the
+// sequence pools its scores, 0 when it does not, -1 (llama_locret_last_error) when the context does not evict.
+LLAMA_API int32_t llama_locret_seq_prompt(struct llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens);
 
 // Locret-Q's layout, for tools: the query, a blank line ("\n\n"), then the prompt's own text (in a chat: at the start
 // of the first user turn, before the template is applied). The heads trained for Locret-Q saw that layout.

@@ -46,6 +46,7 @@ void locret_cells::reset() {
     prev_output  = true;
     logical_next = 0;
     n_pinned     = 0;
+    long_prompt  = false;
     policy_state = {};
     dead_end     = 0;
     std::fill(live_end.begin(), live_end.end(), 0);

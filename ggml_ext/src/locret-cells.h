@@ -36,6 +36,8 @@ struct locret_cells {
                                     // with kept positions n_used plus the units (of the largest layer) evicted since
                                     // the last repositioning
     uint32_t  n_pinned     = 0;     // Locret-Q: logical positions [0, n_pinned) are never evicted (until emptied)
+    bool      long_prompt  = false; // told a prompt long enough for the heads' pooling of long prompts (the config's
+                                    // pool_from; llama_locret_seq_prompt), until emptied
     locret_policy_state policy_state; // what the policy keeps per sequence (locret-policy.h)
 
     // A budget schedule: after an eviction the largest layers keep dead_end units (the eviction's n_keep) and layer i

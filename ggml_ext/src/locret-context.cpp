@@ -1,6 +1,7 @@
 // A context's Locret state and the hooks around its ubatches: attached heads, the score recorder, the Locret memory's
 // creation, and the eviction before / scores after each ubatch. Also the calls the tools make around a context: the
 // default heads (llama_locret_configure_default, llama_locret_attach_default), a pinned query (llama_locret_pin_query),
+// a sequence's prompt length (llama_locret_seq_prompt: pooling for long prompts),
 // and the sizes read from a model file before it is loaded (llama_locret_resolve_file, llama_locret_budget_for_mib,
 // llama_locret_fit_n_ctx: locret-size.h's rules).
 
@@ -487,6 +488,20 @@ int32_t llama_locret_pin_query(llama_context * ctx, llama_seq_id seq_id, int32_t
         LLAMA_LOG_INFO("%s: Locret-Q: the first %d positions of sequence %d are pinned (never evicted)\n", __func__, n_tokens, seq_id);
     }
     return 0;
+}
+
+int32_t llama_locret_seq_prompt(llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens) {
+    locret_set_error("");
+    llama_locret_memory * mem = ctx != nullptr ? locret_memory_of(llama_get_memory(ctx)) : nullptr;
+    if (mem == nullptr) {
+        locret_set_error("llama_locret_seq_prompt: the context does not evict (no Locret budget)");
+        return -1;
+    }
+    if (n_tokens < 0) {
+        locret_set_error(format("llama_locret_seq_prompt: a prompt of %d tokens", n_tokens));
+        return -1;
+    }
+    return mem->tell_prompt(seq_id, (uint32_t) n_tokens);
 }
 
 void llama_locret_reserve(llama_context * ctx) {

@@ -49,7 +49,7 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.t_compact_us    = mem->evictor().t.compact_us;
     st.t_readback_us   = mem->evictor().t.readback_us;
     st.n_pinned        = s->n_pinned;
-    st.pool            = cfg.pool;
+    st.pool            = locret_pool_of(*mem, seq_id); // pooling for long prompts: the sequence's decision
     {
         const std::string settings = locret_policy_settings_str(*locret_policy_find(cfg.policy), cfg.policy_values);
         snprintf(st.policy_settings, sizeof(st.policy_settings), "%s", settings.c_str());
@@ -75,7 +75,7 @@ struct llama_locret_stats llama_locret_get_stats(const struct llama_context * ct
 
 int32_t llama_locret_seq_room(const struct llama_context * ctx, llama_seq_id seq_id) {
     const llama_locret_memory * mem = locret_memory_of_ctx(ctx);
-    const uint32_t room = mem != nullptr ? mem->generation_room(seq_id) : 0;
+    const uint32_t room = mem != nullptr ? locret_generation_room(*mem, seq_id) : 0;
     return room > 0 ? (int32_t) room : -1;
 }
 

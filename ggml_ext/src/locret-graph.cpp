@@ -67,6 +67,9 @@ uint32_t llama_locret_graph_n_nodes(uint32_t n_layer) {
     return 36 * n_layer;
 }
 
+static uint32_t locret_pool_window(const llama_locret_memory & mem, const llama_ubatch & ubatch,
+        const llama_memory_context_i * mctx);
+
 namespace {
 
 // the store rows of the ubatch's tokens: stream*n_cells + cell, the cell the memory's plan gives each token (its stream
@@ -90,13 +93,17 @@ public:
 
     bool can_reuse(const llm_graph_params & params) override {
         mctx = params.mctx;
-        return (int64_t) params.ubatch.n_tokens == rows->ne[0];
+        const llama_locret_memory * mem = locret_memory_of_context(mctx);
+        // the pooling window is built into the graph: a sequence pooled otherwise needs a graph of its own
+        return (int64_t) params.ubatch.n_tokens == rows->ne[0] &&
+                (mem == nullptr || locret_pool_window(*mem, params.ubatch, mctx) == pool);
     }
 
     ggml_tensor * rows; // I64 [n_tokens]
     const uint32_t n_cells;
     const llama_memory_context_i * mctx;
     std::vector<int64_t> data;
+    uint32_t pool = 0; // the pooling window the graph was built with (1: pooled nodes that keep each score)
 
     // a stacked scoring graph's state while the model's layers are built (locret_build_stacked)
     ggml_tensor * stack_x  = nullptr; // F32 [d_in, n_tokens, n_layer]: the heads' inputs of the layers built so far
@@ -126,6 +133,26 @@ static ggml_tensor * locret_build_pooled(ggml_context * ctx, ggml_tensor * cis, 
     ggml_tensor * pooled = ggml_pool_1d(ctx, rows, GGML_OP_POOL_AVG, (int) pool, 1, (int) pool / 2);
     pooled = ggml_cont(ctx, ggml_permute(ctx, pooled, 1, 0, 2, 3));
     return ggml_reshape_2d(ctx, pooled, n_head_kv, ubatch.n_tokens);
+}
+
+static bool locret_every_token_outputs(const llama_ubatch & ubatch);
+
+// The window a ubatch's stored scores are pooled over: 0 where they are not pooled (no pooling, a generation part, runs
+// of one token); else its sequence's window (locret_pool_of), or 1 for a sequence that does not pool when pooling
+// depends on the prompt (the config's pool_from): a window of 1 keeps each score, in a graph of the same shape, so
+// that the reservation (no plan: the largest window) sizes every graph.
+static uint32_t locret_pool_window(const llama_locret_memory & mem, const llama_ubatch & ubatch,
+        const llama_memory_context_i * mctx) {
+    const uint32_t pool = mem.config().pool;
+    if (pool <= 1 || locret_every_token_outputs(ubatch) || locret_pool_run(ubatch) < 2) {
+        return 0;
+    }
+    if (mem.config().pool_from == 0 || locret_plan_of(mctx, nullptr) == nullptr) {
+        return pool;
+    }
+    // the runs of a ubatch that pools are one sequence's (split_simple, split_seq); split_equal's of several hold
+    // generated tokens, which are not pooled, or the reservation's
+    return std::max<uint32_t>(1, locret_pool_of(mem, ubatch.seq_id[0][0]));
 }
 
 static bool locret_every_token_outputs(const llama_ubatch & ubatch) {
@@ -226,15 +253,18 @@ void llama_locret_graph_add_cis(ggml_context * ctx, ggml_cgraph * gf, llm_graph_
     // every token asks for an output (generation: a speculative batch, the sampled token and its draft) is scored
     // token by token as single generated tokens are, so that its accepted tokens get the scores a token-by-token run
     // gives them, whatever was drafted beside them
-    const uint32_t pool   = store != nullptr ? mem->config().pool : 0;
-    const bool     pooled = pool > 1 && !locret_every_token_outputs(ubatch) && locret_pool_run(ubatch) >= 2;
-    if (store != nullptr && !pooled && locret_stack_scores(*heads, *mem, n_tokens)) {
-        locret_score_rows_input * rows_in = nullptr; // holds the stack's state between layers
-        for (auto & input : res->inputs) {
-            if (auto * r = dynamic_cast<locret_score_rows_input *>(input.get()); r != nullptr && r->rows == res->t_locret_rows) {
-                rows_in = r;
-            }
+    const uint32_t pool   = store != nullptr ? locret_pool_window(*mem, ubatch, mctx) : 0;
+    const bool     pooled = pool > 0;
+    locret_score_rows_input * rows_in = nullptr; // holds the stack's state between layers, and the pooling window
+    for (auto & input : res->inputs) {
+        if (auto * r = dynamic_cast<locret_score_rows_input *>(input.get()); r != nullptr && r->rows == res->t_locret_rows) {
+            rows_in = r;
         }
+    }
+    if (rows_in != nullptr) {
+        rows_in->pool = pool;
+    }
+    if (store != nullptr && !pooled && locret_stack_scores(*heads, *mem, n_tokens)) {
         GGML_ASSERT(rows_in != nullptr);
         locret_build_stacked(ctx, gf, res, *heads, *mem, *rows_in, q, k, v, n_tokens, il);
         return;

@@ -140,6 +140,11 @@ llama_locret_settings read_recommended(const heads_meta_reader & kv) {
         throw std::runtime_error(format("%s: locret.recommended.pool must be odd (a window centred on each token), got %u",
                 kv.path.c_str(), rec.pool));
     }
+    rec.pool_from   = kv.u32("locret.recommended.pool_from",   false);
+    if (rec.pool_from > 0 && rec.pool <= 1) {
+        throw std::runtime_error(format("%s: locret.recommended.pool_from (%u budgets) needs locret.recommended.pool",
+                kv.path.c_str(), rec.pool_from));
+    }
     const std::string query = kv.str("locret.recommended.query", false);
     if (query != "" && query != "auto" && query != "none") {
         throw std::runtime_error(format("%s: locret.recommended.query must be \"auto\" or \"none\", got \"%s\"",

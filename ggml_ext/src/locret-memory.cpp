@@ -243,6 +243,8 @@ void llama_locret_memory::setup_layers(const llama_cparams & cparams, uint32_t n
 
 void llama_locret_memory::log_setup(const char * func, const llama_cparams & cparams, uint32_t n_seq) const {
     const std::string pooling = (cfg.pool > 0 ? format(", score pooling %u", cfg.pool) : std::string()) +
+                                (cfg.pool_from > 0 ? format(" for prompts of %u budgets or more", cfg.pool_from) :
+                                 std::string()) +
                                 policy->describe(cfg);
     std::string budget = format("budget %u", cfg.budget);
     if (!cfg.layer_budget.empty()) {
@@ -387,11 +389,13 @@ static locret_plan_stream locret_plan_stream_of(const locret_cells & s, const lo
     return p;
 }
 
-uint32_t llama_locret_memory::generation_room(llama_seq_id seq_id) const {
-    if (seq_id < 0 || (size_t) seq_id >= streams.size()) {
+uint32_t locret_generation_room(const llama_locret_memory & mem, llama_seq_id seq_id) {
+    const locret_cells * s = mem.get_stream(seq_id);
+    if (s == nullptr) {
         return 0;
     }
-    return locret_plan_room(locret_plan_params_of(cfg, *policy), locret_plan_stream_of(streams[seq_id], cfg, *policy));
+    const locret_config & cfg = mem.config();
+    return locret_plan_room(locret_plan_params_of(cfg, mem.get_policy()), locret_plan_stream_of(*s, cfg, mem.get_policy()));
 }
 
 // init_batch(), in steps: the batch's ubatches into `ubatches`, split by the planning rules for the batch's sequences
@@ -650,6 +654,30 @@ void llama_locret_memory::placed(const locret_ubatch_plan & plan, const llama_ub
 //
 // the memory interface in logical positions
 //
+
+int32_t llama_locret_memory::tell_prompt(llama_seq_id seq_id, uint32_t n_tokens) {
+    if (seq_id < 0 || (size_t) seq_id >= streams.size()) {
+        locret_set_error(format("Locret: no sequence %d to tell a prompt of (%zu sequences)", seq_id, streams.size()));
+        return -1;
+    }
+    locret_cells & s = streams[seq_id];
+    if (cfg.pool_from > 0 && s.n_used == 0 && s.logical_next == 0) {
+        // the budget as asked for (a schedule's mean): the rule is in prompts per budget, as the heads were measured
+        s.long_prompt = (uint64_t) n_tokens >= (uint64_t) cfg.pool_from * cfg.budget_mean;
+        LLAMA_LOG_INFO("%s: Locret: sequence %d: a prompt of %u tokens, %s %u budgets: score pooling %s\n", __func__,
+                seq_id, n_tokens, s.long_prompt ? "at least" : "under", cfg.pool_from, s.long_prompt ? "on" : "off");
+    }
+    return locret_pool_of(*this, seq_id) > 1 ? 1 : 0;
+}
+
+uint32_t locret_pool_of(const llama_locret_memory & mem, llama_seq_id seq_id) {
+    const locret_config & cfg = mem.config();
+    if (cfg.pool <= 1) {
+        return 0;
+    }
+    const locret_cells * s = mem.get_stream(seq_id);
+    return cfg.pool_from == 0 || (s != nullptr && s->long_prompt) ? cfg.pool : 0;
+}
 
 bool llama_locret_memory::pin_prefix(llama_seq_id seq_id, uint32_t n_tokens) {
     if (seq_id < 0 || (size_t) seq_id >= streams.size()) {

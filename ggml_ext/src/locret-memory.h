@@ -143,6 +143,10 @@ public:
     // llama_locret_last_error otherwise, or when the pinned units and the stabilizers leave no room in the budget.
     bool pin_prefix(llama_seq_id seq_id, uint32_t n_tokens);
 
+    // The prompt a sequence starts with is n_tokens long: with the config's pool_from, decides once (while the sequence
+    // holds no token) whether its scores are pooled. Returns whether they are, or -1 for a sequence it does not have.
+    int32_t tell_prompt(llama_seq_id seq_id, uint32_t n_tokens);
+
     // the caches of a budget schedule's layer groups and their cell maps (locret-groups.h; one group without a
     // schedule, group 0's cache is the one that evicts)
     const locret_group_caches & groups() const { return grp; }
@@ -155,9 +159,6 @@ public:
     llama_kv_cache * get_kv_swa() const { return kv_swa; }
     bool get_v_trans() const { return v_trans; }
     int32_t layer_index(uint32_t il) const; // index into get_layers(), or -1 for a layer this cache does not evict
-    // speculative decoding: the most tokens sequence seq_id's next generation part may hold (locret_plan_room); 0 for
-    // a sequence it does not have
-    uint32_t generation_room(llama_seq_id seq_id) const;
 
     uint64_t kv_bytes() const;
 
@@ -218,3 +219,11 @@ const llama_kv_cache_context * locret_group_context(const llama_memory_context_i
 
 // the plan of the ubatch a memory context is at, when the context is a Locret one (else NULL)
 const locret_ubatch_plan * locret_plan_of(const llama_memory_context_i * mctx, llama_locret_memory ** mem);
+
+// speculative decoding: the most tokens sequence seq_id's next generation part may hold (locret_plan_room); 0 for a
+// sequence the memory does not have
+uint32_t locret_generation_room(const llama_locret_memory & mem, llama_seq_id seq_id);
+
+// the pooling window sequence seq_id's scores are stored with (0: none): the config's, for every sequence or for the
+// ones told a long prompt (locret_config::pool_from)
+uint32_t locret_pool_of(const llama_locret_memory & mem, llama_seq_id seq_id);

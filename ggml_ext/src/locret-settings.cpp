@@ -588,6 +588,7 @@ static locret_config locret_config_sizes(const llama_locret_params & p, const ll
     cfg.stabilizers = n_s;
     cfg.local       = n_loc;
     cfg.pool        = pool;
+    cfg.pool_from   = pool_from_heads ? rec.pool_from : 0;
     cfg.n_ubatch    = n_ubatch;
     cfg.capacity    = budget + n_ubatch;
     return cfg;

@@ -31,6 +31,8 @@ struct locret_config {
     uint32_t stabilizers = 0; // n_s (SAGE-KV: its recent window, b/4)
     uint32_t local       = 0; // n_loc
     uint32_t pool        = 0; // score pooling window in tokens (odd; 0: none)
+    uint32_t pool_from   = 0; // pool only sequences told a prompt of at least this many budgets (the heads'
+                              // recommendation, when pool is too; 0: every sequence)
     uint32_t n_ubatch    = 0; // B: the chunk
     uint32_t capacity    = 0; // b + B: generation evicts back to b when the next ubatch would pass it (SAGE-KV: the
                               // context per sequence, which a prompt must fit)

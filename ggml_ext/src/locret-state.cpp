@@ -44,7 +44,9 @@ static const uint32_t LOCRET_STATE_MAGIC   = 0x5443524c; // "LRCT"
 // 9: after the positions, the policy's own settings (locret-policy.h: their layout's version, their count, their
 // values); the header's window is then the score pooling alone. Before, a policy with settings and no pooling (LagKV)
 // kept its one setting there.
-static const uint32_t LOCRET_STATE_VERSION = 9;
+// 10: per sequence, after its policy's words, whether it was told a long prompt (locret_cells::long_prompt: the
+// heads' pooling for long prompts applies to it); earlier versions read as not told.
+static const uint32_t LOCRET_STATE_VERSION = 10;
 
 // the positions mode a state records (enum llama_locret_positions: 0 compact, 1 kept, 2 in place; the value 2 needs no
 // new version: an older build refuses it as another mode, and both modes with holes write their RoPE positions)
@@ -77,6 +79,7 @@ struct locret_stream_meta {
     uint32_t n_pinned;     // 3
     uint32_t policy_word0; // 4 (LagKV's scored_to before the policy interface named it)
     uint32_t policy_word1; // 5 (SAGE-KV's pending selection)
+    uint32_t long_prompt;  // 10
     int64_t  logical_next;
     uint64_t n_evictions;
     uint64_t n_units_evicted;
@@ -88,7 +91,7 @@ struct locret_stream_meta {
 // the 32-bit fields of a sequence's meta part in each version (id, n_used, uniform_from, prev_output, then what each
 // version added)
 static size_t locret_meta_fields(uint32_t version) {
-    return version == 2 ? 4 : version == 3 ? 5 : version == 4 ? 6 : 7;
+    return version == 2 ? 4 : version == 3 ? 5 : version == 4 ? 6 : version < 10 ? 7 : 8;
 }
 
 //
@@ -157,7 +160,7 @@ struct locret_state_view {
 
 static void state_write_meta(llama_io_write_i & io, const locret_cells & s, uint32_t id) {
     const uint32_t fields[] = { id, s.n_used, s.uniform_from, (uint32_t) s.prev_output, s.n_pinned,
-                                s.policy_state.word[0], s.policy_state.word[1] };
+                                s.policy_state.word[0], s.policy_state.word[1], (uint32_t) s.long_prompt };
     const int64_t  next     = s.logical_next;
     const uint64_t stats[]  = { s.n_evictions, s.n_units_evicted };
     io.write(fields, sizeof(fields));
@@ -269,7 +272,7 @@ static uint32_t state_read_header(llama_io_read_i & io, const locret_state_view 
 }
 
 static locret_stream_meta state_read_meta(llama_io_read_i & io, const locret_state_view & v, uint32_t version) {
-    uint32_t fields[7] = {};
+    uint32_t fields[8] = {};
     io.read(fields, sizeof(uint32_t) * locret_meta_fields(version));
     locret_stream_meta m;
     m.id           = fields[0];
@@ -279,6 +282,7 @@ static locret_stream_meta state_read_meta(llama_io_read_i & io, const locret_sta
     m.n_pinned     = fields[4];
     m.policy_word0 = fields[5];
     m.policy_word1 = fields[6];
+    m.long_prompt  = fields[7];
     io.read(&m.logical_next, sizeof(m.logical_next));
     uint64_t stats[2];
     io.read(stats, sizeof(stats));
@@ -518,6 +522,7 @@ void llama_locret_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, 
             s.prev_output     = m.prev_output != 0;
             s.logical_next    = (llama_pos) m.logical_next;
             s.n_pinned        = m.n_pinned;
+            s.long_prompt     = m.long_prompt != 0;
             s.policy_state    = locret_policy_state { { m.policy_word0, m.policy_word1 } };
             s.n_evictions     = m.n_evictions;
             s.n_units_evicted = m.n_units_evicted;

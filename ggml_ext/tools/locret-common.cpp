@@ -219,6 +219,9 @@ bool locret_common_pin_query(const common_params & params, llama_context * ctx, 
         const std::vector<llama_token> & prompt) {
     const bool auto_on = params.locret.query_auto_on;
     const std::string & query = auto_on ? params.locret.query_found : params.locret.query;
+    if (llama_locret_is_evicting(ctx)) {
+        llama_locret_seq_prompt(ctx, seq_id, (int32_t) prompt.size()); // pooling for long prompts, decided once
+    }
     if (query.empty()) {
         return true;
     }

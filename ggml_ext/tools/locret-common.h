@@ -50,7 +50,8 @@ bool locret_common_configure(const common_params & params, llama_model * model, 
 // Locret-Q: the prompt with the query in front (unchanged without a query)
 std::string locret_common_place_query(const common_params & params, const std::string & prompt);
 
-// Locret-Q: pin the tokens through the query in sequence seq_id, before anything of the prompt is evicted. Returns
+// Before sequence seq_id reads `prompt`: its length decides the heads' pooling for long prompts
+// (llama_locret_seq_prompt), and Locret-Q pins the tokens through the query, before anything is evicted. Returns
 // false, with the reason logged, when the context does not evict or the query is not at the prompt's start; true
 // without a query.
 bool locret_common_pin_query(const common_params & params, llama_context * ctx, llama_seq_id seq_id,

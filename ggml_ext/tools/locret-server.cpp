@@ -139,6 +139,8 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
         *clear_cached = true;
         n_cached = 0;
     }
+    // pooling for long prompts is decided by the prompt a sequence starts with (a follow-up keeps the decision)
+    llama_locret_seq_prompt(ctx, seq_id, (int32_t) tokens.size());
     // Locret-Q: the tokens through the query are pinned before any of the prompt can be evicted; a cached prompt
     // pinned otherwise, and already evicted, is processed again
     int32_t n_pin = 0;
@@ -153,6 +155,7 @@ bool locret_server_slot_start(llama_context * ctx, const llama_vocab * vocab, ll
                 "prompt again with this one (%zu tokens)\n", seq_id, tokens.size());
         llama_memory_seq_rm(mem, seq_id, -1, -1);
         *clear_cached = true;
+        llama_locret_seq_prompt(ctx, seq_id, (int32_t) tokens.size());
         pinned = llama_locret_pin_query(ctx, seq_id, n_pin) == 0;
     }
     if (!pinned) {

@@ -116,6 +116,7 @@ _SIGNATURES = {
     "llama_locret_debug_read_query": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_float),
                                        ctypes.c_int32, ctypes.POINTER(ctypes.c_float)], ctypes.c_int32),
     "llama_locret_pin_query": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_seq_prompt": ([ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_query_tokens": ([ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32, ctypes.c_char_p,
                                    ctypes.c_int32], ctypes.c_int32),
     "llama_locret_model_set_budget_schedule": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_int32),
@@ -476,6 +477,17 @@ def pin_query(ctx: int, n_tokens: int, seq_id: int = 0) -> None:
     Before the sequence's first eviction; lasts until the sequence is emptied. HeadsError with the reason."""
     if _api().llama_locret_pin_query(ctx, seq_id, int(n_tokens)) != 0:
         raise HeadsError(_last_error())
+
+
+def seq_prompt(ctx: int, n_tokens: int, seq_id: int = 0) -> bool:
+    """Sequence `seq_id` starts with a prompt of `n_tokens` tokens: where the heads recommend pooling for long prompts
+    only (`recommended["pool_from"]`), this decides it, once, before the sequence holds a token (the library's rule,
+    llama_locret_seq_prompt). Returns whether the sequence's scores are pooled. HeadsError when the context does not
+    evict."""
+    pooled = _api().llama_locret_seq_prompt(ctx, seq_id, int(n_tokens))
+    if pooled < 0:
+        raise HeadsError(_last_error())
+    return pooled == 1
 
 
 def query_tokens(vocab: int, tokens, query: str, limit: int) -> int:

@@ -36,7 +36,7 @@ class _Settings(ctypes.Structure):
     """struct llama_locret_settings: the settings a heads file recommends."""
     _fields_ = [("budget", ctypes.c_uint32), ("chunk", ctypes.c_uint32), ("stabilizers", ctypes.c_uint32),
                 ("local", ctypes.c_uint32), ("pool", ctypes.c_uint32), ("query_auto", ctypes.c_uint32),
-                ("positions", ctypes.c_uint32), ("position_limit", ctypes.c_uint32)]
+                ("positions", ctypes.c_uint32), ("position_limit", ctypes.c_uint32), ("pool_from", ctypes.c_uint32)]
 
 
 _SIGNATURES = {
@@ -117,10 +117,11 @@ class Heads:
     @property
     def recommended(self) -> dict[str, int | bool | str | None]:
         """The settings the file recommends (0 where it has none). positions: where kept units sit by default with
-        these heads ("compact", "inplace", "keep" or "keep:N"; None: the model's and policy's default)."""
+        these heads ("compact", "inplace", "keep" or "keep:N"; None: the model's and policy's default). pool_from: the
+        pooling applies to prompts of at least this many budgets (0: to every prompt; `eviction.seq_prompt`)."""
         s = _lib().llama_locret_heads_recommended(self._ptr)
         return {"budget": s.budget, "chunk": s.chunk, "stabilizers": s.stabilizers, "local": s.local, "pool": s.pool,
-                "query_auto": bool(s.query_auto), "positions": positions_text(s)}
+                "pool_from": s.pool_from, "query_auto": bool(s.query_auto), "positions": positions_text(s)}
 
 
 def positions_text(s: _Settings) -> str | None:

@@ -43,7 +43,9 @@ the question at the end of the prompt (of the last user message in a chat), foun
 conversation's first question instead (of the first user message that ends with one, the library's rule that
 llama-server's `--locret-requery off` follows too): a follow-up's prompt then opens as the cached one did and only its
 new tokens are read, answered from what the first question's eviction kept (docs/locret-q.md). `locret_pool` defaults
-to the heads' recommended window (`locret.recommended.pool`); 0 turns pooling off.
+to the heads' recommended window (`locret.recommended.pool`); 0 turns pooling off. Heads that recommend it for long
+prompts only (`locret.recommended.pool_from`, in budgets) pool a sequence whose first prompt is that long: `eval` tells
+the library a prompt's length when it starts the sequence (`locret_seq_prompt` for a prompt fed in parts).
 """
 from __future__ import annotations
 
@@ -179,6 +181,11 @@ class Llama(llama_cpp.Llama):
         eviction; lasts until the sequence is emptied). HeadsError with the reason when that cannot be."""
         eviction.pin_query(self._ctx.ctx, n_tokens, seq_id)
 
+    def locret_seq_prompt(self, n_tokens: int, seq_id: int = 0) -> bool:
+        """Sequence `seq_id` starts with a prompt of `n_tokens` tokens (`eval` tells it for a prompt given whole):
+        decides pooling for heads that pool long prompts only. Returns whether its scores are pooled."""
+        return eviction.seq_prompt(self._ctx.ctx, n_tokens, seq_id)
+
     def locret_pin_next_prompt(self, n_tokens: int | None) -> None:
         """Locret-Q for token-level callers (`eval`): pin positions [0, n_tokens) when the next `eval` starts the
         sequence (n_tokens == 0: it empties the sequence first, which would drop a pin set before). None: no pin."""
@@ -287,6 +294,10 @@ class Llama(llama_cpp.Llama):
         if not self.locret_enabled or self._logits_all:
             return super().eval(tokens)
         self._ctx.kv_cache_seq_rm(-1, self.n_tokens, -1)
+        if self.n_tokens == 0 and not prompt_continues:
+            # the prompt starts the sequence: its length decides the heads' pooling for long prompts (the library's
+            # rule; a prompt fed in parts tells its length with locret_seq_prompt first)
+            eviction.seq_prompt(self._ctx.ctx, len(tokens))
         if self._locret_pending_pin is not None and self.n_tokens == 0:
             # the prompt starts the sequence: pin its query before anything can be evicted
             try:

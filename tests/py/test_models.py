@@ -137,7 +137,9 @@ def test_shipped_locret_q_heads_sit_beside_the_plain_ones_and_resolve_for_a_quer
     assert planner.resolve_heads("gemma3-270m", gemma, planner.read_model(gemma), None)[0] == \
         models.shipped_heads("gemma3-270m")
     g_plain, g_query = GGUFReader(models.shipped_heads("gemma3-270m"), "r"), GGUFReader(gemma_query, "r")
-    assert layout(g_query) == layout(g_plain) | {"locret.recommended.pool": 15, "locret.recommended.query": "auto"}
+    # Gemma's plain heads pool only prompts of 6 budgets or more (heads/README.md); its Locret-Q heads every prompt
+    assert layout(g_plain)["locret.recommended.pool"] == 15 and layout(g_plain)["locret.recommended.pool_from"] == 6
+    assert layout(g_query) | {"locret.recommended.pool_from": 6} == layout(g_plain) | {"locret.recommended.query": "auto"}
     assert "Locret-Q layout" in g_query.fields["locret.training.notes"].contents()
 
     llm = Llama(model_path=str(model_path), n_ctx=1024, n_ubatch=256, n_batch=256, locret_heads=str(query),

@@ -7,6 +7,8 @@ prompt cache) moves between contexts.
 from __future__ import annotations
 
 import ctypes
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -15,7 +17,8 @@ import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
 from locret import eviction, heads as heads_api
 
-from test_eviction import B, NLOC, NS, UB, Algorithm1, make, prompt_tokens  # noqa: F401 (shared fixture)
+from conftest import run, tool
+from test_eviction import CONVERTER, B, NLOC, NS, UB, Algorithm1, make, prompt_tokens  # noqa: F401 (fixture)
 
 
 def decode_batch(llm, parts):
@@ -283,3 +286,67 @@ def test_a_schedules_caches_with_several_sequences(model_path, heads_file, promp
         np.testing.assert_array_equal(logits_of(again, 4 + 5 * s), want[s])
     again.close()
     llm.close()
+
+
+def test_pooling_for_long_prompts_is_decided_per_sequence(model_path, heads_file, prompt_tokens, tmp_path):
+    """Heads that recommend pooling for long prompts only (locret.recommended.pool_from): each sequence pools as the
+    length of the prompt it was told to start with says, beside one that does not, in alternating ubatches of one
+    shape (a graph built for one must not be reused with the other's window), each as Algorithm 1 on its own."""
+    pool_heads = tmp_path / "pool-from-4.gguf"
+    proc = run([sys.executable, str(CONVERTER), "recommend", str(heads_file), "--pool", "9", "--pool-from", "4",
+                "-o", str(pool_heads)])
+    assert proc.returncode == 0, proc.stderr
+    llm = make(model_path, pool_heads, n_seq_max=2, n_batch=1024)
+    assert llm._locret_heads.recommended["pool_from"] == 4
+    heads_api.record_scores(llm)
+    n_layer = llama_cpp.llama_model_n_layer(llm._model.model)
+    n_head_kv = llama_cpp.llama_model_n_head_kv(llm._model.model)
+    lengths = [4 * B, 4 * B - 1]  # 4 budgets, and one token less
+    assert [eviction.seq_prompt(llm._ctx.ctx, lengths[s], s) for s in (0, 1)] == [True, False]
+    refs = [Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC, pool=9), Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)]
+    unpooled_0 = Algorithm1(n_layer, n_head_kv, B, UB, NS, NLOC)  # sequence 0 as it would be without pooling
+    streams = [prompt_tokens[s * 97:] for s in (0, 1)]
+    n_past = [0, 0]
+    for k in range(0, max(lengths), UB):
+        for s in (0, 1):
+            toks = streams[s][k:min(k + UB, lengths[s])]
+            out = k + len(toks) >= lengths[s]
+            decode_batch(llm, [(s, toks, n_past[s], out)])
+            scores, positions = heads_api.recorded_scores(llm)
+            seqs = heads_api.recorded_sequences(llm)
+            scores_of = {int(p): scores[:, :, i] for i, (q, p) in enumerate(zip(seqs, positions)) if q == s}
+            for ref in [refs[s]] + ([unpooled_0] if s == 0 else []):
+                ref.place_call(n_past[s], len(toks), out, scores_of)
+            n_past[s] += len(toks)
+    held = {s: [llm.locret_retained(il, h, seq_id=s).tolist() for il in range(n_layer) for h in range(n_head_kv)]
+            for s in (0, 1)}
+    for s in (0, 1):
+        assert held[s] == [[u[0] for u in refs[s].units[il][h]] for il in range(n_layer) for h in range(n_head_kv)], s
+        assert llm.locret_stats(seq_id=s)["n_evictions"] >= 8
+    assert held[0] != [[u[0] for u in unpooled_0.units[il][h]] for il in range(n_layer) for h in range(n_head_kv)]
+    assert [llm.locret_stats(seq_id=s)["pool"] for s in (0, 1)] == [9, 0]
+    # a saved state carries each sequence's decision
+    other = make(model_path, pool_heads, n_seq_max=2, n_batch=1024)
+    other.load_state(llm.save_state())
+    assert [other.locret_stats(seq_id=s)["pool"] for s in (0, 1)] == [9, 0]
+    other.close()
+    # told a longer prompt while it holds tokens (a follow-up), a sequence keeps its decision; emptied, it decides anew
+    assert eviction.seq_prompt(llm._ctx.ctx, 10 * B, 1) is False
+    llm._ctx.kv_cache_seq_rm(1, -1, -1)
+    assert eviction.seq_prompt(llm._ctx.ctx, 10 * B, 1) is True
+    llm.close()
+    # Python's eval tells a prompt given whole; the tools tell theirs and log the decision
+    for n, pool in ((4 * B, 9), (2 * B, 0)):
+        one = make(model_path, pool_heads)
+        one.eval(prompt_tokens[:n])
+        assert one.locret_stats()["pool"] == pool, n
+        one.close()
+    proc = run([tool("llama-completion"), "-m", model_path, "--locret-heads", pool_heads, "--locret-budget", "256",
+                "-p", "hi", "-n", "2", "-no-cnv", "-lv", "4"], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "score pooling 9 for prompts of 4 budgets or more" in proc.stderr, proc.stderr[-2000:]
+    assert re.search(r"sequence 0: a prompt of \d+ tokens, under 4 budgets: score pooling off", proc.stderr)
+    # a window for long prompts needs a window
+    proc = run([sys.executable, str(CONVERTER), "recommend", str(heads_file), "--pool-from", "4",
+                "-o", str(tmp_path / "refused.gguf")])
+    assert proc.returncode != 0 and "recommend no pooling window" in proc.stderr, proc.stderr

@@ -354,17 +354,22 @@ def test_a_snapkv_state_resumes_exactly(model_path, prompt_tokens):
 
 
 def _as_state_version_8(data: bytes) -> bytes:
-    """A version-9 context state of a SnapKV context without a budget schedule, rewritten as version 8 wrote it: the
-    Locret header (magic "LRCT", version, ...; 40 bytes), the schedule count (0), the positions (2 words), then, in
-    version 9 only, the policy's settings (layout version, count, values), which are cut out."""
+    """A version-10 context state of a one-sequence SnapKV context without a budget schedule, rewritten as version 8
+    wrote it: the Locret header (magic "LRCT", version, ...; 40 bytes), the schedule count (0), the positions (2
+    words), then, since version 9, the policy's settings (layout version, count, values), which are cut out, then the
+    sequence's meta part, whose eighth word (since version 10: told a long prompt, 0 here) is cut out too."""
     at = data.find(b"LRCT")
     assert at >= 0 and data.find(b"LRCT", at + 1) < 0
     version, = struct.unpack_from("<I", data, at + 4)
+    n_streams, = struct.unpack_from("<I", data, at + 24)
     n_sched, = struct.unpack_from("<I", data, at + 40)
     layout, n_values = struct.unpack_from("<II", data, at + 52)
-    assert (version, n_sched, layout, n_values) == (9, 0, 1, 3)
+    assert (version, n_streams, n_sched, layout, n_values) == (10, 1, 0, 1, 3)
     settings_end = at + 60 + 4 * n_values
-    return data[:at + 4] + struct.pack("<I", 8) + data[at + 8:at + 52] + data[settings_end:]
+    long_prompt = settings_end + 7 * 4
+    assert struct.unpack_from("<I", data, long_prompt) == (0,)
+    return data[:at + 4] + struct.pack("<I", 8) + data[at + 8:at + 52] + data[settings_end:long_prompt] + \
+        data[long_prompt + 4:]
 
 
 def test_tools_evict_with_snapkv(model_path, tmp_path):

@@ -106,10 +106,12 @@ def check_positions(text: str) -> None:
 def recommend_parser() -> RefusingParser:
     parser = RefusingParser(prog="heads_to_gguf.py recommend",
                     description="Set the inference settings a heads file recommends (locret.recommended.pool, "
-                                ".query and .positions), keeping every other key and tensor; the file is rewritten in "
+                                ".pool_from, .query and .positions), keeping every other key and tensor; the file is rewritten in "
                                 "place unless -o is given.")
     parser.add_argument("heads", type=Path, metavar="HEADS.gguf", help="a heads file or a model with embedded heads")
     parser.add_argument("--pool", type=uint32, help="score pooling window the heads were measured with (odd; 0: none)")
+    parser.add_argument("--pool-from", type=uint32, metavar="N",
+                        help="the pooling applies to prompts of at least N budgets only (0: to every prompt)")
     parser.add_argument("--query", choices=["auto", "none"],
                         help="auto: Locret-Q heads, whose tools pin the question found at the end of a prompt")
     parser.add_argument("--positions", metavar="MODE",
@@ -125,13 +127,14 @@ def main(argv: list[str]) -> int:
             args = recommend_parser().parse_args(argv[1:])
             if args.pool is not None and args.pool > 1 and args.pool % 2 == 0:
                 raise ConversionError(f"--pool must be odd (a window centred on each token), got {args.pool}")
-            if args.pool is None and args.query is None and args.positions is None:
-                raise ConversionError("recommend: give --pool, --query and/or --positions")
+            if args.pool is None and args.pool_from is None and args.query is None and args.positions is None:
+                raise ConversionError("recommend: give --pool, --pool-from, --query and/or --positions")
             if args.positions is not None:
                 check_positions(args.positions)
             if not args.heads.is_file():
                 raise ConversionError(f"{args.heads}: no such file")
-            rewrite_recommended(args.heads, args.output or args.heads, args.pool, args.query, args.positions)
+            rewrite_recommended(args.heads, args.output or args.heads, args.pool, args.query, args.positions,
+                                args.pool_from)
         elif argv[:1] == ["make-random"]:
             args = make_random_parser().parse_args(argv[1:])
             make_random(args.base, args.output, args.d_r, args.seed, args.dtype)

@@ -165,13 +165,18 @@ def write_merged(out: Path, model: GGUFReader, model_path: Path, kvs: list[KeyVa
 
 
 def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | None,
-                        positions: str | None = None) -> None:
-    """A copy of a heads file (or a model with embedded heads) with locret.recommended.pool / .query / .positions
-    set to the given values (None: kept as they are); every other key and tensor unchanged and in order."""
+                        positions: str | None = None, pool_from: int | None = None) -> None:
+    """A copy of a heads file (or a model with embedded heads) with locret.recommended.pool / .pool_from / .query /
+    .positions set to the given values (None: kept as they are); every other key and tensor unchanged and in order."""
     reader = GGUFReader(path)
     if reader.get_field("locret.format_version") is None:
         raise ConversionError(f"{path} holds no Locret heads (no locret.format_version)")
+    field = reader.get_field("locret.recommended.pool")
+    pool_after = pool if pool is not None else int(field.contents()) if field is not None else 0
+    if pool_from and pool_after <= 1:
+        raise ConversionError(f"--pool-from {pool_from}: the heads recommend no pooling window (give --pool too)")
     replaced = {"locret.recommended.pool": (pool, GGUFValueType.UINT32),
+                "locret.recommended.pool_from": (pool_from, GGUFValueType.UINT32),
                 "locret.recommended.query": (query, GGUFValueType.STRING),
                 "locret.recommended.positions": (positions, GGUFValueType.STRING)}
     architecture = reader.get_field("general.architecture").contents()
