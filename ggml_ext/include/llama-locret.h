@@ -413,6 +413,8 @@ struct llama_locret_stats {
     // what a server's counters read
     uint64_t n_evictions_total;
     uint64_t n_units_evicted_total;
+    uint32_t pool_window;      // the context's score pooling window (0: none); `pool` is the sequence's
+    uint32_t pool_from;        // pooling applies to prompts of at least this many budgets (0: to every sequence)
 };
 
 // Whether the context evicts (was created with a Locret budget).

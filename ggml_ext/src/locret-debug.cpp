@@ -50,6 +50,8 @@ struct llama_locret_stats llama_locret_get_seq_stats(const struct llama_context 
     st.t_readback_us   = mem->evictor().t.readback_us;
     st.n_pinned        = s->n_pinned;
     st.pool            = locret_pool_of(*mem, seq_id); // pooling for long prompts: the sequence's decision
+    st.pool_window     = cfg.pool;
+    st.pool_from       = cfg.pool_from;
     {
         const std::string settings = locret_policy_settings_str(*locret_policy_find(cfg.policy), cfg.policy_values);
         snprintf(st.policy_settings, sizeof(st.policy_settings), "%s", settings.c_str());

@@ -199,7 +199,8 @@ void locret_server_init(const llama_context * ctx, common_params & params) {
         {"heads",           o.heads.empty() ? params.model.path : o.heads},
         {"stabilizers",     st.stabilizers},
         {"local",           st.local},
-        {"pool",            st.pool},
+        {"pool",            st.pool_window},
+        {"pool_from",       st.pool_from},
         {"policy_settings", st.policy_settings},
         {"positions",       llama_locret_positions_name(st.positions)},
         {"position_limit",  st.position_limit},
@@ -231,6 +232,7 @@ void locret_server_slot_state(const llama_context * ctx, llama_seq_id seq_id, co
         {"n_evictions",     st.n_evictions},
         {"n_units_evicted", st.n_units_evicted},
         {"n_pinned",        st.n_pinned},
+        {"pool",            st.pool},
     };
 }
 

@@ -67,7 +67,8 @@ class _Stats(ctypes.Structure):
                 ("n_rows_kept", ctypes.c_uint64), ("n_host_syncs", ctypes.c_uint64),
                 ("positions", ctypes.c_int), ("position_limit", ctypes.c_uint32), ("pos_rope_next", ctypes.c_int64),
                 ("n_repositions", ctypes.c_uint64), ("n_evictions_total", ctypes.c_uint64),
-                ("n_units_evicted_total", ctypes.c_uint64)]
+                ("n_units_evicted_total", ctypes.c_uint64), ("pool_window", ctypes.c_uint32),
+                ("pool_from", ctypes.c_uint32)]
 
 
 _SIGNATURES = {
@@ -428,8 +429,9 @@ def stats(ctx: int, seq_id: int = 0) -> dict[str, int | bool | str]:
     the sequence was last emptied, so a new prompt in a reset Llama starts from zero), n_cells_used,
     n_cells (per sequence), pos_logical (next logical position), kv_bytes (the whole cache), the resolved
     budget/stabilizers/local/n_ubatch, policy (its name: "heads", "random", "streaming", "lagkv", "sage", "snapkv"), n_seq
-    (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (score pooling
-    window, 0: none) and policy_settings (the policy's own settings as resolved, "key=value,..."; "" for a policy
+    (sequences the context keeps), n_pinned (Locret-Q: leading positions never evicted), pool (the sequence's score
+    pooling window, 0: none; pool_window the context's, pooling prompts of pool_from budgets or more, 0: every
+    prompt) and policy_settings (the policy's own settings as resolved, "key=value,..."; "" for a policy
     without settings); and the work done so far: t_select_us,
     t_compact_us, t_readback_us (time spent), n_compactions (compaction graphs run), and what evictions cost since
     the context was made: n_rows_moved (K/V rows written to another cell), n_rows_rotated (keys re-rotated),

@@ -241,7 +241,8 @@ def test_settings_loaded_from_the_heads_are_the_files_recommended_ones(model_pat
     llm = Llama(model_path=str(model_path), locret_heads=str(QUERY_HEADS), **(kw | dict(n_batch=8, n_ubatch=8)))
     assert llm.locret_stats()["pool"] == 0
     llm.close()
-    for args, message in ((["--pool", "4"], "--pool must be odd"), ([], "give --pool, --query and/or --positions"),
+    for args, message in ((["--pool", "4"], "--pool must be odd"),
+                          ([], "give --pool, --pool-from, --query and/or --positions"),
                           (["--positions", "sideways"], "Locret positions must be compact, inplace, keep or keep:N")):
         proc = run([sys.executable, REPO / "convert" / "heads_to_gguf.py", "recommend", heads_file, *args,
                     "-o", tmp_path / "x.gguf"], timeout=120)

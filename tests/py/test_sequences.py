@@ -325,6 +325,8 @@ def test_pooling_for_long_prompts_is_decided_per_sequence(model_path, heads_file
         assert llm.locret_stats(seq_id=s)["n_evictions"] >= 8
     assert held[0] != [[u[0] for u in unpooled_0.units[il][h]] for il in range(n_layer) for h in range(n_head_kv)]
     assert [llm.locret_stats(seq_id=s)["pool"] for s in (0, 1)] == [9, 0]
+    assert all((llm.locret_stats(seq_id=s)["pool_window"], llm.locret_stats(seq_id=s)["pool_from"]) == (9, 4)
+               for s in (0, 1))
     # a saved state carries each sequence's decision
     other = make(model_path, pool_heads, n_seq_max=2, n_batch=1024)
     other.load_state(llm.save_state())
