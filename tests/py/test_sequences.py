@@ -348,7 +348,10 @@ def test_pooling_for_long_prompts_is_decided_per_sequence(model_path, heads_file
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "score pooling 9 for prompts of 4 budgets or more" in proc.stderr, proc.stderr[-2000:]
     assert re.search(r"sequence 0: a prompt of \d+ tokens, under 4 budgets: score pooling off", proc.stderr)
-    # a window for long prompts needs a window
-    proc = run([sys.executable, str(CONVERTER), "recommend", str(heads_file), "--pool-from", "4",
-                "-o", str(tmp_path / "refused.gguf")])
-    assert proc.returncode != 0 and "recommend no pooling window" in proc.stderr, proc.stderr
+    # a window for long prompts needs a window: refused when none is given, or when it is taken away
+    for heads, args in ((heads_file, ["--pool-from", "4"]), (pool_heads, ["--pool", "0"])):
+        proc = run([sys.executable, str(CONVERTER), "recommend", str(heads), *args, "-o", str(tmp_path / "no.gguf")])
+        assert proc.returncode != 0 and "recommend no pooling window" in proc.stderr, proc.stderr
+    proc = run([sys.executable, str(CONVERTER), "recommend", str(pool_heads), "--pool", "0", "--pool-from", "0",
+                "-o", str(tmp_path / "none.gguf")])
+    assert proc.returncode == 0, proc.stderr

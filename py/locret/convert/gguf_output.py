@@ -171,10 +171,14 @@ def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | No
     reader = GGUFReader(path)
     if reader.get_field("locret.format_version") is None:
         raise ConversionError(f"{path} holds no Locret heads (no locret.format_version)")
-    field = reader.get_field("locret.recommended.pool")
-    pool_after = pool if pool is not None else int(field.contents()) if field is not None else 0
-    if pool_from and pool_after <= 1:
-        raise ConversionError(f"--pool-from {pool_from}: the heads recommend no pooling window (give --pool too)")
+    def after(key: str, given: int | None) -> int:
+        field = reader.get_field(key)
+        return given if given is not None else int(field.contents()) if field is not None else 0
+
+    pool_from_after = after("locret.recommended.pool_from", pool_from)
+    if pool_from_after and after("locret.recommended.pool", pool) <= 1:
+        raise ConversionError(f"--pool-from {pool_from_after}: the heads recommend no pooling window (give --pool "
+                              f"too, or --pool-from 0)")
     replaced = {"locret.recommended.pool": (pool, GGUFValueType.UINT32),
                 "locret.recommended.pool_from": (pool_from, GGUFValueType.UINT32),
                 "locret.recommended.query": (query, GGUFValueType.STRING),
