@@ -468,15 +468,25 @@ bool llama_locret_check_graph(const llama_locret_context * lctx, const llm_graph
     return true;
 }
 
-int32_t llama_locret_pin_query(llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens) {
+// The refusals shared by the calls about one sequence's tokens: a context that does not evict, a negative count.
+// Returns the context's Locret memory, or nullptr with the error set.
+static llama_locret_memory * locret_memory_for_tokens(llama_context * ctx, const char * caller, int32_t n_tokens) {
     locret_set_error("");
     llama_locret_memory * mem = ctx != nullptr ? locret_memory_of(llama_get_memory(ctx)) : nullptr;
     if (mem == nullptr) {
-        locret_set_error("llama_locret_pin_query: the context does not evict (no Locret budget)");
-        return -1;
+        locret_set_error(format("%s: the context does not evict (no Locret budget)", caller));
+        return nullptr;
     }
     if (n_tokens < 0) {
-        locret_set_error(format("llama_locret_pin_query: %d pinned tokens", n_tokens));
+        locret_set_error(format("%s: a negative token count (%d)", caller, n_tokens));
+        return nullptr;
+    }
+    return mem;
+}
+
+int32_t llama_locret_pin_query(llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens) {
+    llama_locret_memory * mem = locret_memory_for_tokens(ctx, __func__, n_tokens);
+    if (mem == nullptr) {
         return -1;
     }
     const locret_cells * s = mem->get_stream(seq_id);
@@ -491,17 +501,8 @@ int32_t llama_locret_pin_query(llama_context * ctx, llama_seq_id seq_id, int32_t
 }
 
 int32_t llama_locret_seq_prompt(llama_context * ctx, llama_seq_id seq_id, int32_t n_tokens) {
-    locret_set_error("");
-    llama_locret_memory * mem = ctx != nullptr ? locret_memory_of(llama_get_memory(ctx)) : nullptr;
-    if (mem == nullptr) {
-        locret_set_error("llama_locret_seq_prompt: the context does not evict (no Locret budget)");
-        return -1;
-    }
-    if (n_tokens < 0) {
-        locret_set_error(format("llama_locret_seq_prompt: a prompt of %d tokens", n_tokens));
-        return -1;
-    }
-    return mem->tell_prompt(seq_id, (uint32_t) n_tokens);
+    llama_locret_memory * mem = locret_memory_for_tokens(ctx, __func__, n_tokens);
+    return mem != nullptr ? mem->tell_prompt(seq_id, (uint32_t) n_tokens) : -1;
 }
 
 void llama_locret_reserve(llama_context * ctx) {

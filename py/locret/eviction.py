@@ -96,7 +96,6 @@ _SIGNATURES = {
     "llama_locret_chat_query_message": ([ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_bool],
                                         ctypes.c_int32),
     "llama_locret_pin_room": ([], ctypes.c_int32),
-    "llama_locret_file_recommended": ([ctypes.c_char_p, ctypes.POINTER(_Settings)], ctypes.c_int32),
     "llama_locret_query_layout": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32], ctypes.c_int32),
     "llama_locret_is_evicting": ([ctypes.c_void_p], ctypes.c_bool),
     "llama_locret_model_configure": ([ctypes.c_void_p, ctypes.POINTER(_Params)], ctypes.c_int32),

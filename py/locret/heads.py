@@ -46,6 +46,7 @@ _SIGNATURES = {
     "llama_locret_heads_free": ([ctypes.c_void_p], None),
     "llama_locret_heads_hidden_size": ([ctypes.c_void_p], ctypes.c_int32),
     "llama_locret_heads_recommended": ([ctypes.c_void_p], _Settings),
+    "llama_locret_file_recommended": ([ctypes.c_char_p, ctypes.POINTER(_Settings)], ctypes.c_int32),
     "llama_locret_positions_name": ([ctypes.c_int], ctypes.c_char_p),
     "llama_locret_set_heads": ([ctypes.c_void_p, ctypes.c_void_p], ctypes.c_int32),
     "llama_locret_get_heads": ([ctypes.c_void_p], ctypes.c_void_p),
@@ -119,9 +120,23 @@ class Heads:
         """The settings the file recommends (0 where it has none). positions: where kept units sit by default with
         these heads ("compact", "inplace", "keep" or "keep:N"; None: the model's and policy's default). pool_from: the
         pooling applies to prompts of at least this many budgets (0: to every prompt; `eviction.seq_prompt`)."""
-        s = _lib().llama_locret_heads_recommended(self._ptr)
-        return {"budget": s.budget, "chunk": s.chunk, "stabilizers": s.stabilizers, "local": s.local, "pool": s.pool,
-                "pool_from": s.pool_from, "query_auto": bool(s.query_auto), "positions": positions_text(s)}
+        return _recommended_dict(_lib().llama_locret_heads_recommended(self._ptr))
+
+
+def file_recommended(path: str | os.PathLike) -> dict[str, int | bool | str | None] | None:
+    """The settings the heads in the GGUF at `path` recommend, read by the library as its loader reads them (no model
+    needed); None when the file has no heads. Raises HeadsError with the library's reason when it would refuse the
+    file (unreadable, or recommendations that contradict each other)."""
+    s = _Settings()
+    got = _lib().llama_locret_file_recommended(os.fsencode(path), ctypes.byref(s))
+    if got < 0:
+        raise HeadsError(_last_error() or f"{path}: cannot be read")
+    return _recommended_dict(s) if got == 1 else None
+
+
+def _recommended_dict(s: _Settings) -> dict[str, int | bool | str | None]:
+    return {"budget": s.budget, "chunk": s.chunk, "stabilizers": s.stabilizers, "local": s.local, "pool": s.pool,
+            "pool_from": s.pool_from, "query_auto": bool(s.query_auto), "positions": positions_text(s)}
 
 
 def positions_text(s: _Settings) -> str | None:

@@ -336,6 +336,10 @@ def test_pooling_for_long_prompts_is_decided_per_sequence(model_path, heads_file
     assert eviction.seq_prompt(llm._ctx.ctx, 10 * B, 1) is False
     llm._ctx.kv_cache_seq_rm(1, -1, -1)
     assert eviction.seq_prompt(llm._ctx.ctx, 10 * B, 1) is True
+    # a negative count is refused by both calls about a sequence's tokens, with the caller named
+    for call, name in ((eviction.seq_prompt, "llama_locret_seq_prompt"), (eviction.pin_query, "llama_locret_pin_query")):
+        with pytest.raises(heads_api.HeadsError, match=rf"{name}: a negative token count \(-1\)"):
+            call(llm._ctx.ctx, -1, 0)
     llm.close()
     # Python's eval tells a prompt given whole; the tools tell theirs and log the decision
     for n, pool in ((4 * B, 9), (2 * B, 0)):
@@ -351,7 +355,8 @@ def test_pooling_for_long_prompts_is_decided_per_sequence(model_path, heads_file
     # a window for long prompts needs a window: refused when none is given, or when it is taken away
     for heads, args in ((heads_file, ["--pool-from", "4"]), (pool_heads, ["--pool", "0"])):
         proc = run([sys.executable, str(CONVERTER), "recommend", str(heads), *args, "-o", str(tmp_path / "no.gguf")])
-        assert proc.returncode != 0 and "recommend no pooling window" in proc.stderr, proc.stderr
+        assert proc.returncode != 0 and "pool_from (4 budgets) needs locret.recommended.pool" in proc.stderr \
+            and not (tmp_path / "no.gguf").exists(), proc.stderr
     proc = run([sys.executable, str(CONVERTER), "recommend", str(pool_heads), "--pool", "0", "--pool-from", "0",
                 "-o", str(tmp_path / "none.gguf")])
     assert proc.returncode == 0, proc.stderr

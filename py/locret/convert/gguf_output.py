@@ -134,6 +134,7 @@ def write_standalone(out: Path, base: BaseModel, name: str, kvs: list[KeyValue],
         for tensor in tensors:
             _add_tensor_info(writer, tensor.name, tensor.data, tensor.ggml_type)
         _write(writer, [t.data for t in tensors], progress=None)
+        _check_with_library(partial, out)
 
 
 def refuse_model_with_heads(model: GGUFHeader, model_path: Path) -> None:
@@ -162,6 +163,7 @@ def write_merged(out: Path, model: GGUFReader, model_path: Path, kvs: list[KeyVa
             _add_tensor_info(writer, tensor.name, tensor.data, tensor.ggml_type)
         data = [t.data for t in model.tensors] + [t.data for t in tensors]
         _write(writer, data, progress="merging tensors")
+        _check_with_library(partial, out)
 
 
 def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | None,
@@ -171,14 +173,6 @@ def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | No
     reader = GGUFReader(path)
     if reader.get_field("locret.format_version") is None:
         raise ConversionError(f"{path} holds no Locret heads (no locret.format_version)")
-    def after(key: str, given: int | None) -> int:
-        field = reader.get_field(key)
-        return given if given is not None else int(field.contents()) if field is not None else 0
-
-    pool_from_after = after("locret.recommended.pool_from", pool_from)
-    if pool_from_after and after("locret.recommended.pool", pool) <= 1:
-        raise ConversionError(f"--pool-from {pool_from_after}: the heads recommend no pooling window (give --pool "
-                              f"too, or --pool-from 0)")
     replaced = {"locret.recommended.pool": (pool, GGUFValueType.UINT32),
                 "locret.recommended.pool_from": (pool_from, GGUFValueType.UINT32),
                 "locret.recommended.query": (query, GGUFValueType.STRING),
@@ -197,6 +191,20 @@ def rewrite_recommended(path: Path, out: Path, pool: int | None, query: str | No
         for tensor in reader.tensors:
             _add_tensor_info(writer, tensor.name, tensor.data, tensor.tensor_type)
         _write(writer, [t.data for t in reader.tensors], progress=None)
+        _check_with_library(partial, out)
+
+
+def _check_with_library(written: Path, out: Path) -> None:
+    """Refuse a file whose recommendations the library's loader would refuse (a pooling threshold without a window,
+    ...): the rule is the library's (llama_locret_file_recommended), asked about the file just written, before it
+    replaces `out`."""
+    from locret.heads import HeadsError, file_recommended
+
+    try:
+        file_recommended(written)
+    except HeadsError as e:
+        raise ConversionError(f"the heads would be refused by their loader: {str(e).replace(str(written), str(out))}"
+                              ) from None
 
 
 def _encode(name: str, values: np.ndarray, ggml_type: GGMLQuantizationType) -> np.ndarray:
