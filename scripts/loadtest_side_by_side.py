@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Users served in the same KV memory: llama-server with Locret against plain llama-server, one user script.
 
-For each KV memory M (given as the cells of a full cache of the model: 16384 = two full 8K slots), three servers
-play the same script (locret loadtest's users, one seed) one after the other, each alone on the machine:
+For each KV memory M (given as the cells of plain llama-server's slots, a whole number of them: 16384 = two 8K
+slots; in bytes, what plain llama-server allocates for those slots, llama.cpp's own size, in which a sliding-window
+model's window layers hold only their window and a ubatch), three servers play the same script (locret loadtest's users, one seed) one after the other, each alone on the machine:
 
 - plain@M: plain llama-server (no Locret flag) whose slots x context fill M: --plain-slot-ctx tokens a slot, so
   M / that many slots; a prompt longer than its slot is refused, as plain llama.cpp does;
@@ -45,8 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     loadtest.add_script_arguments(p)
     p.add_argument("--memory-cells", default="16384",
-                   help="KV memory M as cells of a full cache of the model, comma-separated for a sweep (default "
-                        "16384: two full 8K slots)")
+                   help="KV memory M as the cells of plain llama-server's slots (a multiple of --plain-slot-ctx), "
+                        "comma-separated for a sweep (default 16384: two 8K slots); in MiB, what plain llama-server "
+                        "allocates for them")
     p.add_argument("--plain-slot-ctx", type=int, default=8192, help="a plain slot's context in tokens (default 8192)")
     p.add_argument("--min-budget", type=int,
                    help="the least budget a Locret slot may have: the slot count is the most that keep it (default: "
@@ -80,6 +82,12 @@ def plain_command(model: Path, cells: int, slots: int, args, port: int) -> list[
         cache_ram(args)
 
 
+def plain_kv_mib(model: Path, slots: int, args) -> float:
+    """MiB of K and V that plain llama-server allocates for `slots` slots of --plain-slot-ctx: llama.cpp's own size
+    (a sliding-window model's window layers hold their window, so M is not a full cache of every layer)."""
+    return planner.plain_kv_bytes(model, args.plain_slot_ctx, slots, args.ubatch, "f16") / 2**20
+
+
 def cache_ram(args) -> list[str]:
     return [] if args.cache_ram is None else ["--cache-ram", str(args.cache_ram)]
 
@@ -104,8 +112,9 @@ def locret_slots(model: Path, heads: Path | None, memory_mib: float, args) -> tu
     best = None
     for slots in range(1, args.users + 1):
         try:
+            # swa_full False: llama-server's window cache (a window and a ubatch), as the server will make it
             b = eviction.budget_for_mib(model, memory_mib / slots, heads=heads, n_ubatch=args.ubatch,
-                                        n_seq=slots)["budget"]
+                                        n_seq=slots, swa_full=False)["budget"]
         except eviction.HeadsError:
             break
         if b < least:
@@ -158,7 +167,10 @@ def main(argv=None) -> int:
         for cells in sweep:
             if cells < args.plain_slot_ctx and "plain" in wanted:
                 raise ValueError(f"--memory-cells {cells} holds no plain slot of {args.plain_slot_ctx} tokens")
-            mib = planner.full_cache_kv_bytes(facts, cells, "f16") / 2**20
+            if cells % args.plain_slot_ctx:
+                raise ValueError(f"--memory-cells {cells} is not a whole number of plain slots of "
+                                 f"{args.plain_slot_ctx} tokens (--plain-slot-ctx)")
+            mib = plain_kv_mib(model, cells // args.plain_slot_ctx, args)
             slots, budget = locret_slots(model, heads, mib, args)
             plans.append((cells, mib, slots, budget))
         users = loadtest.build_users(args)
@@ -173,8 +185,7 @@ def main(argv=None) -> int:
                 n = cells // args.plain_slot_ctx
                 r = serve_and_play(f"plain@{cells}", plain_command(model, n * args.plain_slot_ctx, n, args,
                                                                    serve.free_port()), users, args, out)
-                r.update(memory_cells=cells, memory_mib=round(mib, 1), slots=n,
-                         kv_mib=round(planner.full_cache_kv_bytes(facts, n * args.plain_slot_ctx, "f16") / 2**20, 1))
+                r.update(memory_cells=cells, memory_mib=round(mib, 1), slots=n, kv_mib=round(mib, 1))
                 results.append(r)
             if "locret" in wanted:
                 r = serve_and_play(f"locret@{cells}", locret_command(model, heads, slots, budget, args,
@@ -190,8 +201,7 @@ def main(argv=None) -> int:
             n = args.users
             r = serve_and_play("plain-unbounded", plain_command(model, n * args.plain_slot_ctx, n, args,
                                                                 serve.free_port()), users, args, out)
-            r.update(slots=n, kv_mib=round(planner.full_cache_kv_bytes(facts, n * args.plain_slot_ctx, "f16")
-                                           / 2**20, 1))
+            r.update(slots=n, kv_mib=round(plain_kv_mib(model, n, args), 1))
             results.append(r)
     except RuntimeError as e:
         print(f"loadtest_side_by_side: {e}", file=sys.stderr)

@@ -294,6 +294,15 @@ def test_recommended_settings_and_name_are_written(tiny_base, tmp_path, cli):
         (U32, 1024), (U32, 512), (U32, 64), (U32, 32)]
 
 
+def test_an_even_pooling_window_is_refused_by_the_librarys_loader(tiny_base, tmp_path, cli):
+    """The converter keeps no copy of the pooling rule: the file it wrote is read back through the library, whose
+    refusal it passes on, and no output is left."""
+    checkpoint = save_safetensors(random_heads(TINY, d_r=8, seed=0), tmp_path / "h.safetensors")
+    out = tmp_path / "heads.gguf"
+    assert_refused(cli("--base", tiny_base, "--heads", checkpoint, "-o", out, "--pool", 4),
+                   "locret.recommended.pool must be odd (a window centred on each token), got 4", output=out)
+
+
 # ---------------------------------------------------------------- the permutation, proven by the math
 
 def test_permuted_heads_score_llama_cpp_activations_like_hf_ones(smollm2, smollm2_random, smollm2_converted):

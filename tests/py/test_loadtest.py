@@ -240,6 +240,13 @@ def test_the_side_by_side_refuses_a_bad_accuracy(tmp_path):
     assert not (tmp_path / "sbs").exists()
 
 
+def test_the_side_by_side_takes_m_in_whole_plain_slots(tmp_path):
+    proc = run([sys.executable, REPO / "scripts" / "loadtest_side_by_side.py", "--users", "2", "--memory-cells",
+                "12000", "--plain-slot-ctx", "8192", "--min-budget", "512", "-o", tmp_path / "sbs"], timeout=120)
+    assert proc.returncode == 1 and "not a whole number of plain slots of 8192" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "sbs").exists()
+
+
 # ---------------------------------------------------------------- a short real load test
 
 def test_a_short_load_test_against_locret_serve(tmp_path, model_path):

@@ -1,9 +1,10 @@
 """`locret plan --doc-tokens N --accuracy F`: the budget for documents of a length from the measured points of
-planner/accuracy.py, and the slot's KV beside plain llama-server's full cache of such a document.
+planner/accuracy.py, and the slot's KV beside what plain llama-server allocates for such a document.
 
 The rule against hand-made points (where it must stop, round, keep a chunk, or keep the whole document), the shipped
 points' own answers for a few targets, the command line's plan (its budget, its cells and the ratio against a full
-cache computed here from the GGUF's K/V widths), and each refusal with exit 1. A few seconds.
+cache computed here from the GGUF's K/V widths), each refusal with exit 1, and plain llama.cpp's KV as llama.cpp
+sizes it (a sliding-window model's window layers hold their window). A few seconds.
 """
 from __future__ import annotations
 
@@ -98,3 +99,58 @@ def test_the_command_plans_the_budget_and_sets_it_beside_plain(model_path):
 def test_refusals_exit_1(args, says):
     proc = plan(*args)
     assert proc.returncode == 1 and says in proc.stderr, (proc.returncode, proc.stderr)
+
+
+# ---------------------------------------------------------------- plain llama.cpp's KV, llama.cpp's own size
+
+def _gemma():
+    from locret import models
+    if not models.is_installed("gemma3-270m"):
+        pytest.skip("gemma3-270m is not installed")
+    return models.resolve("gemma3-270m", fetch=False)
+
+
+def test_plain_kv_bytes_is_llama_cpps_cache_computed_here(model_path):
+    """planner.plain_kv_bytes against the cache computed from the GGUF's hyperparameters: SmolLM2 keeps every layer
+    for every cell of every slot; Gemma-3's window layers (all but every sixth) keep their window and a ubatch, padded
+    to 256, whatever the context."""
+    from locret.planner import plain_kv_bytes
+    from locret.planner.inputs import read_header
+
+    facts = read_model(model_path)
+    per_cell = sum(2 * (k + v) for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa))   # f16
+    for ctx, slots in ((2048, 1), (8192, 2)):
+        assert plain_kv_bytes(model_path, ctx, slots, 512) == ctx * slots * per_cell
+
+    gemma = _gemma()
+    facts = read_model(gemma)
+    window = int(read_header(gemma).kv["gemma3.attention.sliding_window"])
+    row = [2 * (k + v) for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+    full_layers = [il for il in range(facts.n_layer) if (il + 1) % 6 == 0]
+    for ctx, slots, ubatch in ((32768, 2, 512), (8192, 3, 256)):
+        window_cells = -(-(window + ubatch) // 256) * 256
+        want = slots * sum(row[il] * (ctx if il in full_layers else window_cells) for il in range(facts.n_layer))
+        got = plain_kv_bytes(gemma, ctx, slots, ubatch)
+        assert abs(got - want) <= 0.01 * 2**20, (ctx, slots, got, want)   # llama.cpp logs MiB to 2 decimals
+        assert got < 0.25 * ctx * slots * sum(row)                        # far from a full cache of every layer
+
+
+def test_the_plan_sets_a_window_models_slot_beside_plain_llama_cpps_own_cache():
+    """Gemma-3: both sides hold the window layers' window only (the rule book's bytes a slot for ours, llama.cpp's
+    own size for plain), not a full cache of every layer."""
+    from locret.planner import plain_kv_bytes
+
+    gemma = _gemma()
+    proc = run([sys.executable, "-m", "locret", "plan", "--device", "cpu-2core", "--model", "gemma3-270m",
+                "--doc-tokens", "20000", "--ubatch", "512", "--json"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    plain = plain_kv_bytes(gemma, 20224, 1, 512)
+    # ours, computed here: the full-attention layers hold the slot's cells, the window layers 512 + 512 cells
+    facts = read_model(gemma)
+    row = [2 * (k + v) for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa)]
+    ours = sum(r * (p["n_cells"] if (il + 1) % 6 == 0 else 1024) for il, r in enumerate(row))
+    note = p["notes"][-1]
+    assert f"KV a slot: {ours / 2**20:.2f} MiB in {p['n_cells']} cells" in note, note
+    assert f"keeps {plain / 2**20:.2f} MiB for a whole 20000-token document (20224 cells)" in note, note
+    assert f"{plain / ours:.2f}x the slots" in note, note

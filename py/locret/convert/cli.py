@@ -125,8 +125,6 @@ def main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["recommend"]:
             args = recommend_parser().parse_args(argv[1:])
-            if args.pool is not None and args.pool > 1 and args.pool % 2 == 0:
-                raise ConversionError(f"--pool must be odd (a window centred on each token), got {args.pool}")
             if args.pool is None and args.pool_from is None and args.query is None and args.positions is None:
                 raise ConversionError("recommend: give --pool, --pool-from, --query and/or --positions")
             if args.positions is not None:
@@ -140,8 +138,6 @@ def main(argv: list[str]) -> int:
             make_random(args.base, args.output, args.d_r, args.seed, args.dtype)
         else:
             args = convert_parser().parse_args(argv)
-            if args.pool > 1 and args.pool % 2 == 0:
-                raise ConversionError(f"--pool must be odd (a window centred on each token), got {args.pool}")
             convert(ConversionRequest(
                 heads=args.heads, out=args.output, base=args.base, merge_into=args.merge_into,
                 weight_type=args.type, name=args.name, skip_qk_permutation=args.skip_qk_permutation,

@@ -584,8 +584,8 @@ def run(cfg: EvalConfig) -> int:
                 stopped = True
                 break
             if spec.method == "full":
-                end["kv_bytes"] = planner.full_cache_kv_bytes(facts, spec.n_ctx, cfg.kv_type or "f16")
-                end["kv_bytes_source"] = "predicted (planner) for the full cache"
+                end["kv_bytes"] = planner.plain_kv_bytes(model_path, spec.n_ctx, 1, spec.ubatch, cfg.kv_type or "f16")
+                end["kv_bytes_source"] = "llama.cpp's own size of a plain context (planner.plain_kv_bytes)"
             _append(runs_path, dict(end, run=run_name, method=spec.labels["method"], budget=spec.budget, n_ctx=spec.n_ctx))
 
     samples = _read_jsonl(samples_path)

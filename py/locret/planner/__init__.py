@@ -31,9 +31,9 @@ from .advice import Plan, _pool_weights, _slots_that_fit, _variant_total, advice
 from .inputs import (ModelFacts, PlanError, parse_context, parse_gpu_layers, parse_slots, read_heads, read_model,
                      resolve_heads, row_size)
 from .measure import (COMPACT_MAX_SEQ, LOCRET_PART, LOCRET_SCORES_PART, SAMPLING_BYTES_PER_TOKEN, SAMPLING_PART,
-                      Measured, measure)
+                      Measured, measure, plain_kv_bytes)
 from .memory import (DEFAULT_CONTEXT, GIB, KV_PAD, MAX_SLOTS, MIB, Part, Settings, _on_gpu,
-                     full_cache_kv_bytes, kv_bytes_per_layer, place, predict_kv_bytes, resolve_settings, sized)
+                     kv_bytes_per_layer, place, predict_kv_bytes, resolve_settings, sized)
 from .report import EXIT_DOES_NOT_FIT, format_plan, run_cli
 
 __all__ = [
@@ -42,10 +42,10 @@ __all__ = [
     "resolve_heads", "row_size",
     # memory
     "DEFAULT_CONTEXT", "GIB", "KV_PAD", "MAX_SLOTS", "MIB", "Part", "Settings",
-    "full_cache_kv_bytes", "kv_bytes_per_layer", "place", "predict_kv_bytes", "resolve_settings", "sized",
+    "kv_bytes_per_layer", "place", "predict_kv_bytes", "resolve_settings", "sized",
     # measure
     "COMPACT_MAX_SEQ", "LOCRET_PART", "LOCRET_SCORES_PART", "SAMPLING_BYTES_PER_TOKEN", "SAMPLING_PART", "Measured",
-    "measure",
+    "measure", "plain_kv_bytes",
     # advice
     "Plan", "advice", "plan", "refusal",
     # report

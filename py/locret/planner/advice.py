@@ -10,8 +10,8 @@ from ..devices import Device
 from .accuracy import Choice, budget_for, parse_accuracy
 from .inputs import ModelFacts, PlanError, parse_slots, read_heads, read_model, resolve_heads, row_size
 from .measure import (COMPACT_MAX_SEQ, LOCRET_PART, LOCRET_SCORES_PART, SAMPLING_PART, Measured, _add_buffers,
-                      _add_locret_buffers, measure)
-from .memory import (KV_PAD, MAX_SLOTS, Part, Settings, _fmt, cells_per_layer, full_cache_kv_bytes, kv_bytes_per_layer,
+                      _add_locret_buffers, measure, plain_kv_bytes)
+from .memory import (KV_PAD, MAX_SLOTS, Part, Settings, _fmt, cells_per_layer, kv_bytes_per_layer,
                      place, policy_traits, resolve_settings, sized)
 
 DEFAULT_ACCURACY = 0.9   # --accuracy: answers right at least this often, relative to full attention's
@@ -96,11 +96,13 @@ def _budget_for_documents(device: str, model: str, doc_tokens: int, target: floa
 
 
 def _beside_plain(p: Plan, doc_tokens: int) -> str:
-    """A slot's KV cache against plain llama.cpp's full cache of one such document (cells padded as llama.cpp pads)."""
+    """A slot's KV cache (the rule book's bytes) against what plain llama.cpp allocates for one slot of such a
+    document (llama.cpp's own size, cells padded as it pads them; a sliding-window model's window layers hold only
+    their window in both)."""
     s = p.settings
     plain_cells = -(-doc_tokens // KV_PAD) * KV_PAD
-    ours = full_cache_kv_bytes(p.model, s.n_cells, s.kv_type)
-    plain = full_cache_kv_bytes(p.model, plain_cells, s.kv_type)
+    ours = sum(kv_bytes_per_layer(p.model, s)) // s.slots
+    plain = plain_kv_bytes(p.model.path, plain_cells, 1, s.ubatch, s.kv_type)
     return (f"KV a slot: {_fmt(ours)} in {s.n_cells} cells, where plain llama-server keeps {_fmt(plain)} for a whole "
             f"{doc_tokens}-token document ({plain_cells} cells): {plain / ours:.2f}x the slots in the same KV memory")
 

@@ -49,6 +49,30 @@ def measure(model: Path, heads: Path | None, settings: Settings, timeout: float 
                    budget=settings.budget, ubatch=settings.ubatch, stabilizers=settings.stabilizers,
                    kv_type=settings.kv_type, gpu_layers=settings.gpu_layers, policy=settings.policy,
                    schedule=settings.schedule, slots=settings.slots)
+    return Measured(**_in_child(request, timeout))
+
+
+def plain_kv_bytes(model: Path, context: int, slots: int = 1, ubatch: int = 512, kv_type: str = "f16",
+                   timeout: float = 600) -> int:
+    """The K and V bytes plain llama.cpp (no eviction) allocates for `slots` slots of `context` tokens each, as
+    llama-server -c context*slots -np slots holds them: llama.cpp's own figure, summed from the size lines its caches
+    log when a no_alloc context is created (to 0.01 MiB a cache). A sliding-window model's window layers hold their
+    window and a ubatch, not the context (the tools' default, no --swa-full): a full cache of every layer
+    would overstate it. Remembered per model file and settings."""
+    st = Path(model).stat()
+    key = (str(model), st.st_size, st.st_mtime_ns, int(context), int(slots), int(ubatch), str(kv_type).lower())
+    if key not in _PLAIN_KV:
+        request = dict(model=str(model), plain=True, context=int(context), slots=int(slots), ubatch=int(ubatch),
+                       kv_type=str(kv_type).lower(), gpu_layers=0)
+        _PLAIN_KV[key] = int(_in_child(request, timeout)["kv_bytes"])
+    return _PLAIN_KV[key]
+
+
+_PLAIN_KV: dict = {}
+
+
+def _in_child(request: dict, timeout: float) -> dict:
+    """`_measure_main(request)` in a child process (an abort inside llama.cpp must not take the caller with it)."""
     # an abort inside llama.cpp would otherwise attach gdb to print a backtrace: the message is enough
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     try:
@@ -61,7 +85,7 @@ def measure(model: Path, heads: Path | None, settings: Settings, timeout: float 
             data = json.loads(line[len(_RESULT_MARK):])
             if "error" in data:
                 raise PlanError(f"llama.cpp refused the plan: {data['error']}")
-            return Measured(**data)
+            return data
     lines = proc.stderr.strip().splitlines() or ["(no output)"]
     reason = next((x for x in lines if "GGML_ASSERT" in x or "error" in x.lower()), lines[-1]).strip()
     raise PlanError(f"llama.cpp's memory estimate failed (exit {proc.returncode}): {reason}")
@@ -102,17 +126,20 @@ def _measure_main(request: dict) -> dict:
     model = L.llama_model_load_from_file(request["model"].encode(), mp)
     if not model:
         return {"error": f"could not load the model: {errors()}"}
-    try:
-        # a policy without heads loads none; one that sets its own stabilizers (e.g. SAGE-KV) is given none
-        traits = eviction.policy_traits(request.get("policy"))
-        heads = eviction.configure(model, request["model"], heads=request["heads"] if traits.needs_heads else None,
-                                   budget=request["budget"],
-                                   stabilizers=None if traits.sets_own_stabilizers else request["stabilizers"],
-                                   policy=request.get("policy"),
-                                   budget_schedule=None if request.get("schedule", "uniform") == "uniform"
-                                   else request["schedule"])
-    except HeadsError as e:
-        return {"error": str(e)}
+    plain = bool(request.get("plain"))   # plain llama.cpp: nothing configured, the KV cache's size wanted
+    heads = None
+    if not plain:
+        try:
+            # a policy without heads loads none; one that sets its own stabilizers (e.g. SAGE-KV) is given none
+            traits = eviction.policy_traits(request.get("policy"))
+            heads = eviction.configure(model, request["model"], heads=request["heads"] if traits.needs_heads else None,
+                                       budget=request["budget"],
+                                       stabilizers=None if traits.sets_own_stabilizers else request["stabilizers"],
+                                       policy=request.get("policy"),
+                                       budget_schedule=None if request.get("schedule", "uniform") == "uniform"
+                                       else request["schedule"])
+        except HeadsError as e:
+            return {"error": str(e)}
     types = _type_sizes()[1]
     cp = L.llama_context_default_params()
     slots = int(request.get("slots", 1))
@@ -129,6 +156,13 @@ def _measure_main(request: dict) -> dict:
         return {"error": _last_error() or errors()}
     # the KV cache's bytes and cells, the model's size, the compute buffers per buffer type and Locret's own buffers:
     # the C API's numbers
+    if plain:
+        # llama_kv_cache logs "size = X MiB (N cells, L layers, ...)" for each cache it makes (two for iSWA)
+        text = "".join(t for _, t in lines)
+        kv = sum(float(x) for x in re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", text))
+        L.llama_free(ctx)
+        L.llama_model_free(model)
+        return {"kv_bytes": round(kv * MIB)}
     stats = eviction.stats(ctx)
     compute = eviction.compute_buffers_by_type(ctx)
     own = eviction.locret_buffers(ctx)

@@ -210,13 +210,6 @@ def predict_kv_bytes(facts: ModelFacts, settings: Settings) -> int:
     return sum(kv_bytes_per_layer(facts, settings))
 
 
-def full_cache_kv_bytes(facts: ModelFacts, n_cells: int, kv_type: str) -> int:
-    """A cache that keeps every token (no eviction): n_cells K and V rows in every layer. A sliding-window model's
-    window layers hold fewer in llama.cpp, so for those this is an upper bound."""
-    return sum(n_cells * (row_size(kv_type, k) + row_size(kv_type, v))
-               for k, v in zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa))
-
-
 def cells_per_layer(facts: ModelFacts, s: Settings, kv_per_layer: list[int]) -> list[int]:
     """The cells each layer's cache holds per slot, from the rule book's bytes (0 for a layer without KV): n_cells, a
     window layer's own cache, or a budget schedule's cache of the layer's budget plus the ubatch."""
