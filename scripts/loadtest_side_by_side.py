@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -154,6 +155,8 @@ def serve_and_play(name: str, cmd: list[str], users, args, out: Path) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # stopped (SIGTERM), the script unwinds so that the server it started is stopped too (serve_and_play's finally)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     out = Path(args.output)
     try:
         model = models.resolve(args.model)

@@ -73,15 +73,17 @@ class _Sample:
         return float(self.gold in answer)
 
 
-def _user(i: int, arrival: float, document: str, gold: str, turns: int) -> users_module.User:
-    return users_module.User(i, arrival, "stub", 100, document, "q?", tuple(["again?"] * (turns - 1)), _Sample(gold))
+def _user(i: int, arrival: float, document: str, gold: str, turns: int, completion: bool = False
+          ) -> users_module.User:
+    return users_module.User(i, arrival, "stub", 100, document, "q?", tuple(["again?"] * (turns - 1)), _Sample(gold),
+                             completion=completion)
 
 
 class _Stub(BaseHTTPRequestHandler):
     """POST /v1/chat/completions streams the answer the first user message asks for: 'ttft=T tok=D answer=A n=N'
     (sleep T, then N chunks D apart: the answer's words, then filler); 'refuse' answers 400 as llama-server does
-    for a prompt over its context."""
-    seen: list[list[dict]] = []
+    for a prompt over its context. POST /v1/completions the same, asked by the prompt's first line."""
+    seen: list[list[dict] | str] = []
 
     def log_message(self, *a):
         pass
@@ -95,8 +97,9 @@ class _Stub(BaseHTTPRequestHandler):
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).seen.append(req["messages"])
-        spec = req["messages"][0]["content"]
+        completion = self.path == "/v1/completions"
+        type(self).seen.append(req["prompt"] if completion else req["messages"])
+        spec = req["prompt"].split("\n")[0] if completion else req["messages"][0]["content"]
         if "refuse" in spec:
             body = json.dumps({"error": {"code": 400, "message": "the request exceeds the available context size",
                                          "type": "exceed_context_size_error"}}).encode()
@@ -115,16 +118,22 @@ class _Stub(BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
             self.wfile.flush()
 
-        base = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "stub"}
-        event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
+        base = {"id": "x", "object": "text_completion" if completion else "chat.completion.chunk", "created": 0,
+                "model": "stub"}
+
+        def piece(text, finish=None):
+            one = {"text": text} if completion else {"delta": {"content": text} if text else {}}
+            return {**base, "choices": [{"index": 0, **one, "finish_reason": finish}]}
+
+        if not completion:
+            event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]})
         time.sleep(float(kv["ttft"]))
         n = int(kv["n"])
         for k in range(n):
             if k:
                 time.sleep(float(kv["tok"]))
-            text = kv["answer"] if k == 0 else " x"
-            event({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
-        event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            event(piece(kv["answer"] if k == 0 else " x"))
+        event(piece("", "stop"))
         event({**base, "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": n, "total_tokens": 100 + n}})
         self.wfile.write(b"data: [DONE]\n\n")
 
@@ -176,6 +185,43 @@ def test_figures_against_a_stub_with_known_delays(stub):
     assert f["conversations_per_min"] == pytest.approx(5 / (wall / 60), rel=1e-3)
     assert f["first_turn_right"] == 3 and f["first_turn_asked"] == 6
     assert f["turns_right"] == 6 and f["turns_asked"] == 12 and f["accuracy"] == 0.5
+
+
+def test_a_model_without_a_chat_template_is_sent_one_growing_completion_prompt(stub):
+    """Completion users (a base model: no chat template) go to /v1/completions; a follow-up's prompt is the last
+    prompt, its answer, the turn's text and "Answer:"; their answers are timed and scored as chats are."""
+    script = [_user(i, 0.0, f"ttft=0.05 tok=0.01 answer={'GOLD' if i == 0 else 'wrong'} n=3\nAnswer:", "GOLD",
+                    turns=3, completion=True) for i in range(2)]
+    records, wall = drive.run(stub, script, think_s=0.0, max_tokens=8)
+    rows = [r.as_dict() for r in records]
+    assert len(rows) == 6 and all(r["error"] is None for r in rows)
+    assert all(isinstance(p, str) for p in _Stub.seen) and len(_Stub.seen) == 6
+    for i, gold in enumerate(("GOLD", "wrong")):
+        first = f"ttft=0.05 tok=0.01 answer={gold} n=3\nAnswer:"
+        second = first + f"{gold} x x" + "\n\nagain?\nAnswer:"
+        third = second + f"{gold} x x" + "\n\nagain?\nAnswer:"
+        assert sorted(p for p in _Stub.seen if p.startswith(first)) == sorted([first, second, third])
+    for r in rows:
+        assert r["answer"] in ("GOLD x x", "wrong x x") and r["completion_tokens"] == 3 and r["prompt_tokens"] == 100
+        assert r["score"] == float(r["user"] == 0) and r["ttft_s"] >= 0.05
+    f = figures.summarize(rows, n_users=2, turns=3, wall_s=wall)
+    assert f["conversations_completed"] == 2 and f["turns_right"] == 3 and f["turns_asked"] == 6
+
+
+def test_users_of_a_model_without_a_chat_template_send_completions(vocab):
+    from locret import models
+    from locret.evaluation import items
+
+    if not models.is_installed("gemma3-270m"):
+        pytest.skip("gemma3-270m is not installed")
+    gemma = items.vocab_model(str(models.resolve("gemma3-270m", fetch=False)))
+    try:
+        base = users_module.build(gemma, n_users=2, lengths=(600, 700), turns=2, mean_gap_s=1.0, seed=0)
+    finally:
+        gemma.close()
+    assert all(u.completion and u.document.endswith("Answer:") for u in base)
+    chat = users_module.build(vocab, n_users=2, lengths=(600, 700), turns=2, mean_gap_s=1.0, seed=0)
+    assert not any(u.completion for u in chat)                  # SmolLM2-Instruct has a template: chats
 
 
 def test_arrivals_are_kept(stub):
@@ -343,3 +389,30 @@ def test_the_side_by_side_gives_every_server_the_same_prompt_cache_setting():
         assert "--locret-requery" not in sbs.plain_command(Path("m.gguf"), 4096, 2, args, 8080)
     assert "--locret-requery" not in sbs.locret_command(Path("m.gguf"), None, 3, 512, sbs.parse_args(
         ["--lengths", "700:900", "-o", "x"]), 8081)
+
+
+def test_a_stopped_side_by_side_stops_its_server(tmp_path):
+    """SIGTERM to the script while a server plays: the script exits and the server it started is gone with it."""
+    import re
+    import signal
+    import socket
+    import subprocess
+
+    out = tmp_path / "sbs"
+    proc = subprocess.Popen([sys.executable, REPO / "scripts" / "loadtest_side_by_side.py", "--users", "1",
+                             "--lengths", "700", "--memory-cells", "2048", "--plain-slot-ctx", "2048", "--min-budget",
+                             "256", "--ubatch", "128", "--servers", "plain", "--max-tokens", "400", "-o", out],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = out / "plain@2048.server.log"
+    port = None
+    deadline = time.monotonic() + 300
+    while port is None and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log.read_text()) if log.exists() else None
+        port = int(found.group(1)) if found else None
+    assert port is not None, proc.stderr.read() if proc.poll() is not None else "no server started"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()

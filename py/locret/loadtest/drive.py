@@ -1,7 +1,9 @@
 """Plays a user script (users.py) against an OpenAI-compatible server and records every request.
 
 Each user is one asyncio task: it waits for its arrival time, sends its first message (the document and the
-question), streams the answer, waits `think_s`, sends the next turn with the conversation so far, and so on. A turn
+question), streams the answer, waits `think_s`, sends the next turn with the conversation so far, and so on: as chat
+messages (/v1/chat/completions), or for a model without a chat template as one growing prompt (/v1/completions,
+users.follow_up_prompt). A turn
 that fails (the server refuses the prompt, the connection drops, the timeout passes) ends the user's conversation:
 it is recorded with its error and the conversation counts as not completed.
 
@@ -16,7 +18,7 @@ import asyncio
 import time
 from dataclasses import asdict, dataclass
 
-from .users import User
+from .users import User, follow_up_prompt
 
 
 @dataclass
@@ -38,8 +40,8 @@ class Request:
         return asdict(self)
 
 
-async def _one(client, model: str, messages: list[dict], max_tokens: int, t_run: float, user: User, turn: int
-               ) -> Request:
+async def _one(client, model: str, conversation: list[dict] | str, max_tokens: int, t_run: float, user: User,
+               turn: int) -> Request:
     import openai
 
     t0 = time.monotonic()
@@ -48,14 +50,20 @@ async def _one(client, model: str, messages: list[dict], max_tokens: int, t_run:
     usage = None
     chunks = 0
     try:
-        stream = await client.chat.completions.create(
-            model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True})
+        common = dict(model=model, max_tokens=max_tokens, temperature=0, stream=True,
+                      stream_options={"include_usage": True})
+        if user.completion:
+            stream = await client.completions.create(prompt=conversation, **common)
+        else:
+            stream = await client.chat.completions.create(messages=conversation, **common)
         async for chunk in stream:
             if chunk.usage is not None:
                 usage = chunk.usage
             for choice in chunk.choices or ():
-                text = choice.delta.content if choice.delta is not None else None
+                if user.completion:
+                    text = choice.text
+                else:
+                    text = choice.delta.content if choice.delta is not None else None
                 if text:
                     if ttft is None:
                         ttft = time.monotonic() - t0
@@ -81,16 +89,22 @@ async def _one(client, model: str, messages: list[dict], max_tokens: int, t_run:
 async def _conversation(client, model: str, user: User, max_tokens: int, think_s: float, t_run: float,
                         record) -> None:
     await asyncio.sleep(max(0.0, t_run + user.arrival_s - time.monotonic()))
-    messages = [{"role": "user", "content": user.document}]
+    # chat messages, or for a model without a chat template one prompt that grows turn by turn
+    conversation: list[dict] | str = user.document if user.completion else [{"role": "user", "content": user.document}]
+    answer = ""
     for turn, text in enumerate((None,) + user.turns):
         if text is not None:
             await asyncio.sleep(think_s)
-            messages.append({"role": "user", "content": text})
-        r = await _one(client, model, messages, max_tokens, t_run, user, turn)
+            if user.completion:
+                conversation = follow_up_prompt(conversation, answer, text)
+            else:
+                conversation = conversation + [{"role": "assistant", "content": answer},
+                                               {"role": "user", "content": text}]
+        r = await _one(client, model, conversation, max_tokens, t_run, user, turn)
         record(r)
         if r.error is not None:
             return
-        messages.append({"role": "assistant", "content": r.answer})
+        answer = r.answer
 
 
 async def play(url: str, users: list[User], *, max_tokens: int = 48, think_s: float = 1.0, timeout_s: float = 3600,

@@ -9,6 +9,11 @@ of the mean given) from a seeded generator, so one seed gives every server the s
 A follow-up turn asks the same question again in other words ("Once more: ..."): the needle is still the answer, so
 each turn is scored the same way, and the turn exercises what an operator's traffic does (the conversation grows,
 the server may reuse its prefix cache or evict it).
+
+A model whose GGUF has no chat template (a base model, such as the Gemma-3-270M installed here) is not chatted with:
+llama-server would wrap the messages in a template the model never learned (ChatML) and it answers with template
+tokens. Its users send completions instead (`User.completion`): the document is the whole prompt, ending in
+"Answer:", and a follow-up appends the answer, the turn's text and "Answer:" again (`follow_up_prompt`).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from ..evaluation import decoding, items
 TASKS = ("real_code", "real_number", "real_lookalike")
 FAMILIES = ("info", "man", "pysource")
 FOLLOW_UP = "Once more, and answer with the value only: {question}"
+COMPLETION_FOLLOW_UP = "\n\n{text}\nAnswer:"   # a completion user's next turn, after the answer so far
 
 
 @dataclass(frozen=True)
@@ -32,9 +38,15 @@ class User:
     question: str
     turns: tuple[str, ...]    # the user messages after the first
     sample: object = field(repr=False, compare=False)  # the task sample: its `score(answer)` judges every turn
+    completion: bool = False  # the model has no chat template: `document` is a whole completion prompt
 
     def score(self, answer: str) -> float:
         return float(self.sample.score(answer))
+
+
+def follow_up_prompt(prompt: str, answer: str, text: str) -> str:
+    """A completion user's next prompt: the prompt so far, the answer it got, then the turn's text and "Answer:"."""
+    return prompt + answer + COMPLETION_FOLLOW_UP.format(text=text)
 
 
 def parse_lengths(text: str) -> tuple[int, int]:
@@ -70,7 +82,8 @@ def build(vocab, *, n_users: int, lengths: tuple[int, int], turns: int, mean_gap
         s = ts.sample
         question = s.question.strip()
         follow = tuple(FOLLOW_UP.format(question=question) for _ in range(turns - 1))
-        out.append(User(i, round(t, 3), ts.source, length, items.user_message(s, chat), question, follow, s))
+        out.append(User(i, round(t, 3), ts.source, length, items.user_message(s, chat), question, follow, s,
+                        completion=chat is None))
         t += rng.expovariate(1.0 / mean_gap_s) if mean_gap_s > 0 else 0.0
         if progress is not None:
             progress.update()
