@@ -18,6 +18,7 @@ struct llama_context;
 struct llama_cparams;
 class  llama_io_read_i;
 class  llama_io_write_i;
+class  llama_kv_cache;
 struct llama_locret_context;
 struct llama_locret_heads;
 struct llama_memory_params;
@@ -117,3 +118,32 @@ void llama_locret_kv_state_write_count(llama_io_write_i & io, uint32_t cell_coun
                                        const std::vector<std::pair<uint32_t, uint32_t>> & ranges, uint32_t head);
 uint32_t llama_locret_kv_state_read_count(llama_io_read_i & io, bool use_places, uint32_t n_cells,
                                           std::vector<uint32_t> & at, uint32_t & head_saved);
+
+// llama_kv_cache::state_write (patches/0024): a sequence's save leaves out the cells its sliding window no longer
+// attends (SWA-masked) unless this returns true, which it does for the window cache of an evicting memory
+// (locret_kv_state_keep_masked). llama-server continues a restored prompt only when the window cache still holds a
+// position older than the window before the next token, and otherwise from a context checkpoint, which an evicting
+// memory cannot take: without the held cells, every follow-up restored from its prompt cache read the whole
+// conversation again. Saved whole, the cache comes back as it was, masked cells masked as before.
+bool llama_locret_kv_state_keeps_masked(const llama_kv_cache * kv);
+// an evicting memory registers its window cache for that while it lives (keep true), and leaves (keep false)
+void locret_kv_state_keep_masked(const llama_kv_cache * kv, bool keep);
+
+// that registration as a member of the memory: kept from keep() until the memory goes
+struct locret_kv_state_keep_masked_scope {
+    const llama_kv_cache * kv = nullptr;
+
+    locret_kv_state_keep_masked_scope() = default;
+    locret_kv_state_keep_masked_scope(const locret_kv_state_keep_masked_scope &) = delete;
+    locret_kv_state_keep_masked_scope & operator=(const locret_kv_state_keep_masked_scope &) = delete;
+    ~locret_kv_state_keep_masked_scope() {
+        if (kv != nullptr) {
+            locret_kv_state_keep_masked(kv, false);
+        }
+    }
+
+    void keep(const llama_kv_cache * cache) {
+        kv = cache;
+        locret_kv_state_keep_masked(kv, true);
+    }
+};

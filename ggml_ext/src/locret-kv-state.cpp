@@ -8,7 +8,9 @@
 
 #include "llama-io.h"
 
+#include <mutex>
 #include <stdexcept>
+#include <unordered_set>
 
 // the top bit of a saved stream's cell count: the cells' layout and the slot search's head follow the count
 static constexpr uint32_t LOCRET_KV_STATE_LAYOUT_FLAG = 0x80000000u;
@@ -76,4 +78,22 @@ uint32_t llama_locret_kv_state_read_count(llama_io_read_i & io, bool use_places,
         }
     }
     return cell_count;
+}
+
+// the window caches whose sequence saves keep their SWA-masked cells: those of the evicting memories alive
+static std::mutex                                 g_keep_masked_mutex;
+static std::unordered_set<const llama_kv_cache *> g_keep_masked;
+
+void locret_kv_state_keep_masked(const llama_kv_cache * kv, bool keep) {
+    std::lock_guard<std::mutex> lock(g_keep_masked_mutex);
+    if (keep) {
+        g_keep_masked.insert(kv);
+    } else {
+        g_keep_masked.erase(kv);
+    }
+}
+
+bool llama_locret_kv_state_keeps_masked(const llama_kv_cache * kv) {
+    std::lock_guard<std::mutex> lock(g_keep_masked_mutex);
+    return g_keep_masked.count(kv) > 0;
 }

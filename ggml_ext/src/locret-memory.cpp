@@ -3,6 +3,7 @@
 // locret-state.cpp.
 
 #include "locret-memory.h"
+#include "locret-hooks.h"
 #include "locret-heads.h"
 #include "locret-select.h"
 
@@ -155,6 +156,10 @@ llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_
     }
     grp.init(kv, {});
     setup(cparams);
+    if (kv_swa != nullptr) {
+        // its saves keep every cell it holds, so that a restored sequence continues as it would have (locret-hooks.h)
+        keep_masked.keep(kv_swa);
+    }
 }
 
 llama_locret_memory::llama_locret_memory(const llama_model & model, const llama_cparams & cparams,

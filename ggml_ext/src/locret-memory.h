@@ -44,6 +44,8 @@
 // see the true distances.
 #pragma once
 
+#include "locret-hooks.h"
+
 #include "llama-locret-debug.h"
 #include "locret-cells.h"
 #include "locret-stores.h"
@@ -172,6 +174,7 @@ private:
     locret_group_caches grp;                 // the caches of the layer groups (group 0's is kv)
     llama_kv_cache_iswa * iswa    = nullptr; // inner as an iSWA pair, or NULL
     llama_kv_cache      * kv_swa  = nullptr; // the window cache of the pair, or NULL
+    locret_kv_state_keep_masked_scope keep_masked; // its saves keep every cell kv_swa holds (locret-hooks.h)
     bool v_trans = true;
 
     std::vector<locret_kv_layer> layers;

@@ -237,6 +237,56 @@ def test_gemma_reloaded_context_continues_like_the_saver(gemma, gemma_heads, tok
         loaded.close()
 
 
+def _seq_state(llm, seq: int = 0):
+    """llama_state_seq_get_data of one sequence (what llama-server's prompt cache keeps of a slot)."""
+    import ctypes
+
+    n = llama_cpp.llama_state_seq_get_size(llm._ctx.ctx, seq)
+    buf = (ctypes.c_uint8 * n)()
+    assert llama_cpp.llama_state_seq_get_data(llm._ctx.ctx, buf, n, seq) == n
+    return buf
+
+
+@pytest.mark.parametrize("budget", [B, None], ids=["evicting", "plain"])
+def test_gemma_a_sequence_state_keeps_what_the_window_cache_holds(gemma, gemma_heads, tokens, budget):
+    """A sequence's save (llama-server's prompt cache) of an evicting context keeps every cell of its window cache:
+    restored, the sequence holds the positions it held (llama-server continues a restored prompt only when the window
+    cache holds one older than the window before its next token, else it reads the whole prompt again). Plain
+    llama.cpp still leaves the masked cells out (it continues from a context checkpoint). Either continues as the saver
+    does up to the order of the cells: a sequence's restore places them from cell 0 (a whole-cache restore puts them
+    back where they were, patch 0021), so attention sums in another order, about 1 logit apart in plain llama.cpp
+    too; the next token is the same."""
+    def new():
+        if budget is None:
+            return Llama(model_path=str(gemma), n_ctx=16384, n_batch=UB, n_ubatch=UB, n_threads=THREADS,
+                         n_threads_batch=THREADS, verbose=False, swa_full=False)
+        return make(gemma, gemma_heads, swa_full=False)
+
+    saver, other = new(), new()
+    try:
+        n_past = 0
+        for i in range(0, 1024, UB):
+            n_past = decode(saver, tokens[i:i + UB], n_past, i + UB >= 1024)
+        held = llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(saver._ctx.ctx), 0)
+        assert 0 < held < n_past - WINDOW            # the window cache holds more than the window before the next token
+        state = _seq_state(saver)
+        assert llama_cpp.llama_state_seq_set_data(other._ctx.ctx, state, len(state), 0) == len(state)
+        restored = llama_cpp.llama_memory_seq_pos_min(llama_cpp.llama_get_memory(other._ctx.ctx), 0)
+        if budget is None:
+            assert restored > held and restored >= n_past - WINDOW   # upstream: the window alone
+        else:
+            assert restored == held
+            assert sorted(eviction.window(other._ctx.ctx)[0].tolist()) == \
+                sorted(eviction.window(saver._ctx.ctx)[0].tolist())
+        for llm in (saver, other):
+            decode(llm, tokens[1024:1030], n_past, True)
+        a, b = last_logits(other), last_logits(saver)
+        assert int(np.argmax(a)) == int(np.argmax(b)) and np.corrcoef(a, b)[0, 1] > 0.998, np.abs(a - b).max()
+    finally:
+        saver.close()
+        other.close()
+
+
 def test_gemma_shipped_heads_answer_a_passkey_through_many_evictions(gemma, gemma_heads):
     """One fixed passkey prompt of 2,600 tokens, the key right after the instructions, in a cache of b + ubatch = 768
     cells (b = 512, Gemma's window): the heads must keep the key's tokens through about eight evictions of 256-token
@@ -292,3 +342,51 @@ def test_sage_chooses_the_global_layers_of_an_iswa_model(gemma, tokens):
     pos, _ = eviction.window(llm._ctx.ctx)
     assert pos.max() == n_past - 1 and len(pos) >= WINDOW   # a ring: cell order is not position order
     llm.close()
+
+
+def test_gemma_follow_up_restored_from_the_servers_prompt_cache_reads_only_its_new_tokens(gemma, gemma_heads,
+                                                                                          tmp_path):
+    """Through `locret serve` (one slot, so another user's prompt takes it between two turns): the follow-up's slot is
+    restored from llama-server's prompt cache and reads only its new tokens, not the whole conversation again."""
+    import json
+    import subprocess
+    import sys
+    import urllib.request
+
+    from conftest import free_port
+    from locret import serve
+    from locret.evaluation import items
+    from locret.loadtest import users
+
+    vocab = items.vocab_model(str(gemma))
+    try:
+        a, b = users.build(vocab, n_users=2, lengths=(1500, 1600), turns=2, mean_gap_s=1.0, seed=0)
+    finally:
+        vocab.close()
+    assert a.completion                                  # a base model: completions
+    port = free_port()
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "locret", "serve", "--model", str(gemma), "--heads",
+                                   str(gemma_heads), "--slots", "1", "--budget", "512", "--ubatch", "128",
+                                   "--context", "8192", "--threads", str(THREADS), "--port", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        serve.wait_healthy(url, server, log, 300)
+
+        def complete(prompt: str) -> dict:
+            body = json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0}).encode()
+            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                return json.load(r)
+
+        first = complete(a.document)
+        complete(b.document)                             # takes the one slot: a's state goes to the prompt cache
+        follow = complete(users.follow_up_prompt(a.document, first["choices"][0]["text"], a.turns[0]))
+        n_first = first["usage"]["prompt_tokens"] + first["usage"]["completion_tokens"] - 1   # the last is not read
+        cached = follow["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert n_first - 2 <= cached <= n_first, (cached, n_first, follow["usage"])
+        assert follow["timings"]["prompt_n"] == follow["usage"]["prompt_tokens"] - cached < 64
+    finally:
+        serve.stop(server)
