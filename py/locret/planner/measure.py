@@ -157,12 +157,17 @@ def _measure_main(request: dict) -> dict:
     # the KV cache's bytes and cells, the model's size, the compute buffers per buffer type and Locret's own buffers:
     # the C API's numbers
     if plain:
-        # llama_kv_cache logs "size = X MiB (N cells, L layers, ...)" for each cache it makes (two for iSWA)
+        # llama_kv_cache logs "size = X MiB (N cells, L layers, S/T seqs)" for each cache it makes (two for iSWA): N
+        # cells in each of T streams of L layers. With every layer's K and V as wide (both models here), the bytes
+        # are exact from the counts; else the MiB it prints (to 0.01 MiB a cache)
         text = "".join(t for _, t in lines)
-        kv = sum(float(x) for x in re.findall(r"llama_kv_cache: size = +([0-9.]+) MiB", text))
+        kv = 0
+        for mib, cells, layers, streams in re.findall(
+                r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers, +\d+/(\d+) seqs\)", text):
+            kv += _cache_bytes(request["model"], request["kv_type"], int(cells), int(layers), int(streams), float(mib))
         L.llama_free(ctx)
         L.llama_model_free(model)
-        return {"kv_bytes": round(kv * MIB)}
+        return {"kv_bytes": kv}
     stats = eviction.stats(ctx)
     compute = eviction.compute_buffers_by_type(ctx)
     own = eviction.locret_buffers(ctx)
@@ -183,6 +188,19 @@ def _measure_main(request: dict) -> dict:
     del heads
     L.llama_model_free(model)
     return result
+
+
+def _cache_bytes(model_path: str, kv_type: str, cells: int, layers: int, streams: int, mib: float) -> int:
+    """K and V bytes of one llama_kv_cache from its size line: exact when every layer's K and V rows are as wide (the
+    row bytes times cells, streams and layers), else the MiB the line gives."""
+    from .inputs import read_model, row_size
+
+    facts = read_model(Path(model_path))
+    widths = set(zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa))
+    if len(widths) != 1:
+        return round(mib * MIB)
+    k, v = widths.pop()
+    return cells * streams * layers * (row_size(kv_type, k) + row_size(kv_type, v))
 
 
 def _add_buffers(out: Plan, m: Measured) -> None:
