@@ -56,7 +56,7 @@ def plain_kv_bytes(model: Path, context: int, slots: int = 1, ubatch: int = 512,
                    timeout: float = 600) -> int:
     """The K and V bytes plain llama.cpp (no eviction) allocates for `slots` slots of `context` tokens each, as
     llama-server -c context*slots -np slots holds them: llama.cpp's own figure, summed from the size lines its caches
-    log when a no_alloc context is created (to 0.01 MiB a cache). A sliding-window model's window layers hold their
+    log when a no_alloc context is created (exact from their counts, `_cache_bytes`). A sliding-window model's window layers hold their
     window and a ubatch, not the context (the tools' default, no --swa-full): a full cache of every layer
     would overstate it. Remembered per model file and settings."""
     st = Path(model).stat()
