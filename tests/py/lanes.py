@@ -70,6 +70,10 @@ LONG_TESTS: dict[str, str] = {
         "(test_loadtest.py)",
     "test_kvpress_side.py::test_replaying_one_prefill_gives_each_presss_own_result": "293 s; " + _KVPRESS,
     "test_kvpress_side.py::test_the_side_by_side_feeds_kvpress_the_ids_the_server_reads": "262 s; " + _KVPRESS,
+    "test_eval_runner.py::test_sigterm_stops_kvpress_an_evaluation_started":
+        "63-78 s, the same command signalled in llama-server, then resumed through llama-server's full run of a "
+        "4096-token prompt and signalled in kvpress; SIGTERM stopping llama-server is in the ci lane "
+        "(test_sigterm_stops_the_servers_an_evaluation_started); " + _KVPRESS,
     "test_gpu_scripts.py::test_bench_eviction_decode_split": "269 s; " + _BENCH,
     "test_gpu_scripts.py::test_gpu_train_packs_joins_and_trains_each_run":
         "about 2 minutes, two trainer runs of two steps end to end; the trainer's own steps, labels and refusals are "
@@ -120,6 +124,17 @@ LONG_CASES: dict[str, str] = {
         "13 s; [compact-pyramid-staged] compacts the same pyramid, " + _SAME_TEST,
     "test_iswa.py::test_gemma_full_attention_layers_evict_as_algorithm_1_and_the_window_follows[keep:800]":
         "14 s; [None] and [inplace], and keep:N's compaction by test_compaction_stack.py",
+    # moved 2026-12-06 (ci lane 1,377 s of pytest, over the 1,200-s target); seconds from that day's ci run
+    "test_eviction.py::test_no_graph_outgrows_the_buffers_reserved_at_creation[graph-0-None]":
+        "7 s; the graph's reservation without pooling by [graph-0-keep:384], compact positions by [host-0-None] and "
+        "[graph-9-None], " + _SAME_TEST,
+    "test_schedule.py::test_kept_sets_and_counts_follow_the_schedule[file-520]":
+        "8 s; a schedule file by [file-110], a prompt taking every layer to its budget by [pyramid-520], " + _SAME_TEST,
+    "test_schedule.py::test_heads_kept_sets_follow_the_schedule_selected_on_the_device_or_the_host[400-graph]":
+        "7 s; the longer prompt by [400-host], the graph's selection by [110-graph], " + _SAME_TEST,
+    "test_schedule.py::test_groups_of_caches_give_the_logits_of_one_masked_cache[graph-None-None]":
+        "12 s; the graph's selection with compact positions by [graph-None-q8_0 fa], an F16 cache by "
+        "[host-keep:300-None], " + _SAME_TEST,
 }
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -291,14 +292,25 @@ def test_bad_settings_are_refused(args, message, tmp_path, model_path):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, model_path):
+# one niah prompt for the question methods, with and without heads: the next test and
+# test_snapkv_with_the_question_found_pins_it_as_its_window read its samples (--pool reaches the heads methods only)
+NIAH_Q_ARGS = ["eval", "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
+               "--methods", "locret,locret-q,locret-q-auto,snapkv,snapkv-q-auto", "--pool", "5", *COMMON, "--no-plots"]
+
+
+@pytest.fixture(scope="module")
+def niah_questions(tmp_path_factory, model_path):
+    out = tmp_path_factory.mktemp("eval") / "q"
+    proc = run(locret_cmd(*NIAH_Q_ARGS, "--model", model_path, "-o", out), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_locret_q_pins_each_question_and_pooling_reaches_the_context(niah_questions, tmp_path, model_path):
     from locret.evaluation import items as items_module
 
     out = tmp_path / "q"
-    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
-                          "--methods", "locret,locret-q,locret-q-auto", "--pool", "5", *COMMON, "-o", out,
-                          "--no-plots"), timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    shutil.copytree(niah_questions, out)  # the folder is changed below: a copy, the fixture's stays as it was run
     by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
     # the auto rule finds niah's question at the end of the user message: the same prompt, pin and answer as locret-q
     auto, explicit = by_method["locret-q-auto"], by_method["locret-q"]
@@ -316,9 +328,7 @@ def test_locret_q_pins_each_question_and_pooling_reaches_the_context(tmp_path, m
     config = json.loads((out / "config.json").read_text())
     assert config["heads_used"]["locret-q"].startswith("smollm2-135m-instruct.query.gguf sha256:")
     (out / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "heads_used"}))
-    again = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
-                           "--methods", "locret,locret-q,locret-q-auto", "--pool", "5", *COMMON, "-o", out,
-                           "--no-plots"), timeout=300)
+    again = run(locret_cmd(*NIAH_Q_ARGS, "--model", model_path, "-o", out), timeout=300)
     assert again.returncode == 1 and "did not record which heads it used" in again.stderr, again.stderr[-2000:]
     # the same sample, built here: locret-q's prompt opens the user turn with the question, and the pin ends with it
     vocab = items_module.vocab_model(str(model_path))
@@ -461,15 +471,16 @@ def test_policy_settings_reach_their_methods_runs_and_old_records_read_as_them(t
 
 def test_haystack_families_get_rows_of_their_own(tmp_path, model_path):
     out = tmp_path / "families"
-    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
+    n = 300  # short prompts: what is checked is the rows, not what the heads keep
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", n, "--depths", "0.5",
                           "--haystacks", "prose,logs", "--methods", "locret", *COMMON, "-o", out, "--no-plots"),
                timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     samples = {s["item"]: s for s in read_jsonl(out / "samples.jsonl")}
-    assert sorted(samples) == [f"niah/{LENGTH}/d0.50/0", f"niah@logs/{LENGTH}/d0.50/0"]
-    assert samples[f"niah@logs/{LENGTH}/d0.50/0"]["source"] == "niah@logs"
+    assert sorted(samples) == [f"niah/{n}/d0.50/0", f"niah@logs/{n}/d0.50/0"]
+    assert samples[f"niah@logs/{n}/d0.50/0"]["source"] == "niah@logs"
     # the same keys and numbers (same seed and index), another haystack: another prompt
-    assert samples[f"niah/{LENGTH}/d0.50/0"]["answers"] == samples[f"niah@logs/{LENGTH}/d0.50/0"]["answers"]
+    assert samples[f"niah/{n}/d0.50/0"]["answers"] == samples[f"niah@logs/{n}/d0.50/0"]["answers"]
     summary = json.loads((out / "summary.json").read_text())
     rows = summary["summary"]
     assert {r["source"] for r in rows} == {"niah", "niah@logs"}
@@ -566,20 +577,35 @@ def test_a_killed_evaluation_leaves_no_worker_behind(tmp_path, model_path):
     _signal_and_check_children_end(proc, "spawn_main", signal.SIGTERM)
 
 
-def test_sigterm_stops_the_servers_and_kvpress_an_evaluation_started(tmp_path, model_path):
-    # SIGTERM's default action ends Python at once, past the finally blocks that stop llama-server and kvpress's
-    # process: they went on computing for nobody (seen on a press run stopped with kill). `locret` turns it into a clean
-    # exit: 143, a message, and its children gone. First while llama-server answers, then (the same command, resumed)
-    # while kvpress replays the prompt.
-    cmd = [str(c) for c in locret_cmd(
+def _sigterm_command(tmp_path, model_path) -> list[str]:
+    """A RULER run of llama-server's full attention, then kvpress's SnapKV (kvpress_side) on the same prompt."""
+    return [str(c) for c in locret_cmd(
         "eval", "--model", model_path, "--suite", "ruler", "--tasks", "vt", "--lengths", "4096", "--samples", "1",
         "--methods", "full", "--presses", "snapkv", "--ratios", "0.75", "--threads", "1", "--no-plots",
         "-o", tmp_path / "out")]
+
+
+def _sigterm_and_check(cmd: list[str], marker: str) -> None:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err = _signal_and_check_children_end(proc, marker, signal.SIGTERM)
+    assert proc.returncode == 143, err[-2000:]
+    assert "locret: terminated" in err and "Traceback" not in err, err[-2000:]
+
+
+def test_sigterm_stops_the_servers_an_evaluation_started(tmp_path, model_path):
+    # SIGTERM's default action ends Python at once, past the finally blocks that stop llama-server and kvpress's
+    # process: they went on computing for nobody (seen on a press run stopped with kill). `locret` turns it into a clean
+    # exit: 143, a message, and its children gone. Here while llama-server answers; kvpress's process, which the same
+    # command starts once llama-server's run is done, in the long lane (the next test).
+    _sigterm_and_check(_sigterm_command(tmp_path, model_path), "llama-server")
+
+
+def test_sigterm_stops_kvpress_an_evaluation_started(tmp_path, model_path):
+    # the same command as above, signalled while llama-server answers, then resumed and signalled while kvpress
+    # replays the prompt (after llama-server's run of it, about a minute on 2 cores: the long lane)
+    cmd = _sigterm_command(tmp_path, model_path)
     for marker in ("llama-server", "kvpress_side"):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        err = _signal_and_check_children_end(proc, marker, signal.SIGTERM)
-        assert proc.returncode == 143, err[-2000:]
-        assert "locret: terminated" in err and "Traceback" not in err, err[-2000:]
+        _sigterm_and_check(cmd, marker)
 
 
 def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path, model_path):
@@ -588,7 +614,8 @@ def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path,
     from locret.evaluation.heldout import check_held_out, training
 
     out = tmp_path / "held"
-    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", "600", "--depths", "0.5",
+    # short prompts (300 tokens): what is checked is the run's settings and rows, not what the heads keep
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", "300", "--depths", "0.5",
                           "--haystacks", "recipes,minutes", "--held-out", "--methods", "locret,locret-q",
                           *COMMON, "-o", out, "--no-plots"), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -633,15 +660,12 @@ def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path,
     assert training(str(tmp_path / "loop.gguf")).families is None
 
 
-def test_snapkv_with_the_question_found_pins_it_as_its_window(tmp_path, model_path):
+def test_snapkv_with_the_question_found_pins_it_as_its_window(niah_questions, model_path):
     # the training-free counterpart of locret-q-auto: SnapKV with the question the auto rule finds placed at the start
     # and pinned, so that it is SnapKV's observation window at every eviction (test_snapkv checks the scores)
     from locret.evaluation import items as items_module
 
-    out = tmp_path / "snap"
-    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "niah", "--lengths", LENGTH, "--depths", "0.5",
-                          "--methods", "snapkv,snapkv-q-auto", *COMMON, "-o", out, "--no-plots"), timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = niah_questions
     by_method = {s["method"]: s for s in read_jsonl(out / "samples.jsonl")}
     snap, snap_q = by_method["snapkv"], by_method["snapkv-q-auto"]
     vocab = items_module.vocab_model(str(model_path))

@@ -463,10 +463,10 @@ def test_state_save_load_continues_identically(model_path, heads_file, prompt_to
 
 
 def test_python_answers_over_an_input_longer_than_the_window_in_bounded_cells(model_path, heads_file, prompt_tokens):
-    # the window: the context's 512 cells, which a 1,600-token prompt overflows about 10 times (a 9,000-token one,
+    # the window: the context's 512 cells, which a 1,100-token prompt overflows about 6 times (a 9,000-token one,
     # past SmolLM2's 8K training window too, took 52 s and runs no other code: a position past 8K is only a RoPE angle;
     # the 32K evaluations in docs/results.md go past the training window)
-    n = 1600
+    n = 1100
     llm = make(model_path, heads_file, n_ctx=1 << 16, n_batch=512, n_ubatch=128, locret_budget=256,
                locret_stabilizers=None, locret_local=None)
     tokens = (prompt_tokens[1:] * 8)[:n - 1]
@@ -604,7 +604,7 @@ def test_score_pooling_keeps_neighbours_and_reaches_the_tools(model_path, heads_
 
 
 def test_llama_cli_reads_a_document_longer_than_its_cache(model_path, heads_file, tmp_path):
-    document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:5500]  # ~1.6K tokens: 3x the 512 cells
+    document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:4000]  # ~1.1K tokens: 2.2x the 512 cells
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(document + "\n\nQuestion: Which ship arrived on day 1?\n")
     proc = run([tool("llama-cli"), "-m", model_path, "-f", prompt, "-st", "--simple-io", "--no-display-prompt",
@@ -623,9 +623,9 @@ def test_llama_server_answers_a_long_request_in_bounded_memory(model_path, heads
     cmd = [tool("llama-server"), "-m", model_path, "--locret-heads", heads_file, "--locret-budget", "256", "-c", "32768",
            "-b", "512", "-ub", "128", "-t", str(THREADS), "--host", "127.0.0.1", "--port", port, "-lv", "4"]
     with http_server(cmd, tmp_path / "server.log", port) as url:
-        # ~1.6K tokens, 3x the cache's 512 cells (a 9K-token request, past SmolLM2's 8K training window, took 46 s and
+        # ~1.1K tokens, 2.2x the cache's 512 cells (a 9K-token request, past SmolLM2's 8K training window, took 46 s and
         # runs no other code in the server: a position is only a RoPE angle; docs/results.md has the 32K evaluations)
-        document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:5500]
+        document = (REPO / "scripts" / "data" / "harbor-log.txt").read_text()[:4000]
         reply = post_json(url + "/v1/chat/completions",
                           {"messages": [{"role": "user", "content": document + "\n\nWhich ship arrived on day 1?"}],
                            "max_tokens": 12, "temperature": 0})

@@ -22,7 +22,9 @@ QUESTION = "What is the boathouse code?"
 
 def test_inspect_reports_what_the_cache_holds(model_path, heads_file, tmp_path):
     text = natural_text()
-    doc = text[:2500] + f" Note: the boathouse code is {NEEDLE}. " + text[2500:5000]
+    # about 660 tokens with the query in front: some 16 evictions at b = 96, B = 32 (10 or more asserted below; 5,000
+    # characters, about 1,340 tokens, took twice as long)
+    doc = text[:1500] + f" Note: the boathouse code is {NEEDLE}. " + text[1500:3000]
     (tmp_path / "doc.txt").write_text(doc)
     out = tmp_path / "report.json"
     proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--heads", heads_file,
@@ -90,8 +92,10 @@ def test_inspect_follows_every_needle_of_an_evaluation_prompt(model_path, heads_
     from locret.evaluation import items as items_module
 
     out = tmp_path / "task.json"
+    # 700 tokens: some 18 evictions at b = 96, B = 32 (10 or more asserted below; 1200 read 500 more tokens twice)
+    L = 700
     proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--heads", heads_file,
-                "--task", "niah", "--length", 1200, "--method", "locret-q", "--budget", B, "--ubatch", UB,
+                "--task", "niah", "--length", L, "--method", "locret-q", "--budget", B, "--ubatch", UB,
                 "--stabilizers", 16, "--local", 8, "--threads", 2, "--json", out], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -99,7 +103,7 @@ def test_inspect_follows_every_needle_of_an_evaluation_prompt(model_path, heads_
     (row,) = report["items"]
 
     vocab = items_module.vocab_model(str(model_path))
-    (item,) = items_module.task_items(vocab, ["niah"], [1200], [0.5], 1, 0)
+    (item,) = items_module.task_items(vocab, ["niah"], [L], [0.5], 1, 0)
     vocab.close()
     tokens = list(item.query_tokens)
     # the evaluation's context settings (flash attention, 2 threads): the scores, and so the ties, are the same
@@ -161,20 +165,24 @@ def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path
 
     assert retention.layer_map([0.0, 1.0, 0.55, 0.05, 0.999]) == ".#509"
     out = tmp_path / "real.json"
+    # 1000 tokens (about 940 and 1,010 with the question in front): each prompt evicts some ten times (3 or more
+    # asserted below) and every layer fills its schedule's budget, at most 276 + a chunk of 64 (1500 took half as
+    # long again)
+    L = 1000
     heads = str(models.shipped_heads("smollm2-135m", query=True))
     # layers 0-3 keep half the budget, the others share what that frees (30 layers x 256 units in all)
     budgets = [128] * 4 + [276] * 18 + [275] * 8
     (tmp_path / "upper.txt").write_text(" ".join(map(str, budgets)) + "\n")
     proc = run([sys.executable, "-m", "locret", "inspect", "--model", model_path, "--task", "real_number",
-                "--haystacks", "pysource", "--length", 1500, "--depth", "0.25,0.75", "--method", "locret-q-auto",
+                "--haystacks", "pysource", "--length", L, "--depth", "0.25,0.75", "--method", "locret-q-auto",
                 "--budget", 256, "--budget-schedule", tmp_path / "upper.txt",
                 "--ubatch", 64, "--stabilizers", 16, "--local", 8, "--pool", 5, "--threads", 2, "--json", out],
                timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     # the evaluation's items for those depths, in its order: the prompt at 0.75 is its second (index 1)
-    assert [r["item"] for r in report["items"]] == ["real_number@pysource/1500/d0.25/0",
-                                                    "real_number@pysource/1500/d0.75/1"]
+    assert [r["item"] for r in report["items"]] == [f"real_number@pysource/{L}/d0.25/0",
+                                                    f"real_number@pysource/{L}/d0.75/1"]
     row = report["items"][1]
     (n,) = row["needles"]
     assert "by layer " in proc.stdout and f"value {n['value'].strip()!r} held" in proc.stdout
@@ -182,7 +190,7 @@ def test_inspect_follows_the_found_question_and_a_real_numbers_digits(model_path
     assert "b = 256 (schedule upper.txt)" in proc.stdout
 
     vocab = items_module.vocab_model(str(model_path))
-    item = items_module.task_items(vocab, ["real_number"], [1500], [0.25, 0.75], 1, 0, haystacks=("pysource",))[1]
+    item = items_module.task_items(vocab, ["real_number"], [L], [0.25, 0.75], 1, 0, haystacks=("pysource",))[1]
     vocab.close()
     assert item.auto_query and item.auto_query_tokens
     tokens = list(item.auto_query_tokens)
