@@ -390,3 +390,25 @@ def test_gemma_follow_up_restored_from_the_servers_prompt_cache_reads_only_its_n
         assert follow["timings"]["prompt_n"] == follow["usage"]["prompt_tokens"] - cached < 64
     finally:
         serve.stop(server)
+
+
+def test_the_evaluations_gemma_window_cache_is_the_tools_own(gemma, gemma_heads):
+    """`locret eval` runs a method in locret.Llama, whose llama-cpp-python default sizes a sliding-window model's window
+    cache like the whole cache; llama-server and llama-cli keep the window (swa_full off), and so must the evaluation,
+    or Gemma's KV column counts memory no deployment allocates (1.5x at b 1024, 3.3x at b 6144 on 16K tokens). The
+    context it creates allocates what the rule book says for the tools' window cache."""
+    from locret.evaluation.worker import RunSpec, make_llm
+
+    spec = RunSpec(model_path=str(gemma), method="locret", budget=1024, heads=str(gemma_heads), stabilizers=None,
+                   local=None, n_ctx=4096, ubatch=128, threads=THREADS)
+    llm = make_llm(spec)
+    want = eviction._resolve_file(gemma, heads=gemma_heads, budget=1024, n_ctx=4096, n_ubatch=128, n_batch=128,
+                                  swa_full=False)
+    full_window = eviction._resolve_file(gemma, heads=gemma_heads, budget=1024, n_ctx=4096, n_ubatch=128, n_batch=128)
+    assert want["window_bytes"] < full_window["window_bytes"]  # the check below can tell the two apart
+    assert llm.locret_stats()["kv_bytes"] == want["kv_bytes"] + want["window_bytes"]
+    llm.close()
+    plain = make_llm(RunSpec(model_path=str(gemma), method="full", budget=None, heads=None, stabilizers=None,
+                             local=None, n_ctx=4096, ubatch=128, threads=THREADS))
+    assert plain.context_params.swa_full is False
+    plain.close()

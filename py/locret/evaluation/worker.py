@@ -59,8 +59,11 @@ def make_llm(spec: RunSpec):
 
     from ..llama import Llama
 
+    # swa_full off: a sliding-window model's window layers keep their window, as llama-server and llama-cli allocate
+    # them (llama-cpp-python's default sizes them like the whole cache: Gemma-3's KV figures were 1.5-3.3x too large)
     kwargs = dict(n_ctx=spec.n_ctx, n_batch=spec.ubatch, n_ubatch=spec.ubatch, n_threads=spec.threads,
-                  n_threads_batch=spec.threads, flash_attn=True, n_gpu_layers=spec.gpu_layers, verbose=False)
+                  n_threads_batch=spec.threads, flash_attn=True, n_gpu_layers=spec.gpu_layers, swa_full=False,
+                  verbose=False)
     if spec.kv_type:
         kwargs["type_k"] = kwargs["type_v"] = getattr(llama_cpp, f"GGML_TYPE_{spec.kv_type.upper()}")
     if spec.method == "full":
