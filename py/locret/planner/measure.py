@@ -56,9 +56,9 @@ def plain_kv_bytes(model: Path, context: int, slots: int = 1, ubatch: int = 512,
                    timeout: float = 600) -> int:
     """The K and V bytes plain llama.cpp (no eviction) allocates for `slots` slots of `context` tokens each, as
     llama-server -c context*slots -np slots holds them: llama.cpp's own figure, summed from the size lines its caches
-    log when a no_alloc context is created (exact from their counts, `_cache_bytes`). A sliding-window model's window layers hold their
-    window and a ubatch, not the context (the tools' default, no --swa-full): a full cache of every layer
-    would overstate it. Remembered per model file and settings."""
+    log when a no_alloc context is created (exact from their counts, `_cell_layer_bytes`). A sliding-window model's
+    window layers hold their window and a ubatch, not the context (the tools' default, no --swa-full): a full cache of
+    every layer would overstate it. Remembered per model file and settings."""
     st = Path(model).stat()
     key = (str(model), st.st_size, st.st_mtime_ns, int(context), int(slots), int(ubatch), str(kv_type).lower())
     if key not in _PLAIN_KV:
@@ -161,10 +161,11 @@ def _measure_main(request: dict) -> dict:
         # cells in each of T streams of L layers. With every layer's K and V as wide (both models here), the bytes
         # are exact from the counts; else the MiB it prints (to 0.01 MiB a cache)
         text = "".join(t for _, t in lines)
+        row = _cell_layer_bytes(request["model"], request["kv_type"])
         kv = 0
         for mib, cells, layers, streams in re.findall(
                 r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers, +\d+/(\d+) seqs\)", text):
-            kv += _cache_bytes(request["model"], request["kv_type"], int(cells), int(layers), int(streams), float(mib))
+            kv += round(float(mib) * MIB) if row is None else int(cells) * int(streams) * int(layers) * row
         L.llama_free(ctx)
         L.llama_model_free(model)
         return {"kv_bytes": kv}
@@ -190,17 +191,17 @@ def _measure_main(request: dict) -> dict:
     return result
 
 
-def _cache_bytes(model_path: str, kv_type: str, cells: int, layers: int, streams: int, mib: float) -> int:
-    """K and V bytes of one llama_kv_cache from its size line: exact when every layer's K and V rows are as wide (the
-    row bytes times cells, streams and layers), else the MiB the line gives."""
+def _cell_layer_bytes(model_path: str, kv_type: str) -> int | None:
+    """K and V bytes of one cell in one layer when every layer's K and V rows are as wide (a cache's bytes are then
+    exact from the counts its size line gives); None when they differ (then the MiB the line gives)."""
     from .inputs import read_model, row_size
 
     facts = read_model(Path(model_path))
     widths = set(zip(facts.n_embd_k_gqa, facts.n_embd_v_gqa))
     if len(widths) != 1:
-        return round(mib * MIB)
+        return None
     k, v = widths.pop()
-    return cells * streams * layers * (row_size(kv_type, k) + row_size(kv_type, v))
+    return row_size(kv_type, k) + row_size(kv_type, v)
 
 
 def _add_buffers(out: Plan, m: Measured) -> None:
