@@ -348,12 +348,10 @@ def test_gemma_follow_up_restored_from_the_servers_prompt_cache_reads_only_its_n
                                                                                           tmp_path):
     """Through `locret serve` (one slot, so another user's prompt takes it between two turns): the follow-up's slot is
     restored from llama-server's prompt cache and reads only its new tokens, not the whole conversation again."""
-    import json
     import subprocess
     import sys
-    import urllib.request
 
-    from conftest import free_port
+    from conftest import free_port, post_json
     from locret import serve
     from locret.evaluation import items
     from locret.loadtest import users
@@ -376,10 +374,7 @@ def test_gemma_follow_up_restored_from_the_servers_prompt_cache_reads_only_its_n
         serve.wait_healthy(url, server, log, 300)
 
         def complete(prompt: str) -> dict:
-            body = json.dumps({"prompt": prompt, "max_tokens": 8, "temperature": 0}).encode()
-            req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=600) as r:
-                return json.load(r)
+            return post_json(url + "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0})
 
         first = complete(a.document)
         complete(b.document)                             # takes the one slot: a's state goes to the prompt cache
@@ -402,9 +397,9 @@ def test_the_evaluations_gemma_window_cache_is_the_tools_own(gemma, gemma_heads)
     spec = RunSpec(model_path=str(gemma), method="locret", budget=1024, heads=str(gemma_heads), stabilizers=None,
                    local=None, n_ctx=4096, ubatch=128, threads=THREADS)
     llm = make_llm(spec)
-    want = eviction._resolve_file(gemma, heads=gemma_heads, budget=1024, n_ctx=4096, n_ubatch=128, n_batch=128,
+    want = eviction.resolve_file(gemma, heads=gemma_heads, budget=1024, n_ctx=4096, n_ubatch=128, n_batch=128,
                                   swa_full=False)
-    full_window = eviction._resolve_file(gemma, heads=gemma_heads, budget=1024, n_ctx=4096, n_ubatch=128, n_batch=128)
+    full_window = eviction.resolve_file(gemma, heads=gemma_heads, budget=1024, n_ctx=4096, n_ubatch=128, n_batch=128)
     assert want["window_bytes"] < full_window["window_bytes"]  # the check below can tell the two apart
     assert llm.locret_stats()["kv_bytes"] == want["kv_bytes"] + want["window_bytes"]
     llm.close()

@@ -16,7 +16,7 @@ import locret  # noqa: F401  (points llama_cpp at our library)
 import llama_cpp
 from locret import heads as heads_api
 
-from conftest import BIN, REPO, free_port, http_server, natural_text, run
+from conftest import BIN, REPO, free_port, http_server, natural_text, post_json, run
 from test_eviction import B, NLOC, NS, UB, Algorithm1, decode, make, prompt_tokens  # noqa: F401 (a fixture)
 
 HEADS = REPO / "heads" / "smollm2-135m-instruct.gguf"
@@ -108,12 +108,6 @@ def _get(url):
     return body if url.endswith("/metrics") else json.loads(body)
 
 
-def _post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        return json.load(r)
-
-
 def _metric(text, name):
     """A Locret line of /metrics: its value (the first line named so)."""
     for line in text.splitlines():
@@ -140,17 +134,18 @@ def test_server_ngram_speculation_with_a_budget_evicts_where_plain_generation_do
         port = free_port()
         with http_server(base + extra + ["--port", port], tmp_path / f"{name}.log", port) as url:
             before = _get(url + "/metrics")
-            answer = _post(url + "/completion", body)
+            answer = post_json(url + "/completion", body)
             slot = _get(url + "/slots")[0]["locret"]
             after = _get(url + "/metrics")
             props = _get(url + "/props")["locret"]
             runs[name] = answer, slot, before, after, props
             if name == "ngram":
                 # the slot's cache saved and restored round-trips its Locret state
-                assert _post(url + "/slots/0?action=save", {"filename": "slot0.bin"})["n_saved"] == slot["pos_logical"]
-                _post(url + "/slots/0?action=erase", {})
+                saved = post_json(url + "/slots/0?action=save", {"filename": "slot0.bin"})
+                assert saved["n_saved"] == slot["pos_logical"]
+                post_json(url + "/slots/0?action=erase", {})
                 assert _get(url + "/slots")[0]["locret"]["n_cells_used"] == 0
-                assert _post(url + "/slots/0?action=restore", {"filename": "slot0.bin"})["n_restored"] == \
+                assert post_json(url + "/slots/0?action=restore", {"filename": "slot0.bin"})["n_restored"] == \
                     slot["pos_logical"]
                 assert _get(url + "/slots")[0]["locret"] == slot
 
