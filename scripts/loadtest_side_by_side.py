@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "py"))
 from locret import eviction, models, planner, serve  # noqa: E402
 from locret._library import tool_path  # noqa: E402
 from locret.loadtest import cli as loadtest  # noqa: E402
-from locret.planner.accuracy import budget_for, parse_accuracy  # noqa: E402
+from locret.planner.accuracy import budget_for, parse_accuracy, points_for  # noqa: E402
 from locret.planner.advice import DEFAULT_ACCURACY  # noqa: E402
 
 STARTUP_S = 300
@@ -103,7 +103,8 @@ def min_budget(args) -> int:
     """--min-budget, or the plan's budget for the longest conversation at --accuracy."""
     if args.min_budget is not None:
         return args.min_budget
-    return budget_for(longest_conversation(args), parse_accuracy(args.accuracy), args.ubatch).budget
+    return budget_for(longest_conversation(args), parse_accuracy(args.accuracy), args.ubatch,
+                      points_for(args.model)).budget
 
 
 def locret_slots(model: Path, heads: Path | None, memory_mib: float, args) -> tuple[int, int]:

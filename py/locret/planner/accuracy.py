@@ -8,11 +8,13 @@ compression c such that every point at c or below held at least F; the budget is
 a whole chunk of 64 units. Where no point holds F, the whole document stays (no eviction: the answers are plain
 llama.cpp's). Beyond the largest measured compression nothing is claimed.
 
-The points are SmolLM2-135M-Instruct on the CPU with the shipped heads (docs/results.md has each run and its command;
-issue 76's real-text needles carry digits of their own), plain heads and Locret-Q alike: the rule takes the worst
-of them, so the plain heads' loss on look-alike needles at 2.7x (the 16-user serving run) holds the advice at 2.5x
-for any target above 0.64. Small samples: a point of 18 prompts moves by 0.06 with one answer. When a larger run
-lands in docs/results.md, its point goes here, and the planner's advice follows it.
+The points are per model, each measured with that model's shipped heads on the CPU (docs/results.md has each run
+and its command). SmolLM2-135M-Instruct: plain heads and Locret-Q alike; the rule takes the worst of them, so the plain
+heads' loss on look-alike needles at 2.7x (the 16-user serving run) holds the advice at 2.5x for any target above
+0.64. Gemma-3-270M: RULER holds 0.81-1.26x at 4-8x, but real documents served to 16 users lost every needle at 3.4x
+(0 of 32 where plain llama-server found 8), so no compression is advised for it. A model with no points of its own
+gets no advice: its budget is the user's to give. Small samples: a point of 18 prompts moves by 0.06 with one
+answer. When a larger run lands in docs/results.md, its point goes here, and the planner's advice follows it.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class Point:
     source: str
 
 
-MEASURED: tuple[Point, ...] = (
+SMOLLM2: tuple[Point, ...] = (
     Point(2.0, 34.0 / 32.4, 26, "RULER 4K (13 tasks), plain heads, b 2048: 34.0 against 32.4"),
     Point(2.5, 1.0, 16, "real text with digits of its own through llama-server, 8 users of 2-3K tokens, plain "
                         "heads, b 1024 (mean compression 2.5): 6 of 16 turns against plain llama-server unbounded "
@@ -49,6 +51,38 @@ MEASURED: tuple[Point, ...] = (
     Point(16.0, 0.88, 8, "held-out generated families, niah_code 32K, b 2048, Locret-Q auto: 7 of 8 (full "
                          "attention in the window: 0 of 8; niah_single 8 of 8 against 8 of 8)"),
 )
+
+GEMMA3: tuple[Point, ...] = (
+    Point(3.4, 0.0, 32, "real text with digits of its own through llama-server, 16 users of 16-30K tokens, plain "
+                        "heads pooled, 6 slots of b 6912 (mean compression 3.4, 2.4-4.4): 0 of 32 turns against plain "
+                        "llama-server with every document whole 8 of 32"),
+    Point(4.0, 25.6 / 31.5, 26, "RULER 4K in completion mode, plain heads, b 1024: 25.6 (26 prompts) against full "
+                                "attention's 31.5 (13)"),
+    Point(6.0, 21.8 / 17.3, 26, "RULER 12K in completion mode, plain heads, b 2048: 21.8 (26 prompts) against full "
+                                "attention's 17.3 (13)"),
+    Point(8.0, 23.1 / 27.6, 26, "RULER 16K in completion mode, plain heads pooled, b 2048: 23.1 against full "
+                                "attention's 27.6 (26 prompts each)"),
+    Point(9.2, 0.0, 32, "real text with digits of its own through llama-server, 16 users of 16-30K tokens, plain "
+                        "heads pooled, 9 slots of b 2560 (mean compression 9.2, 6.4-12.0): 0 of 32 turns against "
+                        "plain llama-server with every document whole 8 of 32"),
+    Point(16.0, 15.4 / 19.2, 26, "RULER 32K in completion mode, plain heads pooled, b 2048: 15.4 (26 prompts) "
+                                 "against full attention's 19.2 (13)"),
+)
+
+# what was measured, per registered model (locret.models); a model not here has no advice
+MEASURED: dict[str, tuple[Point, ...]] = {"smollm2-135m": SMOLLM2, "gemma3-270m": GEMMA3}
+
+
+def points_for(model: str) -> tuple[Point, ...]:
+    """The measured points of a model given by name or GGUF path; refused for a model that has none."""
+    from .. import models
+
+    name = models.registered_name(model)
+    if name not in MEASURED:
+        measured = ", ".join(MEASURED)
+        raise PlanError(f"no accuracy was measured for {model} (planner/accuracy.py has points for {measured}): "
+                        f"--doc-tokens cannot pick its budget; give --budget or --budget-mib")
+    return MEASURED[name]
 
 
 @dataclass(frozen=True)
@@ -84,7 +118,7 @@ def parse_accuracy(text) -> float:
     return value
 
 
-def largest_compression(target: float, points: tuple[Point, ...] = MEASURED) -> float | None:
+def largest_compression(target: float, points: tuple[Point, ...]) -> float | None:
     """The largest measured compression c where every point at c or below held `target`; None where the smallest
     measured compression already misses it."""
     best = None
@@ -95,7 +129,7 @@ def largest_compression(target: float, points: tuple[Point, ...] = MEASURED) -> 
     return best
 
 
-def budget_for(doc_tokens: int, target: float, ubatch: int, points: tuple[Point, ...] = MEASURED) -> Choice:
+def budget_for(doc_tokens: int, target: float, ubatch: int, points: tuple[Point, ...]) -> Choice:
     """The budget for documents of `doc_tokens` tokens (prompt and answer) that keeps `target` of full attention's
     right answers by the measured points, in a cache of budget + `ubatch` cells."""
     if doc_tokens < 1:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .. import devices
 from ..devices import Device
-from .accuracy import Choice, budget_for, parse_accuracy
+from .accuracy import Choice, budget_for, parse_accuracy, points_for
 from .inputs import ModelFacts, PlanError, parse_slots, read_heads, read_model, resolve_heads, row_size
 from .measure import (COMPACT_MAX_SEQ, LOCRET_PART, LOCRET_SCORES_PART, SAMPLING_PART, Measured, _add_buffers,
                       _add_locret_buffers, measure, plain_kv_bytes)
@@ -92,7 +92,7 @@ def _budget_for_documents(device: str, model: str, doc_tokens: int, target: floa
     dev = devices.load(device)
     facts = read_model(models.resolve(model, fetch=False))
     sc, _ = dev.size_class_for(facts.n_params)
-    return budget_for(doc_tokens, target, sc.ubatch if ubatch is None else int(ubatch))
+    return budget_for(doc_tokens, target, sc.ubatch if ubatch is None else int(ubatch), points_for(model))
 
 
 def _beside_plain(p: Plan, doc_tokens: int) -> str:

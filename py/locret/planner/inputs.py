@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..gguf_header import ModelFileError, read_header
+from ..gguf_header import read_header
 
 
 class PlanError(ValueError):
@@ -158,21 +158,12 @@ def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: st
     if facts.head_tensors:
         return None, "embedded in the model"
     # the repository's trained heads, for a registered model given by name or by its file
-    for name in models.SHIPPED_HEADS:
-        shipped = models.shipped_heads(name)
-        if shipped is None:
-            continue
+    name = model_arg if model_arg in models.MODELS else models.registered_name(model_path)
+    shipped = models.shipped_heads(name) if name is not None else None
+    if shipped is not None:
         query_heads = models.shipped_heads(name, query=True) if query else None
         if query_heads is not None:
-            shipped, what = query_heads, "shipped Locret-Q heads for this model (heads/)"
-        else:
-            what = "shipped for this model (heads/)"
-        if model_arg == name:
-            return shipped, what
-        try:
-            if models.resolve(name, fetch=False).resolve() == model_path.resolve():
-                return shipped, what
-        except ModelFileError:
-            continue  # that model is not installed
+            return query_heads, "shipped Locret-Q heads for this model (heads/)"
+        return shipped, "shipped for this model (heads/)"
     raise PlanError(f"no retaining heads for {model_path.name}: give --heads H.gguf (Locret scores the KV cache "
                     "with them; `locret convert` makes them)")
