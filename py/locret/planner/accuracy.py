@@ -46,8 +46,12 @@ SMOLLM2: tuple[Point, ...] = (
     Point(8.0, 1.0, 18, "real text with digits of its own (code, number, look-alike needles), 8-16K, b 2048, "
                         "Locret-Q auto: 10 of 18 against full attention in the window 10 of 18"),
     Point(8.0, 1.0, 8, "held-out generated families, niah_single 16K, b 2048, Locret-Q auto: 8 of 8 against 8 of 8"),
+    Point(8.0, 8 / 7, 18, "real text with digits of its own (info, man, pysource), 16K, b 2048, Locret-Q auto: 8 of 18 "
+                          "against full attention in its 8K window 7 of 18"),
     Point(16.0, 0.0, 8, "real text with digits of its own, 28-32K, b 2048, Locret-Q auto: 0 of 8 against full "
                         "attention in the window 6 of 10"),
+    Point(16.0, 3 / 7, 18, "real text with digits of its own (info, man, pysource), 32K, b 2048, Locret-Q auto: 3 of "
+                           "18 against full attention in its 8K window 7 of 18"),
     Point(16.0, 0.88, 8, "held-out generated families, niah_code 32K, b 2048, Locret-Q auto: 7 of 8 (full "
                          "attention in the window: 0 of 8; niah_single 8 of 8 against 8 of 8)"),
 )
