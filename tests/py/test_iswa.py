@@ -141,8 +141,9 @@ def test_gemma_scores_in_llama_cpp_equal_the_heads_on_transformers_projections(g
     llm.close()
     assert positions.tolist() == list(range(len(toks))) and got.shape == want.shape == (18, 1, len(toks))
     corr = min(np.corrcoef(got[il, h], want[il, h])[0, 1] for il in range(got.shape[0]) for h in range(got.shape[1]))
-    err = max(np.abs(got[il] - want[il]).max() / np.abs(want[il]).max() for il in range(got.shape[0]))
-    assert corr > 0.99 and err < 0.05, (corr, err)
+    scale, err = np.abs(want).max(), np.abs(got - want).max()   # the quantized model's error, as test_trainer's bound
+    print(f"\nGemma-3 scores: min correlation {corr:.5f}, max |llama.cpp - PyTorch| {err:.4g} of scale {scale:.4g}")
+    assert corr > 0.99 and err < 0.05 * scale, (corr, err, scale)
 
 
 # positions "keep:800": kept positions (test_kept_positions.py); the window cache shifts only when positions are
