@@ -45,9 +45,13 @@ def reference_scores(model, token_ids: list[int], head_weights: dict[str, "np.nd
         for h in handles:
             h.remove()
 
-    act = torch.nn.functional.silu if model.config.hidden_act == "silu" else None
+    # the heads take the model's activation: SiLU, or GELU's tanh form (Gemma's gelu_pytorch_tanh; ggml's gelu)
+    acts = {"silu": torch.nn.functional.silu,
+            "gelu_pytorch_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}
+    name = getattr(model.config, "hidden_act", None) or getattr(model.config, "hidden_activation", None)  # Gemma's
+    act = acts.get(name)
     if act is None:
-        raise NotImplementedError(f"reference for activation {model.config.hidden_act}")
+        raise NotImplementedError(f"reference for activation {name}")
     out = []
     for i in range(len(layers)):
         x = torch.cat([captured[(i, "q_proj")], captured[(i, "k_proj")], captured[(i, "v_proj")]], dim=-1)

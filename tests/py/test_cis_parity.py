@@ -6,7 +6,8 @@ computes them from the dequantized model in Hugging Face order (tests/py/referen
 The converter's Q/K permutation is what makes the two agree: heads exported without it must fail
 the same check, which proves the check can tell. The same check holds for an evicting context (a budget) that reads
 the input's last tokens one at a time, as generation does: those are scored over the stacked heads (every layer at
-once, locret-graph.cpp), the prompt layer by layer.
+once, locret-graph.cpp), the prompt layer by layer. Gemma-3-270M gets the same check (NEOX rope: nothing permuted;
+GELU heads; one KV head).
 """
 from __future__ import annotations
 
@@ -126,3 +127,39 @@ def test_generated_tokens_scored_over_the_stacked_heads_match_the_pytorch_refere
     # the single tokens' scores are as close to the reference as the prompt's scores of the same tokens (both
     # differ from it by the quantized model's rounding, not by a wrong layer or head)
     assert err_single <= 2 * err_prompt + 1e-3
+
+
+def test_gemma_scores_match_the_pytorch_reference(tmp_path):
+    """The same check on Gemma-3-270M, where what differs from SmolLM2 is Gemma's own: NEOX rope (the converter
+    leaves W1's columns as they are), 256-wide heads, 4 query heads on 1 KV head, GELU heads, and Q and K taken before
+    its q/k norms. Every layer is scored in llama.cpp, the 15 sliding-window layers' heads too."""
+    import locret  # noqa: F401  (points llama_cpp at our library)
+    import llama_cpp
+    from safetensors.torch import load_file
+
+    from locret import heads, models
+
+    if not models.is_installed("gemma3-270m"):
+        pytest.skip("gemma3-270m is not installed")
+    gemma = models.resolve("gemma3-270m", fetch=False)
+    ckpt, good = tmp_path / "gemma-heads.safetensors", tmp_path / "gemma-heads.gguf"
+    _convert("make-random", "--base", gemma, "--d-r", "256", "--seed", "0", "-o", ckpt)
+    _convert("--base", gemma, "--heads", ckpt, "-o", good)
+    weights = {k: v.float().numpy() for k, v in load_file(str(ckpt)).items()}
+
+    llm = llama_cpp.Llama(model_path=str(gemma), n_ctx=1024, n_batch=1024, n_ubatch=UBATCH, n_threads=THREADS,
+                          n_threads_batch=THREADS, verbose=False)
+    tokens = llm.tokenize(natural_text().encode())[:N_TOKENS]
+    heads.attach(llm, good)
+    heads.record_scores(llm)
+    llm.eval(tokens)
+    got, positions = heads.recorded_scores(llm)
+    llm.close()
+    assert positions.tolist() == list(range(N_TOKENS))
+    want = reference_scores(load_hf_model(gemma), tokens, weights)
+    assert got.shape == want.shape == (18, 1, N_TOKENS)
+    corr, max_abs, scale = _report(got, want)
+    print(f"\nCIS parity (Gemma-3-270M, {N_TOKENS} tokens, random heads d_R=256): max |llama.cpp - torch| = "
+          f"{max_abs:.4g} (max |score| {scale:.4g}); rank correlation min {corr.min():.5f}")
+    worst = np.unravel_index(np.argmin(corr), corr.shape)
+    assert corr.min() >= MIN_RANK_CORRELATION, f"layer {worst[0]} head {worst[1]}: rank correlation {corr.min():.4f}"
