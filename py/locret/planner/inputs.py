@@ -158,7 +158,7 @@ def resolve_heads(model_arg: str, model_path: Path, facts: ModelFacts, heads: st
     if facts.head_tensors:
         return None, "embedded in the model"
     # the repository's trained heads, for a registered model given by name or by its file
-    name = model_arg if model_arg in models.MODELS else models.registered_name(model_path)
+    name = models.registered_name(model_arg)
     shipped = models.shipped_heads(name) if name is not None else None
     if shipped is not None:
         query_heads = models.shipped_heads(name, query=True) if query else None
