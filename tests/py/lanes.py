@@ -75,9 +75,9 @@ LONG_TESTS: dict[str, str] = {
         "4096-token prompt and signalled in kvpress; SIGTERM stopping llama-server is in the ci lane "
         "(test_sigterm_stops_the_servers_an_evaluation_started); " + _KVPRESS,
     "test_gpu_scripts.py::test_bench_eviction_decode_split": "269 s; " + _BENCH,
-    "test_gpu_scripts.py::test_gpu_train_packs_joins_and_trains_each_run":
-        "about 2 minutes, two trainer runs of two steps end to end; the trainer's own steps, labels and refusals are "
-        "in the ci lane (test_trainer.py), gpu_train.sh's refusals too (test_gpu_scripts.py)",
+    "test_gpu_scripts.py::test_gpu_train_trains_each_run":
+        "about 2 minutes a model, two trainer runs of two steps end to end; the trainer's own steps, labels and "
+        "refusals are in the ci lane (test_trainer.py), gpu_train.sh's packs and refusals too (test_gpu_scripts.py)",
     "test_gpu_scripts.py::test_bench_eviction_measures_each_positions_layout": "66 s; " + _BENCH,
     "test_gpu_scripts.py::test_bench_eviction_decode_figures_span_one_eviction_cycle": "45 s; " + _BENCH,
     "test_server_faults.py::test_the_server_keeps_serving_under_load_and_faults_with_the_most_slots_that_fit":
@@ -97,6 +97,9 @@ LONG_TESTS: dict[str, str] = {
 # from that day's run beside other work.
 _SAME_TEST = "the test's other cases check the same in the ci lane"
 LONG_CASES: dict[str, str] = {
+    "test_gpu_scripts.py::test_gpu_train_packs_each_model_in_parts_that_one_call_carries[gemma3-270m-5-init.gguf]":
+        "11 s, 267 MB packed and joined; the same logic in more than one part by [smollm2-135m-2-init.query.gguf], "
+        + _SAME_TEST,
     "test_sequences.py::test_every_sequence_evicts_as_algorithm_1_on_its_own[4-1-None]":
         "32 s; compactions in turns are checked by [4-2-inplace] and [4-3-keep:200], " + _SAME_TEST,
     "test_schedule.py::test_groups_of_caches_give_the_logits_of_one_masked_cache[host-None-None]":

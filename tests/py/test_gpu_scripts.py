@@ -7,8 +7,9 @@
   counts shared units and logit differences exactly;
 - gpu_check.sh refuses unknown stages and arguments, and backend_check.py unknown checks, with exit 2 before doing
   anything;
-- gpu_train.sh packs the model in two parts that join to it byte for byte (the device tool carries it in two calls),
-  refuses a part from another pack and a run missing its parts, and trains each recipe (two steps on the CPU here).
+- gpu_train.sh packs each model with recipes (SmolLM2, Gemma-3) in parts that one call of the device tool carries each
+  and that join to it byte for byte, refuses a part from another pack, a damaged or missing one and another model, and
+  trains each recipe (two steps on the CPU here).
 """
 from __future__ import annotations
 
@@ -175,46 +176,97 @@ def _gpu_train(*argv, env=None, timeout=60):
 def test_gpu_train_refuses_bad_arguments_and_missing_parts(tmp_path):
     proc = _gpu_train("--epochs", "3")
     assert proc.returncode == 2 and "unknown argument --epochs" in proc.stderr
-    # the model's parts were not carried (or the machine went back between the two calls): said, before any work
+    # the pack's parts were not carried (or the machine went back between the calls): said, before any work
     proc = _gpu_train("--device", "cpu", env={"LOCRET_GPU_TRAIN_PARTS": str(tmp_path / "none")})
-    assert proc.returncode == 1 and f"{tmp_path / 'none'}-1/model.part is missing" in proc.stderr
+    assert proc.returncode == 1 and f"{tmp_path / 'none'}-1/pack.part is missing" in proc.stderr
     assert not (tmp_path / "none-1").exists()
+    # a model without recipes is refused before anything is written
+    proc = _gpu_train("--pack", "--model", "llama-3.2-1b", env={"LOCRET_GPU_TRAIN_PARTS": str(tmp_path / "p")})
+    assert proc.returncode == 1 and "--model llama-3.2-1b has no recipes here" in proc.stderr
+    assert not (tmp_path / "p-1").exists()
 
 
-def test_gpu_train_packs_joins_and_trains_each_run(model_path, tmp_path):
-    """--pack then the runs, on the CPU with two steps each: the parts join to the model byte for byte, a part from
-    another pack is refused, and each run writes its heads GGUF (the Locret-Q runs' recommending the question found
-    and pinned) and its log."""
+def _packed(tmp_path, name):
+    """--pack --model name into tmp_path/NAME-1..N: the parts, and each call's size as the script checked it"""
+    env = {"LOCRET_GPU_TRAIN_PARTS": str(tmp_path / name), "LOCRET_GPU_TRAIN_WORK": str(tmp_path / f"work-{name}")}
+    proc = _gpu_train("--pack", "--model", name, env=env)
+    assert proc.returncode == 0, proc.stderr
+    parts = sorted(tmp_path.glob(f"{name}-*/pack.part"), key=lambda f: int(f.parent.name.rsplit("-", 1)[1]))
+    sizes = [int(line.rsplit(": ", 1)[1].split(" MiB")[0]) for line in proc.stderr.splitlines()
+             if "MiB with the tree (the device tool takes 64)" in line]
+    return env, parts, sizes
+
+
+@pytest.mark.parametrize("name, n_parts, init", [("smollm2-135m", 2, "init.query.gguf"),
+                                                 ("gemma3-270m", 5, "init.gguf")])
+def test_gpu_train_packs_each_model_in_parts_that_one_call_carries(tmp_path, name, n_parts, init):
+    """--pack cuts the model, gguf-py and the shipped heads its recipes start from into parts that each travel in one
+    call of the device tool (64 MiB with the tree); joined, the archive holds the model byte for byte. The run refuses
+    a missing part, a part of another pack, a damaged one, and a --model other than the one packed."""
     import hashlib
+    import io
+    import tarfile
+
+    from locret import models
+
+    env, parts, sizes = _packed(tmp_path, name)
+    assert len(parts) == len(sizes) == n_parts and max(sizes) <= 64
+    infos = [(f.parent / "pack.info").read_text().split() for f in parts]
+    assert [i[:2] for i in infos] == [[str(k), str(n_parts)] for k in range(1, n_parts + 1)]
+    assert {i[3] for i in infos} == {name}
+    joined = b"".join(f.read_bytes() for f in parts)
+    assert hashlib.sha256(joined).hexdigest() == infos[0][2]
+    model = models.resolve(name)
+    with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
+        assert tar.extractfile(f"pack/{model.name}").read() == model.read_bytes()
+        shipped = models.shipped_heads(name, query=init == "init.query.gguf")
+        assert tar.extractfile(f"pack/{init}").read() == shipped.read_bytes()
+        assert tar.extractfile("pack/model.file").read().decode().strip() == model.name
+        assert "pack/gguf-py/gguf/__init__.py" in tar.getnames()
+
+    other = "gemma3-270m" if name == "smollm2-135m" else "smollm2-135m"
+    proc = _gpu_train("--device", "cpu", "--model", other, env=env)
+    assert proc.returncode == 1 and f"the parts carried are {name}'s" in proc.stderr
+    # a part of another pack (its line), then a damaged one (its bytes), then one not carried
+    info = parts[-1].parent / "pack.info"
+    good = info.read_text()
+    info.write_text(good.replace(infos[0][2], "0" * 64))
+    proc = _gpu_train("--device", "cpu", env=env)
+    assert proc.returncode == 1 and "is a part of another --pack" in proc.stderr
+    info.write_text(good)
+    with open(parts[-1], "ab") as f:
+        f.write(b"\0")
+    proc = _gpu_train("--device", "cpu", env=env)
+    assert proc.returncode == 1 and "sha256 differs" in proc.stderr
+    parts[-1].unlink()
+    proc = _gpu_train("--device", "cpu", env=env)
+    assert proc.returncode == 1 and f"{parts[-1]} is missing" in proc.stderr
+
+
+@pytest.mark.parametrize("name, runs", [("smollm2-135m", ("plain-scratch", "q-broad")),
+                                        ("gemma3-270m", ("g-long", "g-real"))])
+def test_gpu_train_trains_each_run(tmp_path, name, runs):
+    """The packed model's runs, on the CPU with two steps each: each writes its heads GGUF (the Locret-Q runs'
+    recommending the question found and pinned) and its log; Gemma's train its three full-attention layers only."""
     import json
 
     from locret.gguf_header import read_header
 
-    env = {"LOCRET_GPU_TRAIN_PARTS": str(tmp_path / "pack"), "LOCRET_GPU_TRAIN_WORK": str(tmp_path / "work")}
-    proc = _gpu_train("--pack", env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("MiB with the tree (the device tool takes 64)") == 2  # each call's size, checked
-    parts = [tmp_path / f"pack-{i}" / "model.part" for i in (1, 2)]
-    joined = hashlib.sha256(parts[0].read_bytes() + parts[1].read_bytes()).hexdigest()
-    assert joined == hashlib.sha256(model_path.read_bytes()).hexdigest()
-    assert (tmp_path / "pack-2" / "model.sha256").read_text().strip() == joined
-    assert 0 < parts[1].stat().st_size < parts[0].stat().st_size
-
+    env, _, _ = _packed(tmp_path, name)
     smoke = "--steps 2 --warmup-steps 1 --min-tokens 256 --max-tokens 512 --tasks passkey,fact --contexts pypackages"
     out = tmp_path / "out"
-    proc = _gpu_train("--device", "cpu", "--runs", "plain-scratch,q-broad", "--out", str(out), "--extra", smoke,
-                      env=env, timeout=600)
+    proc = _gpu_train("--device", "cpu", "--runs", ",".join(runs), "--out", str(out), "--extra", smoke,
+                      env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr
-    assert sorted(f.name for f in out.iterdir()) == ["plain-scratch.gguf", "plain-scratch.train-log.json",
-                                                     "q-broad.gguf", "q-broad.train-log.json", "train.log"]
-    for name, query in (("plain-scratch", ""), ("q-broad", "auto")):
-        log = json.loads((out / f"{name}.train-log.json").read_text())
+    assert sorted(f.name for f in out.iterdir()) == sorted(
+        [f"{r}.gguf" for r in runs] + [f"{r}.train-log.json" for r in runs] + ["train.log"])
+    for run in runs:
+        log = json.loads((out / f"{run}.train-log.json").read_text())
         assert log["steps_done"] == 2 and log["finished"] and log["config"]["max_tokens"] == 512
+        query = "auto" if run.startswith("q-") else ""
         assert ("--query-tokens 64" in log["command"]) == bool(query)
-        assert read_header(out / f"{name}.gguf").kv.get("locret.recommended.query", "") == query
-    # a run no recipe names, and a part that is not this pack's
-    assert "names none of the runs" in _gpu_train("--device", "cpu", "--runs", "q-fast", env=env).stderr
-    with open(parts[1], "ab") as f:
-        f.write(b"\0")
-    proc = _gpu_train("--device", "cpu", env=env)
-    assert proc.returncode == 1 and "sha256 differs" in proc.stderr
+        assert ("--freeze-layers 0-4,6-10,12-16" in log["command"]) == (name == "gemma3-270m")
+        assert read_header(out / f"{run}.gguf").kv.get("locret.recommended.query", "") == query
+    # a run the packed model's recipes do not name
+    proc = _gpu_train("--device", "cpu", "--runs", "q-broad" if name == "gemma3-270m" else "g-long", env=env)
+    assert "names none of the runs" in proc.stderr
