@@ -66,11 +66,11 @@ done
 log() { echo "gpu_train: $*" >&2; }
 fail() { echo "gpu_train: error: $*" >&2; exit 1; }
 
-# the shipped heads each model's recipes start from, as the pack names them (packed-name:file in heads/)
-init_heads_of() {
+# which of the model's shipped heads its recipes start from (packed as init.gguf): the Locret-Q ones or the plain ones
+init_kind_of() {
     case "$1" in
-        smollm2-135m) echo "init.query.gguf:heads/smollm2-135m-instruct.query.gguf" ;;
-        gemma3-270m) echo "init.gguf:heads/gemma3-270m.gguf" ;;
+        smollm2-135m) echo query ;;
+        gemma3-270m) echo plain ;;
         *) fail "--model $1 has no recipes here (smollm2-135m, gemma3-270m)" ;;
     esac
 }
@@ -83,8 +83,12 @@ MARGIN_BYTES=$(( 1048576 ))      # beside them: the part's info line, and files 
 if [ "$PACK" = 1 ]; then
     [ -x .venv/bin/python ] && [ -d third_party/llama.cpp/gguf-py ] || fail "run bash scripts/setup.sh first"
     MODEL_NAME="${MODEL_NAME:-smollm2-135m}"
-    init="$(init_heads_of "$MODEL_NAME")"
+    kind="$(init_kind_of "$MODEL_NAME")"
     model="$(.venv/bin/locret models path "$MODEL_NAME")" || fail "the model $MODEL_NAME is not installed"
+    # the heads file by the library's own rule (locret.models.shipped_heads)
+    init="$(.venv/bin/python -c 'import sys; from locret import models
+p = models.shipped_heads(sys.argv[1], query=sys.argv[2] == "query"); print(p or "")' "$MODEL_NAME" "$kind")"
+    [ -n "$init" ] || fail "no shipped $kind heads for $MODEL_NAME in heads/"
     # the tree that travels with each call (tracked and not ignored) without the heads GGUFs
     tree=0
     if git rev-parse --git-dir > /dev/null 2>&1; then
@@ -98,17 +102,18 @@ if [ "$PACK" = 1 ]; then
     trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/pack"
     ln -s "$model" "$stage/pack/$(basename "$model")"
-    ln -s "$ROOT/${init#*:}" "$stage/pack/${init%%:*}"
+    ln -s "$init" "$stage/pack/init.gguf"
     cp -r third_party/llama.cpp/gguf-py "$stage/pack/gguf-py"
     find "$stage/pack" -name __pycache__ -prune -exec rm -rf {} +
     basename "$model" > "$stage/pack/model.file"
     tar -C "$stage" -chf "$stage/pack.tar" pack
     sha="$(sha256sum < "$stage/pack.tar" | cut -d' ' -f1)"
     split -b "$part_bytes" -d -a 3 "$stage/pack.tar" "$stage/part."
-    n=$(find "$stage" -maxdepth 1 -name 'part.*' | wc -l)
+    parts=("$stage"/part.*)      # split's suffixes sort in order
+    n=${#parts[@]}
     rm -rf "$PREFIX"-[0-9]*
     i=1
-    for part in $(find "$stage" -maxdepth 1 -name 'part.*' | sort); do
+    for part in "${parts[@]}"; do
         mkdir -p "$PREFIX-$i"
         mv "$part" "$PREFIX-$i/pack.part"
         echo "$i $n $sha $MODEL_NAME" > "$PREFIX-$i/pack.info"
@@ -138,7 +143,6 @@ read -r _ n sha packed_model < "$PREFIX-1/pack.info"
 [ -z "$MODEL_NAME" ] || [ "$MODEL_NAME" = "$packed_model" ] \
     || fail "--model $MODEL_NAME, but the parts carried are $packed_model's: pack it (--pack --model $MODEL_NAME)"
 MODEL_NAME="$packed_model"
-init="$(init_heads_of "$MODEL_NAME")"
 for i in $(seq 1 "$n"); do
     [ -f "$PREFIX-$i/pack.part" ] || fail "$PREFIX-$i/pack.part is missing: carry it ($n parts, one a call, to" \
         "the same warm machine)"
@@ -153,7 +157,7 @@ tar -C "$WORK" -xf "$WORK/pack.tar"
 rm -f "$WORK/pack.tar"
 PACKED="$WORK/pack"
 MODEL="$PACKED/$(cat "$PACKED/model.file")"
-INIT="$PACKED/${init%%:*}"
+INIT="$PACKED/init.gguf"
 
 export PYTHONPATH="$ROOT/py:$PACKED/gguf-py${PYTHONPATH:+:$PYTHONPATH}"
 export LOCRET_CACHE_DIR="${LOCRET_CACHE_DIR:-$WORK/cache}"

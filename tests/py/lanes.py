@@ -97,8 +97,8 @@ LONG_TESTS: dict[str, str] = {
 # from that day's run beside other work.
 _SAME_TEST = "the test's other cases check the same in the ci lane"
 LONG_CASES: dict[str, str] = {
-    "test_gpu_scripts.py::test_gpu_train_packs_each_model_in_parts_that_one_call_carries[gemma3-270m-5-init.gguf]":
-        "11 s, 267 MB packed and joined; the same logic in more than one part by [smollm2-135m-2-init.query.gguf], "
+    "test_gpu_scripts.py::test_gpu_train_packs_each_model_in_parts_that_one_call_carries[gemma3-270m-5-False]":
+        "11 s, 267 MB packed and joined; the same logic in more than one part by [smollm2-135m-2-True], "
         + _SAME_TEST,
     "test_sequences.py::test_every_sequence_evicts_as_algorithm_1_on_its_own[4-1-None]":
         "32 s; compactions in turns are checked by [4-2-inplace] and [4-3-keep:200], " + _SAME_TEST,

@@ -197,9 +197,8 @@ def _packed(tmp_path, name):
     return env, parts, sizes
 
 
-@pytest.mark.parametrize("name, n_parts, init", [("smollm2-135m", 2, "init.query.gguf"),
-                                                 ("gemma3-270m", 5, "init.gguf")])
-def test_gpu_train_packs_each_model_in_parts_that_one_call_carries(tmp_path, name, n_parts, init):
+@pytest.mark.parametrize("name, n_parts, query", [("smollm2-135m", 2, True), ("gemma3-270m", 5, False)])
+def test_gpu_train_packs_each_model_in_parts_that_one_call_carries(tmp_path, name, n_parts, query):
     """--pack cuts the model, gguf-py and the shipped heads its recipes start from into parts that each travel in one
     call of the device tool (64 MiB with the tree); joined, the archive holds the model byte for byte. The run refuses
     a missing part, a part of another pack, a damaged one, and a --model other than the one packed."""
@@ -219,8 +218,7 @@ def test_gpu_train_packs_each_model_in_parts_that_one_call_carries(tmp_path, nam
     model = models.resolve(name)
     with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
         assert tar.extractfile(f"pack/{model.name}").read() == model.read_bytes()
-        shipped = models.shipped_heads(name, query=init == "init.query.gguf")
-        assert tar.extractfile(f"pack/{init}").read() == shipped.read_bytes()
+        assert tar.extractfile("pack/init.gguf").read() == models.shipped_heads(name, query=query).read_bytes()
         assert tar.extractfile("pack/model.file").read().decode().strip() == model.name
         assert "pack/gguf-py/gguf/__init__.py" in tar.getnames()
 
