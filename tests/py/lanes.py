@@ -138,6 +138,28 @@ LONG_CASES: dict[str, str] = {
     "test_schedule.py::test_groups_of_caches_give_the_logits_of_one_masked_cache[graph-None-None]":
         "12 s; the graph's selection with compact positions by [graph-None-q8_0 fa], an F16 cache by "
         "[host-keep:300-None], " + _SAME_TEST,
+    # moved 2026-12-07 (ci lane 1,257 s of pytest at 88e54b2, over the 1,200-s target); seconds from that run
+    "test_models.py::test_header_walk_agrees_with_gguf_py[gemma3-270m]":
+        "14 s; the walk by [smollm2-135m], Gemma's file read through it by "
+        "test_chunked_model_reassembles_when_the_cached_file_is_corrupt (check_gguf), " + _SAME_TEST,
+    "test_compaction_stack.py::test_stacked_compaction_keeps_the_cache_of_the_per_layer_one[keep]":
+        "8 s; kept positions' rows copied as words by [keep-q8_0], F16 rows' bytes by test_kept_positions.py's "
+        "test_rows_that_only_move_keep_their_bytes (its f16 case)",
+    "test_snapkv.py::test_snapkv_scores_and_kept_sets_match_numpy[host-0-32]":
+        "7 s; the host's selection by [host-5-16], unpooled scores on the host by test_eviction.py's "
+        "test_retained_sets_match_algorithm_1_after_every_chunk, " + _SAME_TEST,
+    "test_lagkv.py::test_lagkv_scores_and_retained_sets_match_numpy[host-0-False]":
+        "7 s; LagKV's scores by [graph-0-True] and [graph-40-False]; the host's selection from scores, which every "
+        "policy shares, by test_eviction.py's and test_snapkv.py's host cases",
+    "test_eviction.py::test_retained_sets_match_algorithm_1_after_every_chunk[host-0-0-1]":
+        "7 s; the host's selection by [host-24-0-4] and [host-0-7-1], " + _SAME_TEST,
+    "test_kept_positions.py::test_retained_sets_and_positions_match_the_model_after_every_chunk[host-0-0-None]":
+        "7 s; the host's selection with kept positions by [host-24-7-200], " + _SAME_TEST,
+    "test_schedule.py::test_masked_cells_are_not_attended[keep-grouped]":
+        "7 s; kept positions by [keep-masked], grouped caches by [None-grouped], " + _SAME_TEST,
+    "test_schedule.py::test_a_pinned_query_pooling_and_kept_positions_with_a_schedule[host]":
+        "9 s; the same run with the graph's selection by [graph], the host's selection with a schedule by "
+        "test_heads_kept_sets_follow_the_schedule_selected_on_the_device_or_the_host (its 400-host case)",
 }
 
 

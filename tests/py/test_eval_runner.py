@@ -285,11 +285,30 @@ def test_a_run_over_the_devices_memory_fails(tmp_path, model_path):
     (["--tasks", "passkey", "--lengths", "600", "--budgets", "256", "--methods", "locret", "--policy-settings",
       "locret:lag=32"], "policy heads has no settings (got 'lag=32')"),
 ])
-def test_bad_settings_are_refused(args, message, tmp_path, model_path):
-    proc = run(locret_cmd("eval", "--model", model_path, *args, "-o", tmp_path / "out"), timeout=300,
-               cwd=REPO / "tests" / "py")
+def test_bad_settings_are_refused(args, message, tmp_path, model_path, monkeypatch, capsys):
+    # in this process, through the command's own entry point (a new interpreter per case cost a second each); the
+    # next test runs one refusal as the command a user types, for its exit status and a stderr with no traceback
+    from locret import cli
+
+    monkeypatch.chdir(REPO / "tests" / "py")
+    try:
+        status = cli.main(["eval", "--model", str(model_path), *map(str, args), "-o", str(tmp_path / "out")])
+    except SystemExit as e:  # sys.exit("...") prints its message and exits 1, argparse exits 2
+        status = 1 if isinstance(e.code, str) else e.code
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    err = capsys.readouterr().err
+    assert status == 1, err[-1500:]
+    assert message in err
+    # nothing recorded: the corrected command may run in the same folder (a refused run's settings refused it)
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_a_refused_setting_exits_1_from_the_command(tmp_path, model_path):
+    proc = run(locret_cmd("eval", "--model", model_path, "--tasks", "passkey", "--lengths", "600", "--budgets", "256",
+                          "--pool", "4", "-o", tmp_path / "out"), timeout=300, cwd=REPO / "tests" / "py")
     assert proc.returncode == 1, proc.stdout[-1500:] + proc.stderr[-1500:]
-    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert "must be odd" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # one niah prompt for the question methods, with and without heads: the next test and

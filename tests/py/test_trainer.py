@@ -543,8 +543,8 @@ def test_synthetic_examples_are_seeded_and_hold_their_answer():
     def count(text):
         return len(text.split())  # a stand-in tokenizer: words
 
-    # real source and the model's own answers have tests of their own
-    tasks = tuple(t for t in TASKS if t not in SOURCE_TASKS + TEACHER_TASKS)
+    # real source, the model's own answers and identifiers have tests of their own
+    tasks = tuple(t for t in TASKS if t not in SOURCE_TASKS + TEACHER_TASKS + ("identifier",))
     data = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=tasks)
     again = SyntheticData(count, seed=7, min_tokens=300, max_tokens=600, tasks=tasks)
     other = SyntheticData(count, seed=8, min_tokens=300, max_tokens=600, tasks=tasks)
@@ -572,6 +572,36 @@ def test_synthetic_examples_are_seeded_and_hold_their_answer():
     # the default mix is the shipped heads' recipe: fixed, without the opt-in task
     assert SyntheticData(count, seed=7, min_tokens=300, max_tokens=600).tasks == DEFAULT_TASKS
     assert "repeats" not in DEFAULT_TASKS
+
+
+def test_identifiers_are_stated_once_among_look_alikes_of_their_form():
+    from locret.train.synthetic import SyntheticData
+
+    data = SyntheticData(lambda text: len(text.split()), seed=5, min_tokens=300, max_tokens=600,
+                         tasks=("identifier",))
+    forms = {
+        "uuid": r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+        "ipv4": r"\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}",
+        "version": r"\d{1,2}\.\d{1,2}\.\d{1,2}",
+        "hash": r"[0-9a-f]{7,16}",
+    }
+    seen = set()
+    for i in range(40):
+        ex = data.example(i)
+        context, question = ex.prompt.rsplit("\n\n", 1)
+        form = next(f for f, pattern in forms.items() if re.fullmatch(pattern, ex.answer))
+        seen.add(form)
+        # the value stated once, as a whole token run (not inside a longer identifier)
+        assert len(re.findall(rf"(?<![\w.-]){re.escape(ex.answer)}(?![\w-]|\.\d)", context)) == 1, ex.answer
+        # its look-alikes: at least three other values of the same form, each a record of its own key
+        others = set(re.findall(rf"(?<![\w.-]){forms[form]}(?![\w-]|\.\d)", context)) - {ex.answer}
+        assert len(others) >= 3, (form, others)
+        key = re.search(r"of (\w+)\?$", question).group(1)
+        (record,) = [block for block in context.split("\n\n") if ex.answer in block]
+        assert re.search(rf"\b{key}\b", record) and len(record) < 100, (record, question)
+        assert ex == SyntheticData(lambda text: len(text.split()), seed=5, min_tokens=300, max_tokens=600,
+                                   tasks=("identifier",)).example(i)
+    assert seen == set(forms)
 
 
 def test_synthetic_contexts_draw_the_haystack_families():

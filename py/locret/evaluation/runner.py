@@ -522,7 +522,6 @@ def run(cfg: EvalConfig) -> int:
         cfg.press_heads = str(found) if found is not None else None
     _refuse_trained_on_suite_data(cfg, heads)
     out = cfg.output
-    (out / "heatmaps").mkdir(parents=True, exist_ok=True)
     config_path, fingerprint = out / "config.json", cfg.fingerprint()
     fingerprint["heads_used"] = _heads_used(heads, random_heads)
     if config_path.exists():
@@ -535,7 +534,6 @@ def run(cfg: EvalConfig) -> int:
         if changed:
             raise EvalError(f"{out} holds a run with other settings ({', '.join(changed)} differ): give another -o "
                             "or delete it")
-    config_path.write_text(json.dumps(fingerprint, indent=1, default=str))
 
     vocab = items_module.vocab_model(str(model_path))
     records: dict = {}
@@ -558,6 +556,11 @@ def run(cfg: EvalConfig) -> int:
 
     runs, skipped = plan_runs(cfg, items, model_path, facts, heads, random_heads, out)
     check_runs(runs)
+    # the run's record is written once every refusal has had its say: a refused command leaves no settings behind
+    # that would refuse its corrected form in the same folder (RULER's drawn samples, cached above, are keyed by
+    # their own settings)
+    (out / "heatmaps").mkdir(parents=True, exist_ok=True)
+    config_path.write_text(json.dumps(fingerprint, indent=1, default=str))
     samples_path, runs_path = out / "samples.jsonl", out / "runs.jsonl"
     done_samples = {(r["run"], r["item"]) for r in _read_jsonl(samples_path)}
     done_runs = {r["run"] for r in _read_jsonl(runs_path)}

@@ -8,6 +8,10 @@ between paragraphs:
 
 - passkey:   one number stated once ("The vault code is 48213."), asked back;
 - lookup:    4-12 key/value records scattered through the text, one key asked;
+- identifier: 4-10 records of one identifier form that real documents carry (a UUID, a hexadecimal hash, a
+             dotted version, an IPv4 address), look-alikes of each other, scattered through the text, one asked
+             back: needles that are neither a number nor a word. Not in the default mix. (Letter-and-digit codes
+             like ``KX7R-42M9`` are left out on purpose: they are the held-out ``real_code`` family's form.)
 - combine:   two facts far apart that must be added ("Crate ember holds 14 lamps." ... "How many
              lamps do crates ember and delta hold together?");
 - tracking:  a chain of variable assignments spread out (VAR QX = 5217 ... VAR MB = QX ...), the
@@ -64,7 +68,7 @@ CONTEXTS = ("pydoc",) + FAMILIES + realtext.TRAINING_FAMILIES
 # without "contexts" means this; locret.evaluation.heldout reads it so)
 DEFAULT_CONTEXTS = ("pydoc",)
 TASKS = ("passkey", "lookup", "combine", "tracking", "quote", "frequent", "repeats", "fact", "docstring", "explain",
-         "summarize")
+         "summarize", "identifier")
 # tasks that ask about what the real source text says (never an inserted needle): they need SOURCE_CONTEXT
 SOURCE_TASKS = ("fact", "docstring", "explain")
 # tasks whose answer is the model's own (a teacher: SyntheticData's `teacher`), at most TEACHER_TOKENS tokens long;
@@ -84,6 +88,23 @@ _WORDS = ["amber", "birch", "cobalt", "delta", "ember", "fjord", "garnet", "harb
 _ITEMS = ["lamps", "coils", "ropes", "jars", "bolts", "crates of tea", "maps", "lenses", "bells", "kites"]
 _MADE_UP = ["florp", "zindle", "quabe", "marvish", "telloc", "brunt", "snorvel", "plimmet", "drove", "kastel",
             "wemble", "yorrin", "gashet", "prindle", "volque"]
+# identifier task: the forms and what a record calls each
+_IDENTIFIER_FORMS = ("uuid", "hash", "version", "ipv4")
+_IDENTIFIER_NOUNS = {"uuid": ("UUID", "UUIDs"), "hash": ("commit hash", "commit hashes"),
+                     "version": ("version", "versions"), "ipv4": ("IP address", "IP addresses")}
+
+
+def _identifier_value(rng: random.Random, form: str) -> str:
+    hexdigits = "0123456789abcdef"
+    if form == "uuid":
+        return "-".join("".join(rng.choice(hexdigits) for _ in range(n)) for n in (8, 4, 4, 4, 12))
+    if form == "hash":
+        return "".join(rng.choice(hexdigits) for _ in range(rng.choice((7, 12, 16))))
+    if form == "version":
+        return f"{rng.randint(0, 12)}.{rng.randint(0, 40)}.{rng.randint(0, 99)}"
+    return ".".join(str(rng.randint(1, 254)) for _ in range(4))
+
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 # what the fact task may ask back: a number or a short string literal, as written in the source
@@ -344,6 +365,20 @@ class SyntheticData:
         asked = rng.choice(list(records))
         return self._example("lookup", blocks, f"What value does record {asked} hold?",
                              "Records are scattered through this document.", records[asked])
+
+    def _identifier(self, rng: random.Random, target: int) -> SyntheticExample:
+        form = rng.choice(_IDENTIFIER_FORMS)
+        keys = rng.sample(_WORDS, rng.randint(4, 10))
+        values = list(dict.fromkeys(_identifier_value(rng, form) for _ in keys))
+        records = dict(zip(keys, values))  # distinct values: the asked one has a single right answer
+        noun, nouns = _IDENTIFIER_NOUNS[form]
+        blocks = self._context(rng, target, 40 * len(records) + 60)
+        phrasing = rng.choice(["The {noun} of {key} is {value}.", "{key}: {noun} {value}.",
+                               "Assigned to {key}, {noun} {value}."])
+        self._place(rng, blocks, [phrasing.format(noun=noun, key=k, value=v) for k, v in records.items()])
+        asked = rng.choice(list(records))
+        return self._example("identifier", blocks, f"What is the {noun} of {asked}?",
+                             f"Several {nouns} are given in this document.", records[asked])
 
     def _combine(self, rng: random.Random, target: int) -> SyntheticExample:
         first, second = rng.sample(_WORDS, 2)
