@@ -744,10 +744,11 @@ def test_the_trainer_refuses_held_out_text_and_a_mix_it_cannot_draw(tiny, tmp_pa
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("task", ["fact", "docstring"])
+@pytest.mark.parametrize("task", ["fact", "docstring", "identifier"])
 def test_labels_of_real_source_answers_match_a_brute_force_reference(tiny, task):
-    """The new kinds of answer: an example of each, as the trainer tokenizes it, gets labels equal to the
-    brute-force reference (the attention its answer tokens give each prompt token)."""
+    """The new kinds of answer (real source's own facts and passages, identifiers among look-alikes): an example of
+    each, as the trainer tokenizes it, gets labels equal to the brute-force reference (the attention its answer tokens
+    give each prompt token)."""
     from locret.train.backbone import load_backbone
     from locret.train.trainer import ExampleSource, TrainConfig
 
