@@ -340,10 +340,21 @@ def test_fine_tuning_starts_from_the_given_heads(tiny, trained, tmp_path):
     assert "--init-heads" in json.loads((tmp_path / "b.run" / "train-log.json").read_text())["command"]
     # the heads GGUF the first run wrote (f16, W1's Q/K columns in llama.cpp order) starts a run just as well:
     # the same heads within f16's rounding, so a shipped heads file can be fine-tuned
-    _train(*common, "-o", tmp_path / "e.gguf", "--steps", 2, "--lr", 1e-30, "--init-heads", a_gguf)
+    # A heads file that recommends pooling (and positions) passes them on: --pool auto measures the fine-tune as its
+    # start was measured; one from safetensors recommends none
+    from locret.convert.gguf_output import rewrite_recommended
+    from locret.heads import file_recommended
+
+    pooled = tmp_path / "pooled.gguf"
+    rewrite_recommended(Path(a_gguf), pooled, pool=15, query=None, positions="keep", pool_from=6)
+    _train(*common, "-o", tmp_path / "e.gguf", "--steps", 2, "--lr", 1e-30, "--init-heads", pooled)
     e = load_file(tmp_path / "e.run" / "heads.safetensors")
     for name in a:
         np.testing.assert_allclose(e[name], a[name], rtol=2e-3, atol=1e-6, err_msg=name)
+    got = file_recommended(tmp_path / "e.gguf")
+    assert (got["pool"], got["pool_from"], got["positions"]) == (15, 6, "keep"), got
+    got = file_recommended(tmp_path / "b.gguf")
+    assert (got["pool"], got["pool_from"], got["positions"]) == (0, 0, None), got
 
     # a checkpoint of another width, a file that is not safetensors, a missing file
     not_safetensors = tmp_path / "heads.safetensors"
