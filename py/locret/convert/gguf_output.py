@@ -50,6 +50,8 @@ class Recommended:
     local: int
     pool: int = 0       # the score pooling window the heads were measured with (odd; 0: none, not written)
     query: str = ""     # "auto": Locret-Q heads, the question found at the end of a prompt is pinned ("": not written)
+    pool_from: int = 0  # pool only prompts of at least this many budgets (needs pool; 0: every prompt, not written)
+    positions: str = ""  # the positions layout they were measured with, as --locret-positions spells it ("": none)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,10 @@ def heads_key_values(base: BaseModel, arch: Architecture, layout: HeadsLayout, q
     ]
     if recommended.pool:
         kvs.append(KeyValue("locret.recommended.pool", recommended.pool, u32))
+    if recommended.pool_from:
+        kvs.append(KeyValue("locret.recommended.pool_from", recommended.pool_from, u32))
+    if recommended.positions:
+        kvs.append(KeyValue("locret.recommended.positions", recommended.positions, string))
     if recommended.query:
         kvs.append(KeyValue("locret.recommended.query", recommended.query, string))
     for key, value in sorted(provenance.items()):

@@ -32,7 +32,7 @@ from ..convert.base_model import BaseModel, read_base_model
 from ..convert.checkpoint import read_checkpoint
 from ..convert.conversion import ConversionRequest, convert, refuse_bad_output
 from ..convert.errors import ConversionError
-from ..convert.gguf_output import Recommended, rewrite_recommended
+from ..convert.gguf_output import Recommended
 from ..convert.heads import check_layout, load_layer
 from .heads_model import RetainingHeads, head_loss, top_overlap
 from .synthetic import DEFAULT_CONTEXTS, DEFAULT_TASKS, TEACHER_TASKS, TEACHER_TOKENS, SyntheticData, mix_problem
@@ -410,17 +410,16 @@ def export(heads: RetainingHeads, config: TrainConfig, summary: dict, run_dir: P
                                   f"(mean of last {len(recent)} steps); command: {summary['command']}"),
     }
     save_file(heads.checkpoint_tensors(), checkpoint, metadata=metadata)
+    carried = carried_recommendations(config.init_heads)
+    if carried:
+        print("recommended from the init heads, kept: " + ", ".join(f"{k} {v}" for k, v in carried.items()))
     convert(ConversionRequest(heads=checkpoint, out=Path(config.output), base=resolve_model(config.gguf), merge_into=None,
                               weight_type=config.weight_type, name=None, skip_qk_permutation=False,
                               recommended=Recommended(budget=config.budget, chunk=config.chunk,
                                                       stabilizers=config.stabilizers, local=config.local,
                                                       # Locret-Q heads: their tools find and pin the question
-                                                      query="auto" if config.query_tokens else "")))
-    carried = carried_recommendations(config.init_heads)
-    if carried:
-        rewrite_recommended(Path(config.output), Path(config.output), pool=carried.get("pool"), query=None,
-                            positions=carried.get("positions"), pool_from=carried.get("pool_from"))
-        print("recommended from the init heads, kept: " + ", ".join(f"{k} {v}" for k, v in carried.items()))
+                                                      query="auto" if config.query_tokens else "",
+                                                      **carried)))
     return Path(config.output)
 
 
@@ -429,14 +428,13 @@ def carried_recommendations(init_heads: str) -> dict:
     positions. The heads were measured with them, and `--pool auto` (the evaluation's, the tools') reads them from
     the file: without them a fine-tune of pooled heads would be measured unpooled beside its own start. An init from
     safetensors, or heads that recommend none, carry nothing."""
-    if not init_heads or not str(init_heads).endswith(".gguf"):
+    if not init_heads or Path(init_heads).suffix != ".gguf":  # read_checkpoint's rule for a heads GGUF
         return {}
     from locret.heads import file_recommended
 
     rec = file_recommended(init_heads) or {}
-    carried = {"pool": rec.get("pool") or None, "pool_from": rec.get("pool_from") or None,
-               "positions": rec.get("positions")}
-    return {k: v for k, v in carried.items() if v}
+    carried = {"pool": rec.get("pool"), "pool_from": rec.get("pool_from"), "positions": rec.get("positions")}
+    return {k: v for k, v in carried.items() if v}  # Recommended's fields; unset ones are not written
 
 
 def accuracy_by_layer(records: list[dict]) -> list[float]:
