@@ -13,6 +13,12 @@ from locret._library import library_dir  # noqa: E402  (first: it points llama-c
 from locret.threads import default_threads  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
+
+# What the shipped SmolLM2 heads' training logs say they read, by evaluation method (heldout.training): the plain
+# heads the Python reference and the four first generated families; the Locret-Q heads (stage 1 from the plain heads,
+# stage 2 on the trainer's real source) pypackages too. Written once: the tests that check held-out claims share it.
+SHIPPED_HEADS_FAMILIES = {"locret": ["code", "legal", "logs", "prose", "pydoc"],
+                          "locret-q": ["code", "legal", "logs", "prose", "pydoc", "pypackages"]}
 # a sequence's cells are checked after each change in every engine a test starts (ggml_ext/src/locret-cells.h), also
 # when pytest is run without scripts/test.sh
 os.environ.setdefault("LOCRET_CHECK_CELLS", "1")

@@ -23,7 +23,7 @@ import pytest
 
 from locret.files import sha256_file
 from locret.query import pin_room
-from conftest import REPO, THREADS, run
+from conftest import REPO, SHIPPED_HEADS_FAMILIES, THREADS, run
 
 BUDGET, UBATCH = 128, 64
 LENGTH = 600
@@ -628,9 +628,7 @@ def test_sigterm_stops_kvpress_an_evaluation_started(tmp_path, model_path):
 
 
 def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path, model_path):
-    # the shipped heads' logs: the plain heads and the Locret-Q heads (which started from plain heads) read the Python
-    # reference and the four first families, the Locret-Q heads' stage 2 the trainer's real source (pypackages) too;
-    # the four newer families are held out from both
+    # the shipped heads' logs (conftest.SHIPPED_HEADS_FAMILIES): the four newer families are held out from both
     from locret.evaluation.heldout import check_held_out, training
 
     out = tmp_path / "held"
@@ -640,9 +638,7 @@ def test_held_out_families_are_checked_against_the_heads_training_logs(tmp_path,
                           *COMMON, "-o", out, "--no-plots"), timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     settings = json.loads((out / "summary.json").read_text())["settings"]
-    assert settings["held_out"] == {"families": ["recipes", "minutes"], "heads_trained_on": {
-        "locret": ["code", "legal", "logs", "prose", "pydoc"],
-        "locret-q": ["code", "legal", "logs", "prose", "pydoc", "pypackages"]}}
+    assert settings["held_out"] == {"families": ["recipes", "minutes"], "heads_trained_on": SHIPPED_HEADS_FAMILIES}
     rows = {r["source"] for r in json.loads((out / "summary.json").read_text())["summary"]}
     assert rows == {"passkey@recipes", "passkey@minutes"}
 
