@@ -90,6 +90,12 @@ class Checkpoint:
         return tensor.detach().to(torch.float32).numpy()
 
 
+def is_heads_gguf(path: Path) -> bool:
+    """Whether read_checkpoint reads this path as a heads GGUF (by its suffix, as it does): the one rule the trainer's
+    carried recommendations follow too."""
+    return Path(path).suffix == ".gguf"
+
+
 def read_checkpoint(path: Path) -> Checkpoint:
     if not path.exists():
         raise ConversionError(f"checkpoint {path}: no such file or directory")
@@ -102,7 +108,7 @@ def read_checkpoint(path: Path) -> Checkpoint:
     elif path.suffix in TORCH_SUFFIXES:
         _read_torch(checkpoint, path)
         checkpoint.provenance = _file_provenance(path)
-    elif path.suffix == ".gguf":
+    elif is_heads_gguf(path):
         from .gguf_heads import read_gguf_heads  # gguf-py is needed only here
         checkpoint.provenance = read_gguf_heads(checkpoint, path)
     else:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .backbone import Backbone, load_backbone
 from ..convert.base_model import BaseModel, read_base_model
-from ..convert.checkpoint import read_checkpoint
+from ..convert.checkpoint import is_heads_gguf, read_checkpoint
 from ..convert.conversion import ConversionRequest, convert, refuse_bad_output
 from ..convert.errors import ConversionError
 from ..convert.gguf_output import Recommended
@@ -428,7 +428,7 @@ def carried_recommendations(init_heads: str) -> dict:
     positions. The heads were measured with them, and `--pool auto` (the evaluation's, the tools') reads them from
     the file: without them a fine-tune of pooled heads would be measured unpooled beside its own start. An init from
     safetensors, or heads that recommend none, carry nothing."""
-    if not init_heads or Path(init_heads).suffix != ".gguf":  # read_checkpoint's rule for a heads GGUF
+    if not init_heads or not is_heads_gguf(Path(init_heads)):
         return {}
     from locret.heads import file_recommended
 
