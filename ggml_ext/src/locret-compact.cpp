@@ -515,49 +515,99 @@ static ggml_tensor * locret_rows_as_words(ggml_context * ctx, ggml_tensor * cach
 }
 
 // The stacked form (moves.prepare chose it): every layer's part of the tables is n_stack entries at an even spacing, so
-// each is one [n_stack, n_layer] index view, and each kind of storage one get_rows and one set_rows over all layers.
-// Shapes: n = n_stack, L = n_layer.
+// a run of layers is one [n, layers] index view, and each kind of storage one get_rows and one set_rows over the run.
+// A run's gathered rows (F32 keys to re-rotate, or the words copied) stay within LOCRET_COMPACT_RUN_BYTES: the
+// compaction's compute buffer is then bounded whatever the layer count. Over all layers at once it held every
+// layer's moved keys twice in F32 (gathered, then rotated), four times the F16 keys the budget holds: 90.7 MiB for
+// SmolLM2 at b 2048, beside a 56 MiB cache. Runs cost a few nodes each (a kernel launch each on a GPU).
+static constexpr size_t LOCRET_COMPACT_RUN_BYTES = 8u << 20;
+
+// layers per run when each layer gathers `bytes_per_layer` (at least 1, at most `n_layer`).
+// LOCRET_DEBUG_COMPACT_RUN_BYTES=N bounds a run by N bytes instead (tests: several runs at a small cache's budget)
+static int64_t locret_layers_per_run(size_t bytes_per_layer, int64_t n_layer) {
+    const char * env = getenv("LOCRET_DEBUG_COMPACT_RUN_BYTES");
+    const size_t bound = env != nullptr ? (size_t) std::max(1LL, atoll(env)) : LOCRET_COMPACT_RUN_BYTES;
+    return std::clamp<int64_t>((int64_t) (bound / std::max<size_t>(bytes_per_layer, 1)), 1, n_layer);
+}
+
+// layers [l0, l0 + nl) of a stacked alias [w, n_rows, L], or of a table [cap per layer] seen as [n, L]
+static ggml_tensor * locret_stack_run(ggml_context * ctx0, ggml_tensor * t, int64_t l0, int64_t nl) {
+    if (l0 == 0 && nl == t->ne[2]) {
+        return t; // every layer: the alias itself (no view node)
+    }
+    return ggml_view_3d(ctx0, t, t->ne[0], t->ne[1], nl, t->nb[1], t->nb[2], l0 * t->nb[2]);
+}
+static ggml_tensor * locret_table_run(ggml_context * ctx0, ggml_tensor * table, size_t cap, int64_t n, int64_t l0, int64_t nl) {
+    const size_t es = ggml_element_size(table);
+    return ggml_view_2d(ctx0, table, n, nl, cap * es, l0 * cap * es);
+}
+
+// Shapes: n = n_stack, L = n_layer, nl = the layers of a run.
 static void locret_build_compact_stacked(ggml_context * ctx0, ggml_cgraph * gf, const std::vector<locret_kv_layer> & layers,
         const locret_moves & moves) {
     const locret_layer_stack & S = moves.stack;
     const int64_t n   = (int64_t) moves.n_stack;
     const int64_t L   = (int64_t) layers.size();
     const size_t  cap = moves.layer[0].cap;
-    ggml_tensor * src = ggml_view_2d(ctx0, moves.t_src, n, L, cap * sizeof(int32_t), 0); // I32 [n, L]
-    ggml_tensor * dst = ggml_view_2d(ctx0, moves.t_dst, n, L, cap * sizeof(int64_t), 0); // I64 [n, L]
     // V and the scores: only the entries that move rows (the most of any layer: in the others the range reaches into
     // in-place rotations or padding, rows copied onto themselves)
     int64_t n_copy = 0;
     for (const auto & m : moves.layer) {
         n_copy = std::max(n_copy, (int64_t) m.n_copy);
     }
-    ggml_tensor * src_c = ggml_view_2d(ctx0, moves.t_src, n_copy, L, cap * sizeof(int32_t), 0); // I32 [n_copy, L]
-    ggml_tensor * dst_c = ggml_view_2d(ctx0, moves.t_dst, n_copy, L, cap * sizeof(int64_t), 0); // I64 [n_copy, L]
-    const auto copy = [&](ggml_tensor * rows, ggml_tensor * from, ggml_tensor * to) {      // rows [w, n_rows, L]
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, rows, ggml_get_rows(ctx0, rows, from), to));
+    // the tables' views for a run, made once (V and the scores share them when their runs agree): src I32 [rows, nl],
+    // dst I64 [rows, nl]
+    struct run_tables { int64_t rows, l0, nl; ggml_tensor * src, * dst; };
+    std::vector<run_tables> views;
+    const auto tables = [&](int64_t rows, int64_t l0, int64_t nl) -> run_tables {
+        for (const auto & v : views) {
+            if (v.rows == rows && v.l0 == l0 && v.nl == nl) {
+                return v;
+            }
+        }
+        views.push_back({ rows, l0, nl, locret_table_run(ctx0, moves.t_src, cap, rows, l0, nl),
+                          locret_table_run(ctx0, moves.t_dst, cap, rows, l0, nl) });
+        return views.back();
+    };
+    // rows [w, n_rows, L]: the first `rows_moved` entries of each layer's tables, a run of layers at a time
+    const auto copy = [&](ggml_tensor * rows, int64_t rows_moved) {
+        // get_rows gathers into F32 (4-byte words stay words)
+        const int64_t per_run = locret_layers_per_run((size_t) rows_moved * rows->ne[0] * sizeof(float), L);
+        for (int64_t l0 = 0; l0 < L; l0 += per_run) {
+            const int64_t nl   = std::min(per_run, L - l0);
+            ggml_tensor * part = locret_stack_run(ctx0, rows, l0, nl);    // [w, n_rows, nl]
+            const run_tables t = tables(rows_moved, l0, nl);
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, part, ggml_get_rows(ctx0, part, t.src), t.dst));
+        }
     };
     if (moves.rotate) {
         const locret_kv_layer   & L0  = layers[0];
         const locret_rerotation & rot = L0.rot;
-        ggml_tensor * k_new = ggml_get_rows(ctx0, S.k, src);                              // F32 [d_k, n, L]
-        // RoPE reads one position per row from a contiguous vector
-        ggml_tensor * delta = ggml_cont(ctx0, ggml_view_2d(ctx0, moves.t_delta, n, L, cap * sizeof(int32_t), 0));
-        k_new = ggml_reshape_3d(ctx0, k_new, L0.d_k, 1, n * L);                          // [d_k, 1, n*L]
-        k_new = ggml_rope_ext(ctx0, k_new, ggml_reshape_1d(ctx0, delta, n * L), rot.factors, rot.n_rot, rot.mode,
-                rot.n_ctx_orig, rot.freq_base, rot.freq_scale, rot.ext_factor, rot.attn_factor, rot.beta_fast, rot.beta_slow);
-        // a reshape (not rope, view, set_rows: CUDA fuses that pattern for one layer's 2D rows only)
-        k_new = ggml_reshape_3d(ctx0, k_new, L0.d_k, n, L);                              // [d_k, n, L]
-        ggml_build_forward_expand(gf, ggml_set_rows(ctx0, S.k, k_new, dst));
+        const int64_t per_run = locret_layers_per_run((size_t) n * L0.d_k * sizeof(float), L);
+        for (int64_t l0 = 0; l0 < L; l0 += per_run) {
+            const int64_t nl   = std::min(per_run, L - l0);
+            ggml_tensor * part = locret_stack_run(ctx0, S.k, l0, nl);                            // [d_k, n_rows, nl]
+            const run_tables t = tables(n, l0, nl);
+            ggml_tensor * k_new = ggml_get_rows(ctx0, part, t.src);                              // F32 [d_k, n, nl]
+            // RoPE reads one position per row from a contiguous vector
+            ggml_tensor * delta = ggml_cont(ctx0, locret_table_run(ctx0, moves.t_delta, cap, n, l0, nl)); // I32 [n, nl]
+            k_new = ggml_reshape_3d(ctx0, k_new, L0.d_k, 1, n * nl);                             // [d_k, 1, n*nl]
+            k_new = ggml_rope_ext(ctx0, k_new, ggml_reshape_1d(ctx0, delta, n * nl), rot.factors, rot.n_rot, rot.mode,
+                    rot.n_ctx_orig, rot.freq_base, rot.freq_scale, rot.ext_factor, rot.attn_factor, rot.beta_fast, rot.beta_slow);
+            // a reshape (not rope, view, set_rows: CUDA fuses that pattern for one layer's 2D rows only)
+            k_new = ggml_reshape_3d(ctx0, k_new, L0.d_k, n, nl);                                 // [d_k, n, nl]
+            ggml_build_forward_expand(gf, ggml_set_rows(ctx0, part, k_new, t.dst));
+        }
     } else {
-        copy(S.k_words != nullptr ? S.k_words : S.k, src, dst);
+        copy(S.k_words != nullptr ? S.k_words : S.k, n);
     }
     if (n_copy == 0) {
         return;
     }
     if (S.score != nullptr) {
-        copy(S.score, src_c, dst_c);
+        copy(S.score, n_copy);
     }
-    copy(S.v_words != nullptr ? S.v_words : S.v, src_c, dst_c);
+    copy(S.v_words != nullptr ? S.v_words : S.v, n_copy);
 }
 
 // K of one layer in the general form: one row per (stream, cell, head), copied as words when no key is re-rotated,

@@ -22,15 +22,19 @@
 locret_evictor::locret_evictor(const locret_evict_parts & parts) : mem(parts) {
 }
 
+size_t locret_evictor::slot_buffer_size(graph_kind kind) const {
+    const graph_slot & g = graphs[kind];
+    size_t n = 0;
+    for (int i = 0; g.sched && i < ggml_backend_sched_get_n_backends(g.sched.get()); ++i) {
+        n += ggml_backend_sched_get_buffer_size(g.sched.get(), ggml_backend_sched_get_backend(g.sched.get(), i));
+    }
+    return n;
+}
+
 size_t locret_evictor::buffer_size() const {
     size_t n = 0;
-    for (const auto & g : graphs) {
-        if (!g.sched) {
-            continue;
-        }
-        for (int i = 0; i < ggml_backend_sched_get_n_backends(g.sched.get()); ++i) {
-            n += ggml_backend_sched_get_buffer_size(g.sched.get(), ggml_backend_sched_get_backend(g.sched.get(), i));
-        }
+    for (int kind = 0; kind < GRAPH_KINDS; ++kind) {
+        n += slot_buffer_size((graph_kind) kind);
     }
     return n;
 }
@@ -208,10 +212,13 @@ bool locret_evictor::reserve(llama_context * lctx) {
         locret_set_error("failed to allocate the compute buffers of the Locret eviction graphs");
         return false;
     }
-    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB, move tables %.2f MiB, score store %.2f MiB, "
-            "up to %u sequences per compaction\n", __func__,
-            buffer_size() / 1024.0 / 1024.0, move_tables_size() / 1024.0 / 1024.0,
-            mem.scores.bytes() / 1024.0 / 1024.0, compact_seq());
+    const double MiB = 1024.0 * 1024.0;
+    LLAMA_LOG_INFO("%s: Locret eviction graphs: compute buffers %.2f MiB (scoring %.2f, selection %.2f, compaction "
+            "%.2f copying, %.2f re-rotating), move tables %.2f MiB, score store %.2f MiB, up to %u sequences per "
+            "compaction\n", __func__, buffer_size() / MiB, slot_buffer_size(GRAPH_SCORE) / MiB,
+            slot_buffer_size(GRAPH_SELECT) / MiB, slot_buffer_size(GRAPH_COMPACT_COPY) / MiB,
+            slot_buffer_size(GRAPH_COMPACT_ROTATE) / MiB, move_tables_size() / MiB, mem.scores.bytes() / MiB,
+            compact_seq());
     return true;
 }
 

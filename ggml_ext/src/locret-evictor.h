@@ -117,6 +117,7 @@ private:
         std::unique_ptr<llm_graph_result> res;
     };
     graph_slot graphs[GRAPH_KINDS];
+    size_t slot_buffer_size(graph_kind kind) const; // bytes of one kind's compute buffers (0: never reserved)
     // a scheduler on the context's backends, to wait for them (every slot's is)
     ggml_backend_sched_t any_sched() const { return graphs[GRAPH_COMPACT_ROTATE].sched.get(); }
     // reserve(), in steps: each slot's scheduler on the context's backends, the host threads and the ubatch-end events
