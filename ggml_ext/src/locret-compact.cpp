@@ -530,13 +530,14 @@ static int64_t locret_layers_per_run(size_t bytes_per_layer, int64_t n_layer) {
     return std::clamp<int64_t>((int64_t) (bound / std::max<size_t>(bytes_per_layer, 1)), 1, n_layer);
 }
 
-// layers [l0, l0 + nl) of a stacked alias [w, n_rows, L], or of a table [cap per layer] seen as [n, L]
+// layers [l0, l0 + nl) of a stacked alias [w, n_rows, L]
 static ggml_tensor * locret_stack_run(ggml_context * ctx0, ggml_tensor * t, int64_t l0, int64_t nl) {
     if (l0 == 0 && nl == t->ne[2]) {
         return t; // every layer: the alias itself (no view node)
     }
     return ggml_view_3d(ctx0, t, t->ne[0], t->ne[1], nl, t->nb[1], t->nb[2], l0 * t->nb[2]);
 }
+// layers [l0, l0 + nl) of a move table (cap entries a layer), its first n entries each: [n, nl]
 static ggml_tensor * locret_table_run(ggml_context * ctx0, ggml_tensor * table, size_t cap, int64_t n, int64_t l0, int64_t nl) {
     const size_t es = ggml_element_size(table);
     return ggml_view_2d(ctx0, table, n, nl, cap * es, l0 * cap * es);

@@ -90,7 +90,7 @@ class Checkpoint:
         return tensor.detach().to(torch.float32).numpy()
 
 
-def is_heads_gguf(path: Path) -> bool:
+def is_heads_gguf(path: Path | str) -> bool:
     """Whether read_checkpoint reads this path as a heads GGUF (by its suffix, as it does): the one rule the trainer's
     carried recommendations follow too."""
     return Path(path).suffix == ".gguf"

@@ -428,7 +428,7 @@ def carried_recommendations(init_heads: str) -> dict:
     positions. The heads were measured with them, and `--pool auto` (the evaluation's, the tools') reads them from
     the file: without them a fine-tune of pooled heads would be measured unpooled beside its own start. An init from
     safetensors, or heads that recommend none, carry nothing."""
-    if not init_heads or not is_heads_gguf(Path(init_heads)):
+    if not init_heads or not is_heads_gguf(init_heads):
         return {}
     from locret.heads import file_recommended
 
