@@ -148,8 +148,9 @@ def _add_eval(sub) -> None:
                      "is compressed), compressed (query-aware: compressed with the context; rows kvpress:PRESS+q), or "
                      "both, comma-separated")
     how.add_argument("--press-heads", help="the heads file of the press 'locret' (default: the model's shipped heads)")
-    how.add_argument("--heads", help="trained heads for 'locret' and 'locret-q' (default: embedded in the model, or "
-                     "shipped in heads/, for locret-q the Locret-Q heads where shipped); locret-q places each task's "
+    how.add_argument("--heads", help="trained heads for 'locret', 'locret-q' and 'locret-q-auto' (default: embedded in "
+                     "the model, or shipped in heads/, for the two locret-q methods the Locret-Q heads where shipped); "
+                     "locret-q places each task's "
                      "question at the start of the prompt and pins it, locret-q-auto the question the auto rule "
                      "finds at the end of the user message (none: plain Locret)")
     how.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
