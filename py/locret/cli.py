@@ -150,9 +150,8 @@ def _add_eval(sub) -> None:
     how.add_argument("--press-heads", help="the heads file of the press 'locret' (default: the model's shipped heads)")
     how.add_argument("--heads", help="trained heads for 'locret', 'locret-q' and 'locret-q-auto' (default: embedded in "
                      "the model, or shipped in heads/, for the two locret-q methods the Locret-Q heads where shipped); "
-                     "locret-q places each task's "
-                     "question at the start of the prompt and pins it, locret-q-auto the question the auto rule "
-                     "finds at the end of the user message (none: plain Locret)")
+                     "locret-q places each task's question at the start of the prompt and pins it, locret-q-auto the "
+                     "question the auto rule finds at the end of the user message (none: plain Locret)")
     how.add_argument("--random-heads", help="heads for 'random-heads' (default: random d_R 256, seed 0)")
     how.add_argument("--stabilizers", type=int, help="stabilizers n_s for every evicting method (default: the heads file's)")
     how.add_argument("--local", type=int, help="local tail length (default: the heads file's)")
