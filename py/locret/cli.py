@@ -145,8 +145,9 @@ def _add_eval(sub) -> None:
                      "kvpress's environment (.venv-kvpress): snapkv, expected, tova, streaming, knorm, pyramidkv, "
                      "adakv-snapkv, adakv-expected, kvzip, locret (our heads as a press); rows kvpress:PRESS")
     how.add_argument("--press-question", default="outside", help="outside (kvpress's default: the question after what "
-                     "is compressed), compressed (query-aware: compressed with the context; rows kvpress:PRESS+q), or "
-                     "both, comma-separated")
+                     "is compressed), compressed (query-aware: compressed with the context; rows kvpress:PRESS+q), "
+                     "copied (Locret-Q auto's prompt: the question copied to the start and pinned, the one at the end "
+                     "outside; rows kvpress:PRESS+copy), comma-separated")
     how.add_argument("--press-heads", help="the heads file of the press 'locret' (default: the model's shipped heads)")
     how.add_argument("--heads", help="trained heads for 'locret', 'locret-q' and 'locret-q-auto' (default: embedded in "
                      "the model, or shipped in heads/, for the two locret-q methods the Locret-Q heads where shipped); "

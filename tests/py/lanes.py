@@ -70,6 +70,8 @@ LONG_TESTS: dict[str, str] = {
         "(test_loadtest.py)",
     "test_kvpress_side.py::test_replaying_one_prefill_gives_each_presss_own_result": "293 s; " + _KVPRESS,
     "test_kvpress_side.py::test_the_side_by_side_feeds_kvpress_the_ids_the_server_reads": "262 s; " + _KVPRESS,
+    "test_kvpress_side.py::test_pinned_leading_tokens_are_kept_by_every_selection":
+        "kvpress's selections given Locret-Q's pin; the split it pins at is in the ci lane (test_ruler.py); " + _KVPRESS,
     "test_eval_runner.py::test_sigterm_stops_kvpress_an_evaluation_started":
         "63-78 s, the same command signalled in llama-server, then resumed through llama-server's full run of a "
         "4096-token prompt and signalled in kvpress; SIGTERM stopping llama-server is in the ci lane "

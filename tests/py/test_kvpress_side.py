@@ -6,6 +6,9 @@ what kvpress's own pipeline gives, and the side by side reads the same token ids
 - replay against the pipeline: for SnapKV (the question outside and compressed), AdaKV, PyramidKV (layers of different
   lengths) and ExpectedAttention, the kept keys per layer and the greedy answer equal those of kvpress's pipeline run
   on the context alone (tests/py/kvpress_side_check.py, in .venv-kvpress);
+- the "copied" setting's pin: a press given Locret-Q's pinned tokens keeps them in every layer and KV head (a plain
+  ScorerPress and AdaKV's cross-head selection), where the same press without the pin drops them, and keeps as many
+  units as without it;
 - end to end: `locret eval --suite ruler` with a press beside our eviction at one compression ratio writes kvpress's
   rows and ours at the same budget, every server request read the ids kvpress was fed (tokens_match), and the check
   can fail (an item whose ids differ from what the server reads is counted).
@@ -58,6 +61,44 @@ def test_replaying_one_prefill_gives_each_presss_own_result(tmp_path, model_path
             assert max(c["lengths"]) < c["context"], where + ": nothing was compressed"
     pyramid = next(c for c in cases if c["press"] == "pyramidkv")
     assert len(set(pyramid["lengths"])) > 1  # layers of different lengths: the case transformers' SDPA mask refused
+
+
+PIN_CHECK = """
+import json, types, torch
+from kvpress import AdaKVPress, KnormPress
+from locret.peers.kvpress_side import pin_leading
+torch.manual_seed(0)
+keys = torch.randn(1, 3, 200, 64)
+keys[..., :10, :] *= 50        # the largest norms: Knorm (keeps the smallest) drops them unless pinned
+values = torch.randn(1, 3, 200, 64)
+module = types.SimpleNamespace(head_dim=64, config=types.SimpleNamespace(_attn_implementation="sdpa"))
+def kept(press, pinned):
+    press = pin_leading(press, pinned)
+    k, _ = press.compress(module, None, keys, values, None, {})
+    if isinstance(press, AdaKVPress):   # masks instead of removing: per head, the positions not masked
+        _, heads, seq = module.masked_key_indices
+        return [sorted(set(range(200)) - set(seq[heads == h].tolist())) for h in range(3)]
+    return [sorted(int((keys[0, h] == row).all(-1).nonzero()[0]) for row in k[0, h]) for h in range(3)]
+out = {}
+for name, make in (("knorm", lambda: KnormPress(compression_ratio=0.75)),
+                   ("adakv-knorm", lambda: AdaKVPress(KnormPress(compression_ratio=0.75)))):
+    out[name] = {"pinned": kept(make(), 10), "plain": kept(make(), 0)}
+print(json.dumps(out))
+"""
+
+
+def test_pinned_leading_tokens_are_kept_by_every_selection(tmp_path):
+    from locret.peers.environment import kvpress_python
+
+    proc = run([kvpress_python(), "-c", PIN_CHECK], timeout=300, cwd=REPO / "py")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, got in out.items():
+        pinned, plain = got["pinned"], got["plain"]
+        assert all(set(range(10)) <= set(head) for head in pinned), name
+        assert all(not set(range(10)) & set(head) for head in plain), name + ": the check cannot fail"
+        assert sum(map(len, pinned)) == sum(map(len, plain)), name + ": the pin changed how many units are kept"
+    assert all(len(head) == 50 for head in out["knorm"]["pinned"])  # int(200 x 0.25) a head
 
 
 def test_the_side_by_side_feeds_kvpress_the_ids_the_server_reads(tmp_path, model_path):

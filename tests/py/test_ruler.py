@@ -9,6 +9,9 @@
   package's own evaluate.py run on a predictions file, and hand-checked values;
 - a prompt's token ids are the model's template applied to the sample, and its split (question start, input end)
   falls where the question's and the template's text begin;
+- kvpress's "copied" setting cuts Locret-Q auto's prompt (the question copied to the start) where the plain prompt's
+  question starts (the same tail of ids) and pins through the copy by the library's rule; a press keeps exactly our
+  budget's units of a context at the ratio it is given (kvpress_side.matched_ratio);
 - the essay haystack starts at a random word per sample (the package always takes the first words), the package's
   own stream otherwise;
 - bad settings are refused with a message, and RULER results for heads whose training log names the package's data.
@@ -137,6 +140,46 @@ def test_a_prompt_is_the_template_around_the_sample_split_where_its_question_sta
         assert p.input_end < len(p.tokens) and "assistant" in detok(p.input_end)  # the template's closing turn
     else:
         assert p.input_end == len(p.tokens)  # completion: the prompt ends inside the assistant's turn
+
+
+@pytest.mark.parametrize("task", ["vt", "qa_1", "niah_multiquery"])
+def test_the_copied_setting_cuts_locret_q_autos_prompt_where_the_plain_prompts_question_starts(task, vocab, model_path):
+    from locret.evaluation import decoding
+    from locret.evaluation.items import _copied_question_split, _ruler_auto_query
+    from locret.ruler import package, prompts
+
+    chat, tokenize = decoding.chat_format(vocab), decoding.tokenizer(vocab)
+    sample = package.generate(task, model_path=model_path, length=LENGTH, samples=1, seed=3,
+                              model_template="{task_template}")[0]
+    p = prompts.build(sample, mode="chat", chat=chat, tokenize=tokenize)
+    found, copied = _ruler_auto_query(p.text, "chat", chat, tokenize)
+    assert found, "the auto rule finds RULER's question"
+    split = _copied_question_split(vocab, p, found, copied)
+    at, pinned = split["copied_question_at"], split["copied_pinned"]
+    detok = lambda ids: vocab._model.detokenize(list(ids), special=True).decode()  # noqa: E731
+    # the end: the same ids as the plain prompt's from its question on, which kvpress leaves outside
+    assert at is not None and copied[at:] == p.tokens[p.question_at:]
+    assert len(copied) - at == len(p.tokens) - p.question_at
+    # the start: BOS and the template's opening through the copied question, the rest (the document) after
+    assert detok(copied[:pinned]).rstrip().endswith(found.rstrip())
+    assert copied[:pinned - len(tokenize(found, False))] == p.tokens[:pinned - len(tokenize(found, False))]
+    assert detok(copied[pinned:at]).strip().startswith(detok(p.tokens[pinned - len(tokenize(found, False)):
+                                                                      p.question_at]).strip()[:40])
+    # no question found: the plain prompt, nothing pinned
+    assert _copied_question_split(vocab, p, "", ()) == {"copied_question_at": p.question_at, "copied_pinned": 0}
+    # a question the pin rule cannot find in the prompt: no cut (the kvpress side refuses the item)
+    assert _copied_question_split(vocab, p, found + " (not in the prompt)", copied)["copied_question_at"] is None
+
+
+def test_a_press_keeps_our_budgets_units_of_any_context():
+    from locret.peers.kvpress_side import matched_ratio
+
+    kept = lambda n, ratio: max(1, int(n * (1 - ratio))) if ratio < 1 else 0  # noqa: E731  (kvpress's compute_n_kept)
+    for context in (1, 7, 2233, 3083, 3879, 7999, 131071):
+        for budget in (1, 2, 100, 771, 1024, 2048, 8192):
+            ratio = matched_ratio(budget, context)
+            assert 0 <= ratio < 1
+            assert kept(context, ratio) == min(budget, context), (budget, context)
 
 
 def test_essay_haystacks_start_at_a_random_word_per_sample(model_path, tmp_path):

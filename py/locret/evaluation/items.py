@@ -289,6 +289,32 @@ def _ruler_auto_query(text: str, mode: str, chat, tokenize) -> tuple[str, tuple[
     return found, tuple(tokenize(place_query(found, text), True))
 
 
+def _copied_question_split(llm, prompt, found: str, found_tokens: Sequence[int]) -> dict:
+    """Where kvpress's "copied" setting cuts Locret-Q auto's prompt (the question copied to the start): the tokens it
+    pins, by the C library's rule the tools use (BOS and the template's opening through the copy's end), and where
+    the question at the end starts, the same tail of ids as the plain prompt's from `question_at`. No question found:
+    the plain prompt, nothing pinned (Locret-Q auto is then plain Locret). copied_question_at is None, which the
+    kvpress side refuses, when the two prompts' tails differ (a tokenizer that merges across the boundary) or the
+    library cannot pin the copy (a completion prompt in a chat template: the question found runs into the template's
+    special tokens, whose text the pin rule does not read; the engine refuses such a prompt too)."""
+    if not found:
+        return {"copied_question_at": prompt.question_at, "copied_pinned": 0}
+    import llama_cpp
+
+    from .. import eviction
+    from ..heads import HeadsError
+
+    tail = len(prompt.tokens) - prompt.question_at
+    at = len(found_tokens) - tail
+    same_tail = tuple(found_tokens[at:]) == tuple(prompt.tokens[prompt.question_at:])
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    try:
+        pinned = eviction.query_tokens(vocab, list(found_tokens), found, len(found_tokens))
+    except HeadsError:
+        return {"copied_question_at": None, "copied_pinned": 0}
+    return {"copied_question_at": at if same_tail and pinned <= at else None, "copied_pinned": pinned}
+
+
 def ruler_items(llm, tasks: Sequence[str], lengths: Sequence[int], samples: int, seed: int, *, mode: str,
                 random_start: bool, cache: Path, progress=None) -> list[Item]:
     """RULER's samples, written by the package's own generators with the model's tokenizer (ruler.package), as
@@ -319,13 +345,14 @@ def ruler_items(llm, tasks: Sequence[str], lengths: Sequence[int], samples: int,
                     for s in drawn:
                         p = prompts.build(s, mode=mode, chat=chat, tokenize=tokenize)
                         found, found_tokens = _ruler_auto_query(p.text, mode, chat, tokenize)
+                        copied = _copied_question_split(llm, p, found, found_tokens)
                         out.append(Item(id=f"{RULER_PREFIX}{task}/{length}/{s.index}", source=RULER_PREFIX + task, length=length,
                                         depth=None, tokens=p.tokens, max_new_tokens=s.tokens_to_generate,
                                         answers=s.outputs, query=p.question, auto_query=found,
                                         auto_query_tokens=found_tokens,
                                         extra={"mode": mode, "prompt_text": p.text, "question_at": p.question_at,
                                                "input_end": p.input_end, "ruler_length": s.length, "seed": seed,
-                                               "index": s.index}))
+                                               "index": s.index, **copied}))
                 except RulerError as e:
                     raise ItemError(str(e)) from None
                 if progress is not None:

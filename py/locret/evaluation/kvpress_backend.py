@@ -3,8 +3,11 @@
 The evaluation's items (token ids, where the question starts, where the input ends) go to
 `python -m locret.peers.kvpress_side` in .venv-kvpress; every item comes back with the answers of every (press, ratio,
 question setting), which become sample records like any method's: method `kvpress:PRESS` (question outside what is
-compressed, kvpress's default) or `kvpress:PRESS+q` (the question compressed with the context, query-aware), the
-budget our engine is given at the same ratio (round((1 - ratio) x length)), and the ratio itself.
+compressed, kvpress's default), `kvpress:PRESS+q` (the question compressed with the context, query-aware) or
+`kvpress:PRESS+copy` (Locret-Q auto's prompt: the question copied to the start and pinned, the question at the end
+outside), the budget our engine is given at the same ratio (round((1 - ratio) x length)), the ratio itself, and the
+ratio the press was run at (`press_ratio`: the one that keeps the budget's units of the item's context, so that both
+hold the same KV memory).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from pathlib import Path
 from .items import Item
 from .worker import RunSpec
 
-SETTING_SUFFIX = {"outside": "", "compressed": "+q"}
+SETTING_SUFFIX = {"outside": "", "compressed": "+q", "copied": "+copy"}
 
 
 def method_name(press: str, setting: str) -> str:
@@ -42,10 +45,7 @@ def execute(spec: RunSpec, todo: list[Item], on_sample, deadline: float | None, 
         spec_path, items_path = Path(tmp) / "spec.json", Path(tmp) / "items.jsonl"
         spec_path.write_text(json.dumps({"model_path": spec.model_path, "presses": presses, "ratios": ratios,
                                          "settings": settings, "heads": heads, "threads": spec.threads}))
-        items_path.write_text("".join(json.dumps({"id": it.id, "tokens": list(it.tokens),
-                                                  "question_at": it.extra["question_at"],
-                                                  "input_end": it.extra["input_end"],
-                                                  "max_new_tokens": it.max_new_tokens}) + "\n" for it in todo))
+        items_path.write_text("".join(json.dumps(_side_item(it, ratios, "copied" in settings)) + "\n" for it in todo))
         by_id = {it.id: it for it in todo}
         with open(log_path, "w") as log:
             proc = subprocess.Popen([str(python), "-m", "locret.peers.kvpress_side", str(spec_path), str(items_path)],
@@ -69,9 +69,25 @@ def execute(spec: RunSpec, todo: list[Item], on_sample, deadline: float | None, 
     return {"peak_rss_bytes": None, "gpu_bytes": None, "kv_bytes": None, "via": "kvpress"}
 
 
+def _side_item(item: Item, ratios: list[float], copied: bool) -> dict:
+    """An item as kvpress_side reads it: its ids, cuts and our budget at each ratio; with the "copied" setting,
+    Locret-Q auto's prompt and its cuts too."""
+    out = {"id": item.id, "tokens": list(item.tokens), "question_at": item.extra["question_at"],
+           "input_end": item.extra["input_end"], "max_new_tokens": item.max_new_tokens,
+           "budgets": {str(r): budget_at(r, item.length) for r in ratios}}
+    if copied:
+        if item.extra.get("copied_question_at") is None:
+            raise ValueError(f"{item.id}: the question copied to the start changes how the prompt's end tokenizes, so "
+                             "the 'copied' setting cannot cut it where the plain prompt's question starts")
+        out.update(copied_tokens=list(item.auto_query_tokens or item.tokens),
+                   copied_question_at=item.extra["copied_question_at"], copied_pinned=item.extra["copied_pinned"])
+    return out
+
+
 def _record(spec: RunSpec, item: Item, r: dict) -> dict:
     return dict(spec.labels, method=method_name(r["press"], r["setting"]), budget=budget_at(r["ratio"], item.length),
-                compression_ratio=r["ratio"], item=item.id, source=item.source, length=item.length, depth=item.depth,
+                compression_ratio=r["ratio"], press_ratio=r["press_ratio"], item=item.id, source=item.source,
+                length=item.length, depth=item.depth,
                 prompt_tokens=len(item.tokens), answer=r["answer"], answers=list(item.answers), new_tokens=None,
                 prefill_s=None, decode_s=r["seconds"], prefill_tok_s=None, decode_tok_s=None, cells_used_max=None,
                 n_cells=None, evictions=0, pinned=0, kv_bytes=None, kept_units=r["kept_units"],

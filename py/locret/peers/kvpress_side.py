@@ -9,12 +9,23 @@ the compression ratios and the question settings; each line of ITEMS is one prom
 question starts (`question_at`) and where the user's input ends (`input_end`). For every item it prints one JSON line
 to stdout: the answers of every (press, ratio, setting), greedy, by kvpress's own `generate_answer`.
 
-Two settings, as kvpress reports them:
+Three settings, the first two as kvpress reports them:
 
 - ``outside`` (kvpress's default): the context (tokens before `question_at`) is compressed, the question, the chat
   template's end and the answer come after, uncompressed;
 - ``compressed`` (query-aware): the context and the question (tokens before `input_end`) are compressed together,
-  only the template's closing tokens come after.
+  only the template's closing tokens come after;
+- ``copied``: the prompt Locret-Q auto reads (`copied_tokens`: the question the auto rule finds copied to the start
+  of the user turn), its first `copied_pinned` tokens (BOS and the template's opening through the copy) pinned as
+  Locret-Q pins them (kept whatever their score, counted in what the press keeps), the rest of the context compressed
+  and the question at the end (from `copied_question_at`) after, uncompressed. It gives a press the very layout our
+  Locret-Q auto gets, so that the two differ only in what they evict.
+
+Every press keeps the same KV memory as our engine at that ratio: the item's `budgets` give, for each ratio, the
+units our engine may hold (round((1 - ratio) x the RULER length), every layer and KV head), and the press is made with
+the ratio that keeps that many units of the item's context (`press_ratio`, per item). A RULER prompt is shorter than
+its length (4K prompts hold 2,200-3,900 tokens), so kvpress's own ratio of the context would keep fewer units than
+our budget (0.75: ~770 of a 3,100-token context against 1,024); until 2026-12-07 it did.
 
 One prefill serves every press. A kvpress prefill press compresses each attention layer after the layer has run over
 the full, uncompressed context (its forward hook rewrites the layer's cache; the layer's output, which the next layer
@@ -46,7 +57,7 @@ PRESSES = {
     "kvzip": ("KVzipPress", {}),
     "locret": ("LocretPress", {}),
 }
-SETTINGS = ("outside", "compressed")
+SETTINGS = ("outside", "compressed", "copied")
 NOT_REPLAYABLE = ("kvzip",)  # runs the model itself inside its context manager
 
 
@@ -68,8 +79,20 @@ def check_spec(spec: Spec) -> None:
     bad = [s for s in spec.settings if s not in SETTINGS]
     if bad or not spec.settings:
         raise ValueError(f"unknown question setting {', '.join(bad) or '(none)'}; known: {', '.join(SETTINGS)}")
+    if "copied" in spec.settings and any(p in NOT_REPLAYABLE for p in spec.presses):
+        raise ValueError(f"the 'copied' setting pins the copied question through a press's scores, which "
+                         f"{', '.join(p for p in spec.presses if p in NOT_REPLAYABLE)} (run by kvpress's pipeline, "
+                         "the model inside the press) does not take: drop it or the setting")
     if not spec.ratios or any(not 0 < r < 1 for r in spec.ratios):
         raise ValueError(f"compression ratios must be in (0, 1), got {spec.ratios}")
+
+
+def matched_ratio(budget: int, context: int) -> float:
+    """The compression ratio at which a press keeps `budget` of `context` units (kvpress keeps int(context x (1 -
+    ratio)), so the half unit keeps float rounding from losing one); 0 (nothing compressed) when the context fits."""
+    if budget >= context:
+        return 0.0
+    return 1.0 - (budget + 0.5) / context
 
 
 def make_press(name: str, ratio: float, heads: str | None):
@@ -83,6 +106,29 @@ def make_press(name: str, ratio: float, heads: str | None):
     if "inner" in options:
         return getattr(kvpress, cls_name)(getattr(kvpress, options["inner"])(compression_ratio=ratio))
     return getattr(kvpress, cls_name)(compression_ratio=ratio)
+
+
+def pin_leading(press, n: int):
+    """`press` with its first `n` positions kept in every layer and KV head whatever their score (Locret-Q's pin):
+    its scorer's scores there become the largest float, so every selection that ranks by them (ScorerPress's top-k,
+    PyramidKV's per-layer top-k, AdaKV's cross-head bottom-k) keeps them, within the same count of kept units."""
+    if n <= 0:
+        return press
+    import torch
+    from kvpress import AdaKVPress, ScorerPress
+
+    scorer = press.press if isinstance(press, AdaKVPress) else press
+    if not isinstance(scorer, ScorerPress):
+        raise ValueError(f"{type(scorer).__name__} does not rank by scores: it cannot pin")
+    own = scorer.score
+
+    def score(module, hidden_states, keys, values, attentions, kwargs):
+        scores = own(module, hidden_states, keys, values, attentions, kwargs).clone()  # [batch, n_head_kv, seq]
+        scores[..., :n] = torch.finfo(scores.dtype).max
+        return scores
+
+    scorer.score = score  # on this instance only: the press's own compress calls it
+    return press
 
 
 ATTENTION = "sdpa_bottom_right"
@@ -238,15 +284,26 @@ def kept_units(cache) -> int:
 
 
 def run_item(spec: Spec, model, pipe, item: dict) -> dict:
-    tokens, q_at, end = item["tokens"], item["question_at"], item["input_end"]
-    cuts = {"outside": q_at, "compressed": end}
+    """Every (press, ratio, setting) on one item. A prompt is prefilled once for all its settings: the plain one for
+    outside and compressed (cut at `question_at`, `input_end`), Locret-Q auto's for copied."""
+    plain, q_at, end = item["tokens"], item["question_at"], item["input_end"]
+    # setting -> (prompt, context length, pinned leading tokens)
+    cuts = {"outside": (plain, q_at, 0), "compressed": (plain, end, 0)}
+    if "copied" in spec.settings:
+        cuts["copied"] = (item["copied_tokens"], item["copied_question_at"], item["copied_pinned"])
     records = []
-    capture, full_cache = prefill(model, tokens[:end]) if spec.replay else (None, None)
+    prefills = {}
     for name in spec.presses:
         for ratio in spec.ratios:
             for setting in spec.settings:
-                n = cuts[setting]
-                press = make_press(name, ratio, spec.heads)
+                tokens, n, pinned = cuts[setting]
+                key = "copied" if setting == "copied" else "plain"
+                if spec.replay and key not in prefills:
+                    # the plain prompt's prefill runs through input_end, enough for both of its cuts
+                    prefills[key] = prefill(model, tokens[:end] if key == "plain" else tokens[:n])
+                capture, full_cache = prefills.get(key, (None, None))
+                press_ratio = matched_ratio(item["budgets"][str(ratio)], n)
+                press = pin_leading(make_press(name, press_ratio, spec.heads), pinned)
                 t0 = time.perf_counter()
                 if spec.replay and name not in NOT_REPLAYABLE:
                     cache = replay(press, model, capture, full_cache, n)
@@ -256,7 +313,8 @@ def run_item(spec: Spec, model, pipe, item: dict) -> dict:
                 else:
                     answer, _ = pipeline_answer(pipe, press, tokens[:n], tokens[n:], item["max_new_tokens"])
                     units, masked = None, None
-                records.append({"press": name, "ratio": ratio, "setting": setting, "answer": answer,
+                records.append({"press": name, "ratio": ratio, "press_ratio": round(press_ratio, 6),
+                                "setting": setting, "answer": answer,
                                 "context_tokens": n, "kept_units": units, "masked_units": masked,
                                 "seconds": round(time.perf_counter() - t0, 3)})
     return {"item": item["id"], "records": records}

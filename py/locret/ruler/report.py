@@ -131,5 +131,6 @@ def plot(entries: list[dict], path: Path) -> list[Path]:
 
 
 def query_aware(method: str) -> bool:
-    """Whether a method sees the question when it compresses: kvpress's `+q` rows, our Locret-Q and SnapKV-Q rows."""
-    return method.endswith("+q") or "-q" in method.split("@")[0]
+    """Whether a method sees the question when it compresses: kvpress's `+q` and `+copy` rows, our Locret-Q and
+    SnapKV-Q rows."""
+    return method.endswith(("+q", "+copy")) or "-q" in method.split("@")[0]
