@@ -501,6 +501,14 @@ def query_tokens(vocab: int, tokens, query: str, limit: int) -> int:
     return n
 
 
+def model_query_tokens(llm, tokens, query: str, limit: int) -> int:
+    """`query_tokens` with the vocabulary of a llama-cpp-python model (a `llama_cpp.Llama` or anything holding its
+    `_model`)."""
+    import llama_cpp
+
+    return query_tokens(llama_cpp.llama_model_get_vocab(llm._model.model), tokens, query, limit)
+
+
 def retained(ctx: int, layer: int, head: int, seq_id: int = 0) -> np.ndarray:
     """Logical positions of the units that (layer, KV head) holds in sequence `seq_id`, in cell order."""
     n = _api().llama_locret_retained_seq(ctx, seq_id, layer, head, None, 0)

@@ -268,9 +268,8 @@ class Llama(llama_cpp.Llama):
         self._locret_pending_pin = None
         if query is not None:
             st = self.locret_stats()
-            vocab = llama_cpp.llama_model_get_vocab(self._model.model)
             try:
-                n_pin = eviction.query_tokens(vocab, list(tokens), query, st["budget"])
+                n_pin = eviction.model_query_tokens(self, list(tokens), query, st["budget"])
             except HeadsError:
                 if not self._locret_query_is_auto:
                     raise

@@ -95,8 +95,7 @@ def inspect_prompt(*, model: str, prompt: str, needle: str, budget: int, ubatch:
         text = template(text) if template else text
         ids = llm.tokenize(text.encode(), add_bos=True, special=bool(template))
         if query:
-            vocab_ptr = llama_cpp.llama_model_get_vocab(llm._model.model)
-            llm.locret_pin_next_prompt(eviction.query_tokens(vocab_ptr, ids, query, budget))
+            llm.locret_pin_next_prompt(eviction.model_query_tokens(llm, ids, query, budget))
         heads_api.record_scores(llm)
         llm.eval(ids)
         scores, recorded = heads_api.recorded_scores(llm)     # [n_layer, n_head_kv, n_tokens], decode order

@@ -299,17 +299,14 @@ def _copied_question_split(llm, prompt, found: str, found_tokens: Sequence[int])
     special tokens, whose text the pin rule does not read; the engine refuses such a prompt too)."""
     if not found:
         return {"copied_question_at": prompt.question_at, "copied_pinned": 0}
-    import llama_cpp
-
     from .. import eviction
     from ..heads import HeadsError
 
     tail = len(prompt.tokens) - prompt.question_at
     at = len(found_tokens) - tail
     same_tail = tuple(found_tokens[at:]) == tuple(prompt.tokens[prompt.question_at:])
-    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
     try:
-        pinned = eviction.query_tokens(vocab, list(found_tokens), found, len(found_tokens))
+        pinned = eviction.model_query_tokens(llm, list(found_tokens), found, len(found_tokens))
     except HeadsError:
         return {"copied_question_at": None, "copied_pinned": 0}
     return {"copied_question_at": at if same_tail and pinned <= at else None, "copied_pinned": pinned}

@@ -77,8 +77,10 @@ def _side_item(item: Item, ratios: list[float], copied: bool) -> dict:
            "budgets": {str(r): budget_at(r, item.length) for r in ratios}}
     if copied:
         if item.extra.get("copied_question_at") is None:
-            raise ValueError(f"{item.id}: the question copied to the start changes how the prompt's end tokenizes, so "
-                             "the 'copied' setting cannot cut it where the plain prompt's question starts")
+            # RuntimeError: the runner reports it as the evaluation's error (EvalError), not as a crash
+            raise RuntimeError(f"{item.id}: the 'copied' setting cannot cut Locret-Q auto's prompt: the library cannot "
+                               "pin the copied question in it, or the copy changes how the prompt's end tokenizes "
+                               "(items.py, _copied_question_split)")
         out.update(copied_tokens=list(item.auto_query_tokens or item.tokens),
                    copied_question_at=item.extra["copied_question_at"], copied_pinned=item.extra["copied_pinned"])
     return out

@@ -159,12 +159,9 @@ def prompt_of(spec: RunSpec, item: Item) -> list[int]:
 def _pin_query(llm, spec: RunSpec, query: str, tokens: list[int]) -> None:
     """Locret-Q: pin the prompt's tokens through the question (the C library's rule, as the tools) when the
     prompt starts the sequence (after llm.reset(), the next eval empties it first)."""
-    import llama_cpp
-
     from .. import eviction
 
-    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    llm.locret_pin_next_prompt(eviction.query_tokens(vocab, tokens, query, spec.budget))
+    llm.locret_pin_next_prompt(eviction.model_query_tokens(llm, tokens, query, spec.budget))
 
 
 def _prefill(llm, spec: RunSpec, item: Item, evicting: bool, heat: list | None) -> int:

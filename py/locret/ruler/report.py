@@ -131,6 +131,8 @@ def plot(entries: list[dict], path: Path) -> list[Path]:
 
 
 def query_aware(method: str) -> bool:
-    """Whether a method sees the question when it compresses: kvpress's `+q` and `+copy` rows, our Locret-Q and
-    SnapKV-Q rows."""
-    return method.endswith(("+q", "+copy")) or "-q" in method.split("@")[0]
+    """Whether a method sees the question when it compresses: kvpress's rows of a question setting other than
+    outside (`+q`, `+copy`: kvpress_backend.SETTING_SUFFIX), our Locret-Q and SnapKV-Q rows."""
+    from ..evaluation.kvpress_backend import SETTING_SUFFIX
+
+    return method.endswith(tuple(x for x in SETTING_SUFFIX.values() if x)) or "-q" in method.split("@")[0]
