@@ -484,6 +484,28 @@ LLAMA_API int32_t llama_locret_query_tokens(const struct llama_vocab * vocab, co
 #define LLAMA_LOCRET_AUTO_QUERY_MAX_BYTES 320
 LLAMA_API int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out);
 
+// Locret-Q on a completion prompt, which may hold a chat template written out as text by the caller
+// ("<|im_start|>user\n...?<|im_end|>\n<|im_start|>assistant\n"). Its turns are its pieces between the model's control
+// tokens written as text (the template's markers, llama_vocab_is_control). A piece after a marker opens with its role
+// when its first line is a role's name alone ("user", "assistant", "system", "model", ...: ChatML and Gemma write
+// "<marker>user\n" and the text follows the line); a piece that is a role's name alone and nothing else (Llama 3:
+// "<|start_header_id|>user<|end_header_id|>\n\n") names the next piece's role, whose text starts after its leading
+// white space. A prompt without markers (or vocab NULL) is one turn, with no role, whose text starts at its first byte:
+// these functions then give what llama_locret_find_question and llama_locret_query_layout give.
+//
+// The question (Locret-Q auto): llama_locret_find_question on the last user turn's text; when no turn is a user's,
+// on the last turn with text. Writes it (at most n_out - 1 bytes and a NUL) into out when not NULL; returns its length
+// in bytes, 0 when there is none.
+LLAMA_API int32_t llama_locret_find_prompt_question(const struct llama_vocab * vocab, const char * text, char * out,
+                                                    int32_t n_out);
+
+// Locret-Q's layout in a completion prompt: llama_locret_query_layout at the start of the first user turn's text (of
+// the first turn with text when no turn is a user's), the template's markers and role lines before it left as they
+// are, so the prompt reads as the chat template would have written the layout's user message. Writes at most
+// n_out - 1 bytes and a NUL into out (when not NULL); returns the layout's length in bytes (snprintf's convention).
+LLAMA_API int32_t llama_locret_prompt_layout(const struct llama_vocab * vocab, const char * query, const char * text,
+                                             char * out, int32_t n_out);
+
 // Locret-Q auto in a chat: which user message's question is the chat's query. `texts`: the chat's user messages whose
 // content is text, in order (a message of content parts is not searched). With requery (llama-server's default), the
 // last one's: a follow-up question is pinned in place of the first, and the conversation is read again for it.

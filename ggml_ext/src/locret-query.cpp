@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cstring>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 // writes at most n_out - 1 bytes of s and a NUL into out (when not NULL); returns s's length, like snprintf
@@ -304,6 +305,189 @@ static std::string locret_find_question(const std::string & text) {
 
 int32_t llama_locret_find_question(const char * text, char * out, int32_t n_out) {
     return locret_copy_out(locret_find_question(text != nullptr ? text : ""), out, n_out);
+}
+
+//
+// Locret-Q on a completion prompt that holds a chat template written out as text
+//
+
+namespace {
+
+// a turn of a prompt: its role ("" when its piece names none) and its text [begin, end), byte offsets in the prompt
+struct locret_turn {
+    std::string role;
+    size_t      begin;
+    size_t      end;
+};
+
+// the model's control tokens as text (a chat template's markers), for finding them in a prompt
+struct locret_markers {
+    std::unordered_set<std::string> texts;
+    std::vector<size_t>             lengths;       // the distinct lengths, longest first (the longest marker wins)
+    bool                            first[256] = {}; // the bytes a marker opens with
+};
+
+locret_markers locret_control_markers(const llama_vocab * vocab) {
+    locret_markers m;
+    if (vocab == nullptr) {
+        return m;
+    }
+    char buf[256];
+    const int32_t n_vocab = llama_vocab_n_tokens(vocab);
+    for (llama_token t = 0; t < n_vocab; ++t) {
+        if (!llama_vocab_is_control(vocab, t)) {
+            continue;
+        }
+        const int32_t len = llama_token_to_piece(vocab, t, buf, sizeof(buf), 0, /*special =*/ true);
+        if (len <= 0) {
+            continue; // a control token with no text (or one too long to be a template's marker)
+        }
+        m.texts.emplace(buf, (size_t) len);
+        m.first[(unsigned char) buf[0]] = true;
+        if (std::find(m.lengths.begin(), m.lengths.end(), (size_t) len) == m.lengths.end()) {
+            m.lengths.push_back((size_t) len);
+        }
+    }
+    std::sort(m.lengths.rbegin(), m.lengths.rend());
+    return m;
+}
+
+// the length of the marker that starts at text[i], 0 when none does
+size_t locret_marker_at(const locret_markers & m, const std::string & text, size_t i) {
+    if (!m.first[(unsigned char) text[i]]) {
+        return 0;
+    }
+    for (const size_t len : m.lengths) {
+        if (i + len <= text.size() && m.texts.count(text.substr(i, len)) > 0) {
+            return len;
+        }
+    }
+    return 0;
+}
+
+// a role's name as chat templates write it on the line after a turn's marker
+bool locret_is_role(const std::string & word) {
+    static const char * roles[] = { "system", "developer", "user", "human", "assistant", "model", "bot", "gpt", "tool",
+        "ipython", "function" };
+    const std::string w = locret_lower(word);
+    for (const char * r : roles) {
+        if (w == r) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool locret_is_user(const std::string & role) {
+    const std::string r = locret_lower(role);
+    return r == "user" || r == "human";
+}
+
+bool locret_has_text(const std::string & text, const locret_turn & t) {
+    for (size_t i = t.begin; i < t.end; ++i) {
+        if (!locret_is_space(text[i])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// the prompt's turns (the rule: llama_locret_find_prompt_question in llama-locret.h)
+std::vector<locret_turn> locret_prompt_turns(const llama_vocab * vocab, const std::string & text) {
+    const locret_markers markers = locret_control_markers(vocab);
+    std::vector<locret_turn> turns;
+    std::string pending_role; // named by a piece that is a role's name alone (Llama 3), for the next piece
+    bool after_marker = false;
+    size_t piece = 0;
+    const auto close_piece = [&](size_t end) {
+        locret_turn t = { "", piece, end };
+        if (after_marker) {
+            size_t nl = text.find('\n', piece);
+            nl = nl == std::string::npos || nl >= end ? end : nl;
+            const std::string line = locret_trim(text.substr(piece, nl - piece));
+            if (locret_is_role(line) && nl == end) {
+                pending_role = line; // the role alone: it names the next piece's
+                return;
+            }
+            if (locret_is_role(line)) {
+                t.role  = line;
+                t.begin = nl + 1; // the text follows the role's line
+            } else if (!pending_role.empty()) {
+                t.role = pending_role;
+                while (t.begin < end && locret_is_space(text[t.begin])) {
+                    ++t.begin; // the template's separator after the role
+                }
+            }
+        }
+        pending_role.clear();
+        turns.push_back(t);
+    };
+    for (size_t i = 0; i < text.size();) {
+        const size_t len = locret_marker_at(markers, text, i);
+        if (len == 0) {
+            ++i;
+            continue;
+        }
+        close_piece(i);
+        i += len;
+        piece = i;
+        after_marker = true;
+    }
+    close_piece(text.size());
+    return turns;
+}
+
+// the turn Locret-Q's layout opens: the first user turn, else the first turn with text; nullptr when none has text
+const locret_turn * locret_query_turn(const std::string & text, const std::vector<locret_turn> & turns) {
+    for (const locret_turn & t : turns) {
+        if (locret_is_user(t.role)) {
+            return &t;
+        }
+    }
+    for (const locret_turn & t : turns) {
+        if (locret_has_text(text, t)) {
+            return &t;
+        }
+    }
+    return nullptr;
+}
+
+// the turn whose closing question Locret-Q auto takes: the last user turn, else the last turn with text
+const locret_turn * locret_question_turn(const std::string & text, const std::vector<locret_turn> & turns) {
+    for (size_t i = turns.size(); i-- > 0;) {
+        if (locret_is_user(turns[i].role)) {
+            return &turns[i];
+        }
+    }
+    for (size_t i = turns.size(); i-- > 0;) {
+        if (locret_has_text(text, turns[i])) {
+            return &turns[i];
+        }
+    }
+    return nullptr;
+}
+
+} // namespace
+
+int32_t llama_locret_find_prompt_question(const llama_vocab * vocab, const char * text, char * out, int32_t n_out) {
+    const std::string prompt = text != nullptr ? text : "";
+    const std::vector<locret_turn> turns = locret_prompt_turns(vocab, prompt);
+    const locret_turn * t = locret_question_turn(prompt, turns);
+    const std::string q = t == nullptr ? "" : locret_find_question(prompt.substr(t->begin, t->end - t->begin));
+    return locret_copy_out(q, out, n_out);
+}
+
+int32_t llama_locret_prompt_layout(const llama_vocab * vocab, const char * query, const char * text, char * out,
+        int32_t n_out) {
+    const std::string prompt = text != nullptr ? text : "";
+    const std::vector<locret_turn> turns = locret_prompt_turns(vocab, prompt);
+    const locret_turn * t = locret_query_turn(prompt, turns);
+    const size_t at = t == nullptr ? 0 : t->begin;
+    const std::string rest = prompt.substr(at);
+    const int32_t n = llama_locret_query_layout(query, rest.c_str(), nullptr, 0);
+    std::string layout((size_t) n, '\0');
+    llama_locret_query_layout(query, rest.c_str(), layout.data(), n + 1);
+    return locret_copy_out(prompt.substr(0, at) + layout, out, n_out);
 }
 
 int32_t llama_locret_chat_query_message(const char * const * texts, int32_t n_texts, bool requery) {

@@ -196,23 +196,24 @@ bool locret_common_configure(const common_params & params, llama_model * model, 
         LOG_INF("Locret-Q (auto): the heads recommend it; the question at the end of each prompt is pinned "
                 "(--locret-query off turns it off)\n");
     }
-    locret_server_set_query_auto(o.query_auto_on, o.requery);
+    o.vocab = llama_model_get_vocab(model);
+    locret_server_set_query_auto(o.query_auto_on, o.requery, o.vocab);
     return true;
 }
 
 std::string locret_common_place_query(const common_params & params, const std::string & prompt) {
     const locret_options & o = params.locret;
     if (o.query_auto_on) {
-        o.query_found = locret_find_question(prompt);
+        o.query_found = locret_find_prompt_question(o.vocab, prompt);
         if (o.query_found.empty()) {
             LOG_INF("Locret-Q (auto): no question at the end of the prompt; plain Locret eviction\n");
             return prompt;
         }
         LOG_INF("Locret-Q (auto): the question at the end of the prompt goes to its start and is pinned: \"%s\"\n",
                 o.query_found.c_str());
-        return locret_query_layout(o.query_found, prompt);
+        return locret_prompt_layout(o.vocab, o.query_found, prompt);
     }
-    return o.query.empty() ? prompt : locret_query_layout(o.query, prompt);
+    return o.query.empty() ? prompt : locret_prompt_layout(o.vocab, o.query, prompt);
 }
 
 bool locret_common_pin_query(const common_params & params, llama_context * ctx, llama_seq_id seq_id,

@@ -218,6 +218,18 @@ std::string locret_find_question(const std::string & text) {
     });
 }
 
+std::string locret_find_prompt_question(const llama_vocab * vocab, const std::string & prompt) {
+    return locret_string_from([&](char * out, int32_t n_out) {
+        return llama_locret_find_prompt_question(vocab, prompt.c_str(), out, n_out);
+    });
+}
+
+std::string locret_prompt_layout(const llama_vocab * vocab, const std::string & query, const std::string & prompt) {
+    return locret_string_from([&](char * out, int32_t n_out) {
+        return llama_locret_prompt_layout(vocab, query.c_str(), prompt.c_str(), out, n_out);
+    });
+}
+
 std::string locret_options_resolve_mib(locret_options & o, const std::string & model_path,
         const llama_context_params & cparams, std::string * resolved) {
     if (o.budget_mib <= 0) {

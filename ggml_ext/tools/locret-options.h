@@ -39,6 +39,8 @@ struct locret_options {
     // Locret-Q heads without a query given, with eviction); and the question the tool then found in its prompt
     mutable bool        query_auto_on = false;
     mutable std::string query_found;
+    // the model's vocabulary (set with the above): a completion prompt's chat template markers are its control tokens
+    mutable const llama_vocab * vocab = nullptr;
 
     // the settings as the library takes them (budget_schedule points into this object)
     llama_locret_params params() const;
@@ -80,6 +82,11 @@ std::string locret_query_layout(const std::string & query, const std::string & t
 
 // Locret-Q auto (llama_locret_find_question): the question at the end of `text`, or ""
 std::string locret_find_question(const std::string & text);
+
+// The same two for a completion prompt, which may hold a chat template written out (llama_locret_prompt_layout,
+// llama_locret_find_prompt_question): the query opens the first user turn's text, the question is the last user turn's
+std::string locret_prompt_layout(const llama_vocab * vocab, const std::string & query, const std::string & prompt);
+std::string locret_find_prompt_question(const llama_vocab * vocab, const std::string & prompt);
 
 // what a tool adds to "failed to create context": ": " and the library's reason when Locret refused the context, else ""
 std::string locret_error_suffix();

@@ -13,21 +13,22 @@
 #include <stdexcept>
 #include <vector>
 
-static bool g_query_auto = false;
-static bool g_requery    = true;
+static bool                g_query_auto = false;
+static bool                g_requery    = true;
+static const llama_vocab * g_vocab      = nullptr;
 
-void locret_server_set_query_auto(bool on, bool requery) {
+void locret_server_set_query_auto(bool on, bool requery, const llama_vocab * vocab) {
     g_query_auto = on;
     g_requery    = requery;
+    g_vocab      = vocab;
 }
 
-// Locret-Q auto: a request without a query gets the question at the end of `text` as its "locret_query"; `kept`: the
-// text is a chat's first user message with a question, kept as the query by --locret-requery off
-static void locret_auto_query(common_json & body, const std::string & text, bool kept = false) {
+// Locret-Q auto: a request without a query gets `q`, the question found at the end of its text, as its
+// "locret_query" (none found: plain Locret); `kept`: q is a chat's first user message's, kept by --locret-requery off
+static void locret_auto_query(common_json & body, const std::string & q, bool kept = false) {
     if (!g_query_auto || body.contains("locret_query")) {
         return;
     }
-    const std::string q = locret_find_question(text);
     if (q.empty()) {
         LOG_INF("Locret-Q (auto): no question at the end of the request; plain Locret eviction\n");
         return;
@@ -75,7 +76,7 @@ void locret_server_place_chat_query(common_json & body) {
         const int32_t i = llama_locret_chat_query_message(ptrs.data(), (int32_t) ptrs.size(), g_requery);
         if (i >= 0) {
             // kept: a later user message (a follow-up) keeps the first question as its query
-            locret_auto_query(body, texts[i], i + 1 < (int32_t) texts.size());
+            locret_auto_query(body, locret_find_question(texts[i]), i + 1 < (int32_t) texts.size());
         } else {
             locret_auto_query(body, "");
         }
@@ -99,8 +100,10 @@ void locret_server_place_chat_query(common_json & body) {
 }
 
 void locret_server_place_completion_query(common_json & body) {
-    if (body.contains("prompt") && body.at("prompt").is_string()) {
-        locret_auto_query(body, body.at("prompt").get<std::string>());
+    // a completion prompt may hold a chat template written out: the question is its last user turn's, and the query
+    // opens its first user turn's text (llama_locret_prompt_layout), as in a chat
+    if (g_query_auto && !body.contains("locret_query") && body.contains("prompt") && body.at("prompt").is_string()) {
+        locret_auto_query(body, locret_find_prompt_question(g_vocab, body.at("prompt").get<std::string>()));
     }
     if (!body.contains("locret_query")) {
         return;
@@ -109,7 +112,7 @@ void locret_server_place_completion_query(common_json & body) {
     if (!body.contains("prompt") || !body.at("prompt").is_string()) {
         throw std::invalid_argument("'locret_query' needs a 'prompt' that is a string");
     }
-    body["prompt"] = locret_query_layout(query, body.at("prompt").get<std::string>());
+    body["prompt"] = locret_prompt_layout(g_vocab, query, body.at("prompt").get<std::string>());
 }
 
 std::string locret_server_task_query(const common_json & data) {

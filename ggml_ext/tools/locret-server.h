@@ -16,7 +16,8 @@ struct common_params;
 // configured): the question at the end of the request's last user message (chat) or prompt (completion) becomes the
 // request's "locret_query". Without requery (--locret-requery off), a chat's query is the question of its first user
 // message that has one: a follow-up keeps the prompt the slot has cached and reads only its new tokens.
-void locret_server_set_query_auto(bool on, bool requery);
+// `vocab`: the model's, whose control tokens are the chat template markers a completion prompt may hold.
+void locret_server_set_query_auto(bool on, bool requery, const llama_vocab * vocab);
 
 // Locret-Q, a chat request (OpenAI messages): the body's "locret_query" (or, with auto and none given, the question at
 // the end of the last user message; without requery, of the first user message that ends with one) opens its first

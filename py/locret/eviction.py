@@ -93,6 +93,10 @@ _SIGNATURES = {
     "llama_locret_kv_cells": ([ctypes.c_void_p, ctypes.POINTER(_Params), ctypes.c_uint32, ctypes.c_uint32],
                               ctypes.c_int64),
     "llama_locret_find_question": ([ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32], ctypes.c_int32),
+    "llama_locret_find_prompt_question": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int32],
+                                          ctypes.c_int32),
+    "llama_locret_prompt_layout": ([ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                   ctypes.c_int32], ctypes.c_int32),
     "llama_locret_chat_query_message": ([ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_bool],
                                         ctypes.c_int32),
     "llama_locret_pin_room": ([], ctypes.c_int32),
@@ -501,12 +505,16 @@ def query_tokens(vocab: int, tokens, query: str, limit: int) -> int:
     return n
 
 
-def model_query_tokens(llm, tokens, query: str, limit: int) -> int:
-    """`query_tokens` with the vocabulary of a llama-cpp-python model (a `llama_cpp.Llama` or anything holding its
-    `_model`)."""
+def model_vocab(llm):
+    """The `llama_vocab *` of a llama-cpp-python model (a `llama_cpp.Llama` or anything holding its `_model`)."""
     import llama_cpp
 
-    return query_tokens(llama_cpp.llama_model_get_vocab(llm._model.model), tokens, query, limit)
+    return llama_cpp.llama_model_get_vocab(llm._model.model)
+
+
+def model_query_tokens(llm, tokens, query: str, limit: int) -> int:
+    """`query_tokens` with the vocabulary of a llama-cpp-python model."""
+    return query_tokens(model_vocab(llm), tokens, query, limit)
 
 
 def retained(ctx: int, layer: int, head: int, seq_id: int = 0) -> np.ndarray:

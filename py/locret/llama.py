@@ -60,7 +60,7 @@ import llama_cpp._internals as _internals
 from . import eviction, rpc
 from .heads import Heads, HeadsError, _last_error
 from .threads import threads_from_env
-from .query import AUTO, chat_query_message, find_question, place_query
+from .query import AUTO, chat_query_message, find_prompt_question, find_question, place_query, place_query_in_prompt
 
 _context_lock = threading.Lock()
 
@@ -212,8 +212,8 @@ class Llama(llama_cpp.Llama):
 
     # Locret-Q
 
-    def _call_query(self, locret_query: str | None, text) -> str | None:
-        """This call's query (else the constructor's); "auto": the question at the end of `text` (the prompt, or the
+    def _call_query(self, locret_query: str | None, text, find=find_question) -> str | None:
+        """This call's query (else the constructor's); "auto": the question `find` finds in `text` (the prompt, or the
         last user message), None when it has none or the context does not evict."""
         query = self.locret_query if locret_query is None else (locret_query or None)
         if query is not None and not isinstance(query, str):
@@ -222,7 +222,7 @@ class Llama(llama_cpp.Llama):
             query = None
         self._locret_query_is_auto = query == AUTO
         if query == AUTO:
-            query = find_question(text) if self.locret_enabled and isinstance(text, str) else ""
+            query = find(text) if self.locret_enabled and isinstance(text, str) else ""
             query = query or None  # no question: plain Locret
         if query is not None and not self.locret_enabled:
             raise HeadsError("locret_query needs an evicting context (locret_budget)")
@@ -234,11 +234,14 @@ class Llama(llama_cpp.Llama):
         if self._locret_in_chat:
             # the chat handler's own call: the query was placed in the messages
             return super().create_completion(prompt, *args, **kwargs)
-        query = self._call_query(locret_query, prompt)
+        # a prompt may hold a chat template written out: the question is its last user turn's, and the query opens
+        # its first user turn's text, as in a chat (the library's rule, the tools' too)
+        vocab = eviction.model_vocab(self)
+        query = self._call_query(locret_query, prompt, lambda text: find_prompt_question(vocab, text))
         if query is not None:
             if not isinstance(prompt, str):
                 raise HeadsError("locret_query needs a text prompt (the query is placed in front of its text)")
-            prompt = place_query(query, prompt)
+            prompt = place_query_in_prompt(vocab, query, prompt)
         return super().create_completion(prompt, *args, **kwargs)
 
     def __call__(self, prompt, *args: Any, locret_query: str | None = None, **kwargs: Any):

@@ -30,6 +30,24 @@ def find_question(text: str) -> str:
     return _c_string(lambda out, n: _api().llama_locret_find_question(text.encode(), out, n))
 
 
+def find_prompt_question(vocab, prompt: str) -> str:
+    """Locret-Q auto on a completion prompt, which may hold a chat template written out: the question of its last user
+    turn (its turns cut at the model's control tokens; `vocab` a `llama_vocab *`, None for a prompt read as plain
+    text), by the C library's rule (llama_locret_find_prompt_question, which llama-server and llama-completion call
+    too), or "" when it has none."""
+    from .eviction import _api
+    return _c_string(lambda out, n: _api().llama_locret_find_prompt_question(vocab, prompt.encode(), out, n))
+
+
+def place_query_in_prompt(vocab, query: str, prompt: str) -> str:
+    """A completion prompt with `query` at the start of its first user turn's text (`place_query` there; a prompt
+    without a chat template's markers gets it in front), by llama_locret_prompt_layout, which the tools call too."""
+    if not query.strip():
+        raise ValueError("the Locret-Q query is empty")
+    from .eviction import _api
+    return _c_string(lambda out, n: _api().llama_locret_prompt_layout(vocab, query.encode(), prompt.encode(), out, n))
+
+
 def chat_query_message(user_texts: list[str], requery: bool = True) -> int:
     """Locret-Q auto in a chat: the index of the user message (of `user_texts`, a chat's user messages whose content
     is text, in order) whose closing question is the chat's query, by the C library's rule

@@ -13,12 +13,15 @@ import re
 import sys
 import urllib.request
 
+import llama_cpp
 import pytest
 
 import locret  # noqa: F401  (points llama_cpp at our library)
 from locret.llama import Llama
 from locret.heads import HeadsError
-from locret.query import chat_query_message, find_question, pin_room, place_query
+from locret import models
+from locret.query import (chat_query_message, find_prompt_question, find_question, pin_room, place_query,
+                          place_query_in_prompt)
 
 from conftest import REPO, free_port, http_server, natural_text, post_json, run, tool
 from test_eviction import B, UB, make
@@ -94,6 +97,54 @@ def test_a_long_question_keeps_its_trailing_sentences_within_the_bound():
     assert find_question("Why " + "very " * 80 + "long?") == ""
 
 
+# a completion prompt that holds a chat template written out (llama_locret_find_prompt_question, _prompt_layout)
+
+def _vocab(path):
+    vocab_only = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    return vocab_only, llama_cpp.llama_model_get_vocab(vocab_only._model.model)
+
+
+def chatml(*turns, open_turn="assistant"):
+    return "".join(f"<|im_start|>{role}\n{text}<|im_end|>\n" for role, text in turns) + f"<|im_start|>{open_turn}\n"
+
+
+def test_a_templated_completion_prompt_has_its_question_found_and_placed_in_its_user_turn(model_path):
+    keep, vocab = _vocab(model_path)  # SmolLM2: ChatML's markers are control tokens
+    q, q2 = "Which module reads and writes tar archives?", "And which one compresses data?"
+    one = chatml(("system", "Answer from the document."), ("user", DOC + "\n\n" + q))
+    # the question is the user turn's, without the template's closing marker (the text rule alone runs into it)
+    assert find_question(one).endswith("<|im_end|>") and find_prompt_question(vocab, one) == q
+    # the layout opens the user turn's text, as the chat template writes a chat's layout
+    placed = place_query_in_prompt(vocab, q, one)
+    assert placed == chatml(("system", "Answer from the document."), ("user", place_query(q, DOC + "\n\n" + q)))
+    # a follow-up: the question is the last user turn's, the layout still opens the first user turn
+    two = chatml(("user", DOC + "\n\n" + q), ("assistant", "The tarfile module."), ("user", q2))
+    assert find_prompt_question(vocab, two) == q2
+    assert place_query_in_prompt(vocab, q2, two).startswith(f"<|im_start|>user\n{q2}\n\n{DOC[:40]}")
+    # the last user turn asks nothing: no question (a question in an assistant's turn is not the user's)
+    assert find_prompt_question(vocab, chatml(("user", DOC), ("assistant", "Which part?"), ("user", "All of it."))) == ""
+    # an answer begun in the open assistant turn does not hide the user's question
+    assert find_prompt_question(vocab, one + "The module is") == q
+    # a role alone between markers (Llama 3's shape) names the next piece, whose text starts after its white space
+    llama3 = f"<|im_start|>user<|im_end|>\n\n{DOC}\n\n{q}<|endoftext|><|im_start|>assistant<|im_end|>\n\n"
+    assert find_prompt_question(vocab, llama3) == q
+    assert place_query_in_prompt(vocab, q, llama3).startswith(f"<|im_start|>user<|im_end|>\n\n{q}\n\n{DOC[:40]}")
+    # no markers (or no vocabulary): the plain rule and layout, byte for byte
+    for text in (DOC + "\n\n" + q, "  " + DOC + "\n\nQuestion: " + q, DOC):
+        for v in (vocab, None):
+            assert find_prompt_question(v, text) == find_question(text)
+            assert place_query_in_prompt(v, q, text) == place_query(q, text)
+    # a marker's text means nothing without the vocabulary whose control token it is
+    assert find_prompt_question(None, one) == find_question(one)
+    if not models.is_installed("gemma3-270m"):
+        pytest.skip("gemma3-270m is not installed")
+    keep_g, gemma = _vocab(models.resolve("gemma3-270m", fetch=False))
+    turn = f"<bos><start_of_turn>user\n{DOC}\n\n{q}<end_of_turn>\n<start_of_turn>model\n"
+    assert find_prompt_question(gemma, turn) == q
+    assert place_query_in_prompt(gemma, q, turn) == turn.replace("user\n", f"user\n{q}\n\n", 1)
+    assert find_prompt_question(vocab, turn) != q  # SmolLM2's vocabulary does not know Gemma's markers
+
+
 def test_python_auto_pins_what_the_found_question_pins(model_path, heads_file):
     llm = make(model_path, heads_file, n_batch=256, n_ubatch=64, locret_query="auto")
     question = "Which module reads and writes tar archives?"
@@ -112,10 +163,14 @@ def test_python_auto_pins_what_the_found_question_pins(model_path, heads_file):
     st = llm.locret_stats()
     assert st["n_pinned"] == 0 and st["n_evictions"] > 0
     # a chat: the last user message's question opens the first user turn
-    llm.create_chat_completion([{"role": "user", "content": prompt}], max_tokens=1)
+    chat = [{"role": "system", "content": "Answer from the document."}, {"role": "user", "content": prompt}]
+    llm.create_chat_completion(chat, max_tokens=1)
     n_pin = llm.locret_stats()["n_pinned"]
     assert "user" in llm.detokenize(llm.input_ids[:n_pin].tolist(), special=True).decode()
     assert llm.detokenize(llm.input_ids[:n_pin].tolist()).decode().strip().endswith(question)
+    # the same chat written out by its template as a completion prompt: the same tokens pinned
+    llm.create_completion(chatml(("system", "Answer from the document."), ("user", prompt)), max_tokens=1)
+    assert llm.locret_stats()["n_pinned"] == n_pin
 
 
 def test_the_chat_rule_says_whose_question_is_the_query():
@@ -176,6 +231,15 @@ def test_llama_completion_auto_pins_the_closing_question(model_path, heads_file)
     proc = run(base + ["-p", DOC], timeout=300)
     assert proc.returncode == 0 and "Locret-Q (auto): no question at the end of the prompt" in proc.stderr
     assert not PIN_LOG.search(proc.stderr)
+    # a prompt that holds a chat template written out: the user turn's question, pinned at the start of its text
+    templated = chatml(("user", DOC + "\n\n" + question))
+    proc = run(base + ["-p", templated], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f'pinned: "{question}"' in proc.stderr and "not pinned" not in proc.stderr, proc.stderr[-3000:]
+    got = PIN_LOG.search(proc.stderr)
+    vocab_only, vocab = _vocab(model_path)
+    assert got and int(got.group(1)) == _expected_pin(model_path, place_query_in_prompt(vocab, question, templated),
+                                                      question)
 
 
 def test_llama_server_auto_pins_the_question_of_each_chat(model_path, heads_file, tmp_path):
@@ -195,9 +259,18 @@ def test_llama_server_auto_pins_the_question_of_each_chat(model_path, heads_file
         # a document alone: nothing pinned
         post_json(url + "/v1/chat/completions", chat | {"messages": [{"role": "user", "content": DOC}], "id_slot": 0})
         text = log.read_text()
+        # the chat written out by the server's own template, sent to /completion: the same tokens pinned (this once
+        # answered 400: the question found ran on into the template's closing marker)
+        templated = post_json(url + "/apply-template", chat)["prompt"]
+        assert templated.count("<|im_start|>") == 3
+        post_json(url + "/completion", {"prompt": templated, "n_predict": 1, "id_slot": 1})
+        post_json(url + "/v1/completions", {"prompt": templated, "max_tokens": 1, "id_slot": 0,
+                                            "locret_query": question})
+        later = log.read_text()[len(text):]
     pins = {int(m.group(2)): int(m.group(1)) for m in PIN_LOG.finditer(text)}
     assert len(pins) == 2 and pins[0] == pins[1] > _expected_pin(model_path, question, question), pins
     assert f'pinned: "{question}"' in text and "no question at the end of the request" in text
+    assert [int(m.group(1)) for m in PIN_LOG.finditer(later)] == [pins[0], pins[0]], later[-3000:]
 
 
 # settings that travel with the heads: the pooling window and auto, recommended by the shipped Locret-Q heads
