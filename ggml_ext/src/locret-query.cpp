@@ -26,12 +26,17 @@ static int32_t locret_copy_out(const std::string & s, char * out, int32_t n_out)
     return (int32_t) s.size();
 }
 
-int32_t llama_locret_query_layout(const char * query, const char * text, char * out, int32_t n_out) {
+// Locret-Q's layout as a string (llama_locret_query_layout)
+static std::string locret_query_layout(const char * query, const std::string & text) {
     // the query without surrounding white space (a query file's last line end would otherwise widen the separator)
     std::string q = query != nullptr ? query : "";
     const size_t first = q.find_first_not_of(" \t\r\n");
     q = first == std::string::npos ? "" : q.substr(first, q.find_last_not_of(" \t\r\n") - first + 1);
-    return locret_copy_out(q + LLAMA_LOCRET_QUERY_SEPARATOR + (text != nullptr ? text : ""), out, n_out);
+    return q + LLAMA_LOCRET_QUERY_SEPARATOR + text;
+}
+
+int32_t llama_locret_query_layout(const char * query, const char * text, char * out, int32_t n_out) {
+    return locret_copy_out(locret_query_layout(query, text != nullptr ? text : ""), out, n_out);
 }
 
 int32_t llama_locret_query_tokens(const llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
@@ -483,11 +488,7 @@ int32_t llama_locret_prompt_layout(const llama_vocab * vocab, const char * query
     const std::vector<locret_turn> turns = locret_prompt_turns(vocab, prompt);
     const locret_turn * t = locret_query_turn(prompt, turns);
     const size_t at = t == nullptr ? 0 : t->begin;
-    const std::string rest = prompt.substr(at);
-    const int32_t n = llama_locret_query_layout(query, rest.c_str(), nullptr, 0);
-    std::string layout((size_t) n, '\0');
-    llama_locret_query_layout(query, rest.c_str(), layout.data(), n + 1);
-    return locret_copy_out(prompt.substr(0, at) + layout, out, n_out);
+    return locret_copy_out(prompt.substr(0, at) + locret_query_layout(query, prompt.substr(at)), out, n_out);
 }
 
 int32_t llama_locret_chat_query_message(const char * const * texts, int32_t n_texts, bool requery) {

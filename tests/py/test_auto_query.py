@@ -19,7 +19,7 @@ import pytest
 import locret  # noqa: F401  (points llama_cpp at our library)
 from locret.llama import Llama
 from locret.heads import HeadsError
-from locret import models
+from locret import eviction, models
 from locret.query import (chat_query_message, find_prompt_question, find_question, pin_room, place_query,
                           place_query_in_prompt)
 
@@ -101,7 +101,7 @@ def test_a_long_question_keeps_its_trailing_sentences_within_the_bound():
 
 def _vocab(path):
     vocab_only = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    return vocab_only, llama_cpp.llama_model_get_vocab(vocab_only._model.model)
+    return vocab_only, eviction.model_vocab(vocab_only)
 
 
 def chatml(*turns, open_turn="assistant"):
